@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine (see README):
+#   make demo   - install into .venv and run the main job on the built-in default
+#   make test   - install into .venv (with test extras and CPU torch) and run the tests
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/overlay: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: $(BIN)/overlay
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q torch==2.13.0
+	touch $@
+
+.PHONY: demo test
+demo: $(BIN)/overlay
+	$(BIN)/overlay demo
+
+test: $(VENV)/.test-deps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -1,0 +1,45 @@
+"""`overlay` command line: thin click callbacks over library functions.
+
+One Application object lives in ctx.obj (catalog, cache, output mode). One
+error handler maps ManagerError -> exit 1 (a one-line message),
+KeyboardInterrupt -> 130, anything else -> exit 3 with a crash log.
+Each area registers its commands from its own module (overlays, profiles,
+compose, upstream, build) so the callbacks stay next to nothing but parsing.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from .app import Application, handle_errors
+from . import build, compose, overlays, profiles, upstream
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="overlay")
+@click.option(
+    "--catalog",
+    "catalog",
+    type=click.Path(file_okay=False, path_type=str),
+    envvar="OVERLAY_CATALOG",
+    default=None,
+    help="Catalog directory holding overlays/, profiles/ and compose/ (default: the shipped catalog).",
+)
+@click.pass_context
+def cli(ctx: click.Context, catalog: str | None) -> None:
+    """Overlays, fit checks and compose deployments for vLLM."""
+    ctx.obj = Application(catalog_arg=catalog)
+
+
+for _module in (overlays, profiles, compose, upstream, build):
+    _module.register(cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    with handle_errors() as result:
+        rc = cli.main(args=argv, prog_name="overlay", standalone_mode=False)
+        result.code = rc if isinstance(rc, int) else 0
+    sys.exit(result.code)

@@ -1,0 +1,82 @@
+"""The Application held in ctx.obj, and the single error handler."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import platform
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from .. import __version__
+from ..catalog import Catalog
+from ..console import err
+from ..errors import ManagerError
+
+
+@dataclass
+class Application:
+    """State shared by every command: where the catalog is (resolved lazily)."""
+
+    catalog_arg: str | None = None
+    _catalog: Catalog | None = field(default=None, repr=False)
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = Catalog.locate(self.catalog_arg)
+        return self._catalog
+
+
+@dataclass
+class _Result:
+    code: int = 0
+
+
+def _crash_log(exc: BaseException) -> Path:
+    log_dir = Path(os.environ.get("OVERLAY_CRASH_DIR", tempfile.gettempdir()))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = log_dir / f"overlay-crash-{stamp}-{os.getpid()}.log"
+    with open(path, "w") as fh:
+        fh.write(f"overlay-manager {__version__}\n")
+        fh.write(f"python {sys.version.split()[0]} on {platform.platform()}\n")
+        fh.write(f"argv: {sys.argv!r}\n\n")
+        fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return path
+
+
+@contextlib.contextmanager
+def handle_errors() -> Iterator[_Result]:
+    """exit 1: user error (one line); 130: Ctrl-C; 3: a bug, with a crash log."""
+    result = _Result()
+    try:
+        yield result
+    except ManagerError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code if exc.exit_code != 2 else 1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the bug path
+        log = _crash_log(exc)
+        err.print(f"[red]internal error:[/red] {type(exc).__name__}: {exc}", markup=True)
+        err.print(f"a crash log was written to {log}; please attach it to a bug report")
+        sys.exit(3)

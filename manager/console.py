@@ -1,0 +1,31 @@
+"""One rich console pair for the whole tool: status to stderr, data to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+# Status, progress, tables meant for people: stderr.
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Data (JSON, rendered YAML, diffs): stdout, never decorated.
+out = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+
+def print_json(data: Any) -> None:
+    """Write machine output to stdout as plain JSON (no colour codes)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def print_data(text: str) -> None:
+    """Write text data (YAML, a diff) to stdout verbatim."""
+    sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+    sys.stdout.flush()
+
+
+def status(verb: str, subject: str, style: str = "cyan") -> None:
+    """A copier-style status line on stderr: `  create  path`."""
+    err.print(f"[{style}]{verb:>12}[/{style}]  {subject}")

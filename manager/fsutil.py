@@ -1,0 +1,79 @@
+"""Filesystem helpers shared by every writer: atomic writes and hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` atomically.
+
+    Temp file in the same directory, fsync, os.replace, then fsync the directory.
+    The existing file's permission bits are kept (or `mode` when given / new file 0o644).
+    """
+    path = Path(path)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: Path) -> None:
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_if_changed(path: Path, data: bytes) -> str:
+    """Compare before writing. Returns the copier-style verb: create / identical / updated."""
+    path = Path(path)
+    try:
+        current = path.read_bytes()
+    except FileNotFoundError:
+        atomic_write(path, data)
+        return "create"
+    if current == data:
+        return "identical"
+    atomic_write(path, data)
+    return "updated"
