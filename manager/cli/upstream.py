@@ -1,9 +1,116 @@
-"""CLI commands for this area (registered on the root group)."""
+"""`overlay upstream {check,report}`: drop triggers from PR state, pin ancestry and source probes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from ..console import err, print_data, print_json, status
+from ..errors import UpstreamError
+
+_VERDICT_STYLE = {
+    "keep": "green", "waiting": "yellow", "drop": "bold magenta", "superseded": "magenta",
+    "drift": "bold red", "unknown": "dim",
+}
+
+
+def _common(f):  # type: ignore[no-untyped-def]
+    options = [
+        click.argument("ids", nargs=-1),
+        click.option("--engine", "engines", multiple=True, metavar="ID", help="Only these engine profiles (repeatable)."),
+        click.option("--offline", is_flag=True, help="Do not contact GitHub: answer from the cache, saying how old each fact is."),
+        click.option("--api-url", default=None, metavar="URL", help="GitHub REST API root (Enterprise, tests). Default https://api.github.com."),
+        click.option("--git-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="A local vLLM clone: ancestry by `git merge-base --is-ancestor` (compare API otherwise)."),
+        click.option("--cache", "cache_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="GitHub answer cache (default: <overlay cache>/github)."),
+        click.option("--no-probe", is_flag=True, help="Skip source probes on the engines' release sources."),
+        click.option("--probe-root", "probe_roots", multiple=True, metavar="ENGINE=DIR",
+                     help="Probe this engine on the vllm sources under DIR (e.g. copied out of its image)."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def _roots(items: tuple[str, ...]) -> dict[str, Path]:
+    roots: dict[str, Path] = {}
+    for item in items:
+        engine, sep, path = item.partition("=")
+        if not sep or not engine or not path:
+            raise UpstreamError(f"--probe-root {item!r}: expected ENGINE=DIR")
+        roots[engine] = Path(path)
+    return roots
+
+
+def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, relative_ages):  # type: ignore[no-untyped-def]
+    from .. import upstream
+
+    return upstream.check(
+        app.catalog, list(ids) or None, list(engines) or None, offline=offline, api_url=api_url,
+        git_dir=git_dir, cache_dir=cache_dir, probe=not no_probe, probe_roots=_roots(probe_roots),
+        relative_ages=relative_ages,
+    )
 
 
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
+
+    @cli.group("upstream")
+    def upstream_group() -> None:
+        """Drop triggers: is each overlay still needed on each engine?"""
+
+    @upstream_group.command("check")
+    @_common
+    @click.option("--json", "as_json", is_flag=True, help="Machine output: {\"results\": [...]} on stdout.")
+    @click.option("--fail-on", default=None, metavar="VERDICTS",
+                  help="Exit 1 when any of these verdicts occurs, e.g. drop,drift (for a scheduled CI job).")
+    @click.pass_obj
+    def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
+                  as_json, fail_on) -> int:
+        """Verdict (keep/waiting/drop/superseded/drift/unknown) per overlay x engine, with evidence."""
+        from ..upstream import parse_fail_on
+
+        fail = parse_fail_on(fail_on)
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, True)
+        if as_json:
+            print_json(report.to_json())
+        else:
+            for r in report.results:
+                style = _VERDICT_STYLE.get(r.verdict, "white")
+                extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
+                err.print(f"[{style}]{r.verdict:>10}[/{style}]  {r.overlay} on {r.engine} (pin {r.pin}){extra}",
+                          markup=True)
+                for line in r.evidence:
+                    err.print(f"            - {line}", markup=False)
+        hits = report.failing(fail)
+        if hits:
+            err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
+                      + ", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits), markup=True)
+            raise click.exceptions.Exit(1)
+        return 0
+
+    @upstream_group.command("report")
+    @_common
+    @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+    @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write here (create/identical/updated) instead of stdout, e.g. docs/UPSTREAM.md.")
+    @click.pass_obj
+    def report_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
+                   fmt, output) -> None:
+        """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
+        import json
+
+        from ..fsutil import write_if_changed
+        from ..upstream import render_markdown
+
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, False)
+        if fmt == "markdown":
+            text = render_markdown(report)
+        else:
+            text = json.dumps(report.to_json(), indent=2) + "\n"
+        if output is None:
+            print_data(text)
+        else:
+            status(write_if_changed(output, text.encode()), str(output))

@@ -1,0 +1,93 @@
+"""Source probes: the overlay engine's status on the sources an engine actually contains.
+
+Stock engines (`upstream_ref == v<vllm_version>`) are probed on the real release sdist via
+`manager.overlays.status_on_release`. Engines pinned to a commit (nightly/fork images) are
+only probed when their sources are given (`--probe-root ENGINE=DIR`, e.g. a tree copied out
+of the image): a release's sources are not the pin's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import releases
+from ..errors import ManagerError
+from .check import EngineInfo, EngineProbe, OverlayInfo, sdist_commit
+from .verdict import ProbeFacts
+
+
+def release_cached(version: str) -> Path | None:
+    """The cached pristine tree of `version` when it can be had without the network."""
+    base = releases.cache_dir()
+    if (base / "trees" / version / ".complete").exists() or (base / "sdists" / f"vllm-{version}.tar.gz").exists():
+        return releases.pristine_tree(version)
+    return None
+
+
+def _facts(report: Any, where: str) -> dict[str, ProbeFacts]:
+    out: dict[str, ProbeFacts] = {}
+    for ov in getattr(report, "overlays", ()):
+        status = str(getattr(ov, "status", "") or "") or None
+        details = []
+        for t in getattr(ov, "targets", ()) or ():
+            detail = getattr(t, "detail", "") or ""
+            tstatus = getattr(t, "status", "")
+            if tstatus == status or (status not in ("pending", "applied") and detail):
+                details.append(f"{getattr(t, 'path', '?')}: {tstatus}{' - ' + detail if detail else ''}")
+        line = f"probe: {status} at {where}"
+        if details:
+            line += f" [{'; '.join(details[:3])}]"
+        out[str(ov.id)] = ProbeFacts(status, (line,))
+    return out
+
+
+class CatalogProber:
+    """Probe engines with the catalog's overlays on release sources (or given source roots)."""
+
+    def __init__(self, catalog: Any, *, offline: bool = False, roots: dict[str, Path] | None = None) -> None:
+        self.catalog = catalog
+        self.offline = offline
+        self.roots = {k: Path(v) for k, v in (roots or {}).items()}
+
+    def __call__(self, engine: EngineInfo, overlays: Sequence[OverlayInfo]) -> EngineProbe:
+        ids = [o.id for o in overlays]
+        try:
+            if engine.id in self.roots:
+                return self._probe_root(engine, ids, self.roots[engine.id])
+            if not engine.is_stock_release:
+                return EngineProbe(unavailable=(
+                    f"engine pinned to {engine.upstream_ref}, not a release tag; "
+                    f"pass --probe-root {engine.id}=DIR with its sources"))
+            return self._probe_release(engine, ids)
+        except ManagerError as exc:
+            return EngineProbe(unavailable=f"probe failed: {exc}")
+
+    def _probe_release(self, engine: EngineInfo, ids: list[str]) -> EngineProbe:
+        from ..overlays import status_on_release
+
+        version = engine.vllm_version
+        if self.offline and release_cached(version) is None:
+            return EngineProbe(unavailable=f"vllm {version} sources not cached (offline)")
+        report = status_on_release(version, self.catalog, ids=ids)
+        root = releases.pristine_tree(version)
+        commit = sdist_commit(root)
+        return EngineProbe(
+            statuses=_facts(report, f"vllm {version} (release sources)"),
+            pin_commit=commit,
+            pin_commit_source=f"vllm/_version.py __commit_id__ in the {version} sdist" if commit else "",
+        )
+
+    def _probe_root(self, engine: EngineInfo, ids: list[str], root: Path) -> EngineProbe:
+        from ..overlays import load_overlays, status
+
+        if not (root / "vllm").is_dir():
+            return EngineProbe(unavailable=f"--probe-root {engine.id}={root}: no vllm/ package there")
+        wanted = [o for o in load_overlays(self.catalog) if o.manifest.id in ids]
+        report = status(wanted, root)
+        commit = sdist_commit(root)
+        return EngineProbe(
+            statuses=_facts(report, f"{engine.id} sources in {root}"),
+            pin_commit=commit,
+            pin_commit_source=f"vllm/_version.py __commit_id__ in {root}" if commit else "",
+        )

@@ -1,0 +1,119 @@
+"""The verdict for one overlay on one engine, from plain inputs (no catalog, no network).
+
+    superseded  the probe says the overlay's target scope no longer exists at the pin
+    drift       the probe says the scope exists but the anchor does not (re-anchor needed)
+    drop        the probe says the fix is native at the pin, or the PR merged and the pin contains it
+    waiting     the PR merged but the pin does not contain the merge commit
+    keep        the PR is open or closed unmerged (or there is none) and nothing shows a native fix
+    unknown     the facts needed are missing (offline with no cache, PR not found, ancestry unknown)
+
+Source probes come first: they read the engine's actual sources, so they catch a fix that
+landed another way (a PR closed unmerged but fixed by a different one) and a scope deleted
+by a refactor, which PR state alone cannot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ancestry import Ancestry
+from .facts import PRFacts, PRUnavailable
+
+VERDICTS = ("keep", "waiting", "drop", "superseded", "drift", "unknown")
+
+# Overlay-engine statuses that decide on their own, and what they mean here.
+_DECISIVE = {
+    "superseded": ("superseded", "the target scope no longer exists at the pin"),
+    "drift": ("drift", "the scope exists but the anchor does not: re-anchor needed"),
+    "upstream": ("drop", "the fix is native at the pin"),
+}
+# Statuses meaning "the overlay's anchor is there and no native fix was detected".
+NOT_NATIVE = ("pending", "applied")
+
+
+@dataclass(frozen=True)
+class ProbeFacts:
+    """The overlay engine's status for this overlay on the engine's sources (None: no probe)."""
+
+    status: str | None
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    evidence: tuple[str, ...]
+    provisional: str | None = None  # for `unknown`: what the manifest's recorded PR state would give
+
+
+def decide(
+    *,
+    has_upstream: bool,
+    pr: PRFacts | PRUnavailable | None,
+    ancestry: Ancestry | None,
+    probe: ProbeFacts | None,
+    manifest_state: str | None = None,
+) -> Verdict:
+    ev: list[str] = []
+    if pr is not None:
+        ev.append(pr.evidence)
+    if ancestry is not None:
+        ev.extend(ancestry.evidence)
+    if probe is not None:
+        ev.extend(probe.evidence)
+
+    if probe is not None and probe.status in _DECISIVE:
+        verdict, why = _DECISIVE[probe.status]
+        ev.append(f"verdict {verdict}: probe says {why}")
+        if verdict == "drop" and isinstance(pr, PRFacts) and pr.state in ("open", "closed"):
+            ev.append(f"note: PR #{pr.number} is {pr.state} unmerged, so the fix reached the pin another way")
+        return Verdict(verdict, tuple(ev))
+
+    if not has_upstream:
+        ev.append("verdict keep: no upstream PR recorded and no native fix detected")
+        return Verdict("keep", tuple(ev))
+
+    if isinstance(pr, PRUnavailable) or pr is None or pr.state == "not-found":
+        provisional = None
+        if manifest_state in ("open", "closed", "merged") and isinstance(pr, PRUnavailable):
+            guess = _from_state(manifest_state, ancestry)
+            if guess is not None:
+                provisional = guess
+                ev.append(f"manifest records the PR as {manifest_state} (not verified): would be {guess}")
+        ev.append("verdict unknown: no PR facts" if pr is None or isinstance(pr, PRUnavailable)
+                  else "verdict unknown: the PR number does not exist upstream")
+        return Verdict("unknown", tuple(ev), provisional)
+
+    native_note = _probe_note(probe)
+    if pr.state in ("open", "closed"):
+        ev.append(f"verdict keep: PR {pr.state}{' unmerged' if pr.state == 'closed' else ''}{native_note}")
+        return Verdict("keep", tuple(ev))
+
+    # merged
+    if ancestry is None or ancestry.contains is None:
+        ev.append("verdict unknown: PR merged but whether the pin contains the merge is unknown")
+        return Verdict("unknown", tuple(ev))
+    if ancestry.contains:
+        if probe is not None and probe.status in NOT_NATIVE:
+            ev.append(f"note: the probe still finds the overlay's anchor ({probe.status}); "
+                      "check its native-fix detection")
+        ev.append(f"verdict drop: PR merged and the pin contains the merge ({ancestry.method})")
+        return Verdict("drop", tuple(ev))
+    ev.append(f"verdict waiting: PR merged, the pin does not contain the merge yet ({ancestry.method})")
+    return Verdict("waiting", tuple(ev))
+
+
+def _from_state(state: str, ancestry: Ancestry | None) -> str | None:
+    if state in ("open", "closed"):
+        return "keep"
+    if ancestry is not None and ancestry.contains is not None:
+        return "drop" if ancestry.contains else "waiting"
+    return None
+
+
+def _probe_note(probe: ProbeFacts | None) -> str:
+    if probe is None or probe.status is None:
+        return " (no source probe for this engine)"
+    if probe.status in NOT_NATIVE:
+        return f" and no native fix in the sources (probe: {probe.status})"
+    return f" (probe: {probe.status}, not decisive)"
