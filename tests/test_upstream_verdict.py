@@ -1,0 +1,96 @@
+"""Verdict logic on plain inputs: every verdict, and the precedence of source probes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from manager.upstream import Ancestry, PRFacts, PRUnavailable, ProbeFacts, decide
+
+T = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+
+
+def pr(state, merge=None):
+    return PRFacts("o/r", 5, state, merge, None, None, T, f"PR #5 {state}")
+
+
+YES = Ancestry(True, "compare API", ("compare: ahead",))
+NO = Ancestry(False, "git", ("git: no",))
+UNK = Ancestry(None, "none", ("compare: unavailable",))
+PENDING = ProbeFacts("pending", ("probe: pending at vllm 0.20.0",))
+
+
+@pytest.mark.parametrize("state", ["open", "closed"])
+def test_open_or_closed_unmerged_pr_without_native_fix_is_keep(state):
+    v = decide(has_upstream=True, pr=pr(state), ancestry=None, probe=PENDING)
+    assert v.verdict == "keep"
+    assert v.evidence[0] == f"PR #5 {state}" and "probe: pending at vllm 0.20.0" in v.evidence
+    assert "no native fix in the sources" in v.evidence[-1]
+
+
+def test_merged_pr_not_contained_in_pin_is_waiting():
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=NO, probe=PENDING)
+    assert v.verdict == "waiting" and "(git)" in v.evidence[-1]
+
+
+def test_merged_pr_contained_in_pin_is_drop():
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=YES, probe=None)
+    assert v.verdict == "drop" and "compare API" in v.evidence[-1]
+
+
+def test_drop_by_ancestry_notes_a_probe_that_still_finds_the_anchor():
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=YES, probe=PENDING)
+    assert v.verdict == "drop" and any("check its native-fix detection" in e for e in v.evidence)
+
+
+def test_probe_upstream_drops_even_a_closed_unmerged_pr():
+    v = decide(has_upstream=True, pr=pr("closed"), ancestry=None,
+               probe=ProbeFacts("upstream", ("probe: upstream at vllm 0.22.0",)))
+    assert v.verdict == "drop"
+    assert any("reached the pin another way" in e for e in v.evidence)
+
+
+def test_probe_superseded_wins_over_pr_state():
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=NO,
+               probe=ProbeFacts("superseded", ("probe: superseded",)))
+    assert v.verdict == "superseded" and "scope no longer exists" in v.evidence[-1]
+
+
+def test_probe_drift_is_drift():
+    v = decide(has_upstream=True, pr=pr("open"), ancestry=None, probe=ProbeFacts("drift", ("probe: drift",)))
+    assert v.verdict == "drift" and "re-anchor" in v.evidence[-1]
+
+
+def test_no_pr_facts_is_unknown_with_manifest_suggestion():
+    v = decide(has_upstream=True, pr=PRUnavailable("o/r", 5, "offline; nothing cached"), ancestry=None,
+               probe=PENDING, manifest_state="closed")
+    assert v.verdict == "unknown" and v.provisional == "keep"
+    assert any("manifest records the PR as closed (not verified): would be keep" == e for e in v.evidence)
+
+
+def test_no_pr_facts_and_merged_manifest_uses_ancestry_for_the_suggestion():
+    v = decide(has_upstream=True, pr=PRUnavailable("o/r", 5, "offline"), ancestry=NO, probe=None,
+               manifest_state="merged")
+    assert v.verdict == "unknown" and v.provisional == "waiting"
+
+
+def test_pr_not_found_is_unknown():
+    v = decide(has_upstream=True, pr=pr("not-found"), ancestry=None, probe=PENDING)
+    assert v.verdict == "unknown" and "does not exist upstream" in v.evidence[-1] and v.provisional is None
+
+
+def test_merged_with_unknown_ancestry_is_unknown():
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=UNK, probe=PENDING)
+    assert v.verdict == "unknown" and "compare: unavailable" in v.evidence
+
+
+def test_overlay_without_upstream_pr_is_keep():
+    v = decide(has_upstream=False, pr=None, ancestry=None, probe=PENDING)
+    assert v.verdict == "keep" and "no upstream PR recorded" in v.evidence[-1]
+
+
+def test_not_applicable_probe_does_not_decide():
+    v = decide(has_upstream=True, pr=pr("open"), ancestry=None,
+               probe=ProbeFacts("not-applicable", ("probe: not-applicable",)))
+    assert v.verdict == "keep" and "not decisive" in v.evidence[-1]
