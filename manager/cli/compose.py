@@ -1,9 +1,135 @@
-"""CLI commands for this area (registered on the root group)."""
+"""CLI commands for compose deployments: `compose {list,render,check}`, `bundle`, `verify`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from ..console import err, print_data, print_json, status
+from ..errors import ComposeError
+
+
+@click.group("compose")
+def compose_group() -> None:
+    """Deployments from compose/deployments.yaml rendered to docker-compose files."""
+
+
+@compose_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def list_cmd(app, as_json: bool) -> None:
+    """List the registry's deployments."""
+    from ..compose.registry import load_registry
+
+    reg = load_registry(app.catalog)
+    rows = [d.model_dump(mode="json") for _, d in sorted(reg.deployments.items())]
+    if as_json:
+        print_json(rows)
+        return
+    for d in rows:
+        print_data(
+            f"{d['slug']:<36} {d['port']:>5}  tp={d['tp']} gpus={d['gpus']}  {d['hardware']:<16} "
+            f"{d['model']}{'/' + d['weights'] if d['weights'] else ''}  [{d['status']}]"
+        )
+
+
+@compose_group.command("render")
+@click.argument("slug", required=False)
+@click.option("--all", "render_all", is_flag=True, help="Write compose/generated/<slug>.yml for every deployment.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE instead of stdout.")
+@click.option("--no-gpu", is_flag=True, help="Leave out the NVIDIA device reservation (machines without the NVIDIA runtime).")
+@click.pass_obj
+def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_gpu: bool) -> None:
+    """Render one deployment (stdout or -o FILE), or all of them into compose/generated/."""
+    from ..compose.check import render_all as _render_all, write_generated
+    from ..compose.plan import load_profiles, plan_all, plan_deployment
+    from ..compose.registry import load_registry
+    from ..compose.render import RenderOptions, render_compose
+
+    if render_all == bool(slug):
+        raise ComposeError("give exactly one of SLUG or --all")
+    reg = load_registry(app.catalog)
+    profiles = load_profiles(app.catalog)
+    if render_all:
+        if output or no_gpu:
+            raise ComposeError("--all writes the canonical files in compose/generated/; -o and --no-gpu need a SLUG")
+        for s, verb in write_generated(reg, _render_all(plan_all(reg, app.catalog, profiles))).items():
+            status(verb, str(reg.generated_path(s)))
+        return
+    text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
+    if output:
+        from ..fsutil import write_if_changed
+
+        status(write_if_changed(output, text.encode()), str(output))
+    else:
+        print_data(text)
+
+
+@compose_group.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def check_cmd(app, as_json: bool) -> None:
+    """Registry invariants: unique ports, image pins, TP = devices, fits(), generated files current."""
+    from ..compose.check import run_check
+
+    report = run_check(app.catalog)
+    if as_json:
+        print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
+    else:
+        for f in report.findings:
+            if not f.ok:
+                err.print(f"[red]FAIL[/red] {f.slug}: {f.check}: {f.message}", markup=True)
+        n = len({f.slug for f in report.findings})
+        err.print(f"{len(report.findings) - len(report.problems)} checks passed, {len(report.problems)} failed, {n} deployments")
+    if not report.ok:
+        raise ComposeError(f"compose check: {len(report.problems)} problem(s)")
+
+
+@click.command("bundle")
+@click.option("--python", "python", required=True, help="The image's Python, e.g. 3.12.")
+@click.option("--platform", "platform", default="manylinux_2_28_x86_64", show_default=True,
+              help="Wheel platform of the image (glibc >= 2.28: manylinux_2_28_x86_64).")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle directory.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def bundle_cmd(app, python: str, platform: str, output: Path, as_json: bool) -> None:
+    """Build an offline bundle of this tool + dependencies + catalog for an image's Python."""
+    from ..compose.bundle import build_bundle
+
+    res = build_bundle(output, python, platform, app.catalog)
+    if as_json:
+        print_json({"path": str(res.path), "python": res.python, "platform": res.platform,
+                    "packages": res.packages, "size_bytes": res.size_bytes})
+    else:
+        status("bundle", f"{res.path} (python {res.python}, {res.platform}, {len(res.packages)} packages, "
+                         f"{res.size_bytes / 1e6:.1f} MB)")
+
+
+@click.command("verify")
+@click.option("--image", required=True, help="Image to check (must be present locally).")
+@click.option("--bundle", "bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Bundle to mount (default: build one for the image's Python, cached wheels).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def verify_cmd(app, image: str, bundle: Path | None, as_json: bool) -> None:
+    """Run IMAGE (no network, no GPU) and report overlay status, vLLM and transformers versions inside it."""
+    from ..compose.verify import verify_image
+
+    rep = verify_image(image, app.catalog, bundle)
+    if as_json:
+        print_json(rep.as_dict())
+    else:
+        print_data(f"image         {rep.image}\npython        {rep.python} (glibc {rep.glibc})\n"
+                   f"vllm          {rep.vllm}\ntransformers  {rep.transformers}\ntorch         {rep.torch}")
+        for oid, st in sorted(rep.overlays.items()):
+            print_data(f"  {st:<16} {oid}")
+    if rep.exit_code != 0:
+        raise ComposeError(f"image {image}: `overlay status` failed inside the image (exit {rep.exit_code}): {rep.error}")
 
 
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
+    cli.add_command(compose_group)
+    cli.add_command(bundle_cmd)
+    cli.add_command(verify_cmd)

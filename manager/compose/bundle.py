@@ -1,0 +1,203 @@
+"""`overlay bundle`: this tool + its runtime dependencies for an image's Python, plus the catalog.
+
+Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
+
+    bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -m manager
+    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`
+    catalog/         overlays/, profiles/, compose/
+    BUNDLE.json      what was bundled (python, platform, versions)
+
+Wheels are downloaded once into `<cache>/bundle-wheels/<python>-<platform>/` and reused offline.
+The image's own python3 runs the bundle without network access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from .. import __version__
+from ..catalog import Catalog
+from ..errors import ComposeError
+from ..releases import cache_dir
+
+CATALOG_PARTS = ("overlays", "profiles", "compose")
+_PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
+
+WRAPPER = """#!/bin/sh
+# overlay-manager bundle wrapper: runs the bundled tool with this image's python3, offline.
+here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
+PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
+OVERLAY_CATALOG="${OVERLAY_CATALOG:-$here/catalog}"
+PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH OVERLAY_CATALOG PYTHONDONTWRITEBYTECODE
+exec "${OVERLAY_PYTHON:-python3}" -m manager "$@"
+"""
+
+
+@dataclass(frozen=True)
+class BundleResult:
+    path: Path
+    python: str
+    platform: str
+    packages: dict[str, str]
+    size_bytes: int
+    wheels_cached: bool
+
+
+def platform_tags(platform: str) -> list[str]:
+    """pip does not widen `--platform manylinux_2_28_x86_64` to older glibc tags; list them explicitly."""
+    m = _PLATFORM_RE.match(platform)
+    if not m:
+        return [platform]
+    major, minor, arch = int(m.group(1)), int(m.group(2)), m.group(3)
+    if major != 2 or minor < 5:
+        raise ComposeError(f"--platform {platform}: expected manylinux_2_<N>_<arch> with N >= 5")
+    tags = [f"manylinux_2_{n}_{arch}" for n in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags += [f"{legacy[n]}_{arch}" for n in sorted(legacy, reverse=True) if n <= minor and (arch == "x86_64" or n == 17)]
+    return tags
+
+
+def runtime_requirements() -> list[str]:
+    """The project's runtime dependencies (from pyproject.toml in a checkout, else the installed metadata)."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    from importlib.metadata import requires
+
+    return [r for r in (requires("overlay-manager") or []) if "extra ==" not in r]
+
+
+def _pip(args: list[str], what: str) -> None:
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if not ln.startswith("WARNING")]
+        raise ComposeError(f"{what} failed (exit {proc.returncode}): {' | '.join(lines[-3:])}")
+
+
+def _check_python(python: str) -> str:
+    if not re.fullmatch(r"3\.\d{1,2}", python):
+        raise ComposeError(f"--python {python!r}: expected a version like 3.12")
+    return python
+
+
+def wheel_cache(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool]:
+    """Download (once) every wheel the requirements need for python/platform; returns (dir, was_cached)."""
+    key = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
+    d = cache_dir() / "bundle-wheels" / f"py{python}-{platform}-{key}"
+    marker = d / ".complete"
+    if marker.exists():
+        return d, True
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(d) + ".lock"):
+        if marker.exists():
+            return d, True
+        d.mkdir(parents=True, exist_ok=True)
+        plat_args = [a for t in platform_tags(platform) for a in ("--platform", t)]
+        _pip(
+            ["download", "-q", "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+             *plat_args, "-d", str(d), *reqs],
+            what=f"pip download of the bundle's wheels for python {python} / {platform}",
+        )
+        marker.write_text("\n".join(reqs) + "\n")
+    return d, False
+
+
+def _copy_package(dest: Path) -> None:
+    src = Path(__file__).resolve().parents[1]
+    shutil.copytree(src, dest / "manager", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def _copy_catalog(catalog: Catalog, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in CATALOG_PARTS:
+        src = catalog.root / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _installed_versions(site: Path) -> dict[str, str]:
+    out = {}
+    for info in sorted(site.glob("*.dist-info")):
+        meta = info / "METADATA"
+        if not meta.is_file():
+            continue
+        name = version = None
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Name:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("Version:"):
+                version = line.split(":", 1)[1].strip()
+            if name and version:
+                break
+        if name and version:
+            out[name] = version
+    return out
+
+
+def build_bundle(out: Path, python: str, platform: str, catalog: Catalog) -> BundleResult:
+    """Build a bundle directory at `out` (replaced atomically if it is an earlier bundle)."""
+    python = _check_python(python)
+    out = Path(out).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / "BUNDLE.json").is_file():
+        raise ComposeError(f"{out}: exists and is not an overlay bundle; refusing to replace it")
+    reqs = runtime_requirements()
+    wheels, cached = wheel_cache(python, platform, reqs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        plat_args = [a for t in platform_tags(platform) for a in ("--platform", t)]
+        _pip(
+            ["install", "-q", "--no-index", "--find-links", str(wheels), "--only-binary=:all:",
+             "--python-version", python, "--implementation", "cp", *plat_args, "--no-compile",
+             "--target", str(tmp / "site"), *reqs],
+            what=f"pip install --target of the bundle for python {python} / {platform}",
+        )
+        shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
+        _copy_package(tmp / "site")
+        _copy_catalog(catalog, tmp / "catalog")
+        (tmp / "bin").mkdir()
+        wrapper = tmp / "bin" / "overlay"
+        wrapper.write_text(WRAPPER)
+        wrapper.chmod(0o755)
+        packages = _installed_versions(tmp / "site")
+        meta = {
+            "tool": "overlay-manager",
+            "version": __version__,
+            "python": python,
+            "platform": platform,
+            "packages": packages,
+        }
+        (tmp / "BUNDLE.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        for p in [tmp, *tmp.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BundleResult(out, python, platform, packages, _dir_size(out), cached)

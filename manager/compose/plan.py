@@ -1,0 +1,181 @@
+"""From a registry entry to a ServicePlan: profiles give the image and serve flags, fits() the overlays."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..catalog import Catalog
+from ..errors import ComposeError
+from .registry import Deployment, Registry
+from .render import CONTAINER_PORT, MODELS_MOUNT, ServicePlan
+
+FAIL_RESULTS = ("fail", "failed", "error", "no")
+
+
+def _get(obj: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if obj is not None and not isinstance(obj, dict) and getattr(obj, name, None) is not None:
+            return getattr(obj, name)
+    return default
+
+
+def _lookup(table: Any, key: str, kind: str, slug: str) -> Any:
+    try:
+        return table[key]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(table)) if isinstance(table, dict) else "none"
+        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {known})") from None
+
+
+def _sm(hardware: Any) -> float | None:
+    raw = _get(hardware, "sm", "compute_capability")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _weights(model: Any, weights_id: str | None, slug: str) -> Any:
+    if weights_id is None:
+        return None
+    table = _get(model, "weights", default=None)
+    if isinstance(table, dict):
+        return _lookup(table, weights_id, "weights", slug)
+    if isinstance(table, (list, tuple)):
+        for w in table:
+            if _get(w, "id", "name") == weights_id:
+                return w
+        raise ComposeError(f"deployments.{slug}.weights: model has no weights variant {weights_id!r}")
+    return None
+
+
+def kernel_overlay_ids(catalog: Catalog) -> set[str]:
+    """Ids of overlays that carry a `kernels:` section (they go to `overlay build`, not `apply`)."""
+    try:
+        from ..overlays import load_overlays  # type: ignore[attr-defined]
+    except ImportError:
+        return set()
+    out = set()
+    for ov in load_overlays(catalog):
+        manifest = getattr(ov, "manifest", ov)
+        if getattr(manifest, "kernels", None):
+            out.add(getattr(manifest, "id", getattr(ov, "id", None)))
+    return out
+
+
+def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any) -> tuple[str, ...]:
+    """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
+    repo = _get(weights, "repo", "hf_repo", "path") or _get(model, "repo", "hf_repo", "hf_id") or dep.model
+    model_dir = dep.model_dir or str(repo)
+    served = dep.served_name or _get(model, "served_name") or dep.model
+    args: list[str] = [
+        f"{MODELS_MOUNT}/{model_dir}",
+        "--served-model-name", str(served),
+        "--host", "0.0.0.0",
+        "--port", str(CONTAINER_PORT),
+        "--tensor-parallel-size", str(dep.tp),
+        "--max-model-len", str(dep.ctx),
+        "--max-num-seqs", str(dep.max_seqs),
+        "--gpu-memory-utilization", f"{dep.gpu_memory_utilization:.2f}",
+    ]
+    sm = _sm(hardware)
+    if sm is not None and sm < 8.0:
+        args += ["--dtype", "float16"]
+    if dep.kv_dtype:
+        args += ["--kv-cache-dtype", dep.kv_dtype]
+    if drafter is not None:
+        d_repo = _get(drafter, "repo", "hf_repo", "hf_id", "path") or dep.drafter
+        spec = {
+            "model": f"{MODELS_MOUNT}/{d_repo}",
+            "num_speculative_tokens": dep.num_speculative_tokens,
+        }
+        method = _get(drafter, "method")
+        if method:
+            spec["method"] = str(method)
+        args += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    args += list(dep.extra_args)
+    return tuple(args)
+
+
+def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
+    from ..fits import fits  # the profiles engineer's contract
+
+    return fits(
+        profiles,
+        model=dep.model,
+        hardware=dep.hardware,
+        gpus=dep.gpus,
+        tp=dep.tp,
+        weights=dep.weights,
+        engine=dep.engine,
+        drafter=dep.drafter,
+        ctx=dep.ctx,
+        kv_dtype=dep.kv_dtype,
+        max_seqs=dep.max_seqs,
+        catalog=catalog,
+    )
+
+
+def failing_constraints(report: Any) -> tuple[str, ...]:
+    out = []
+    for c in _get(report, "constraints", default=()) or ():
+        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
+            out.append(str(_get(c, "id", default="?")))
+    return tuple(out)
+
+
+def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: Any = None,
+                    kernel_ids: set[str] | None = None) -> ServicePlan:
+    engine = _lookup(profiles.engines, dep.engine, "engine", dep.slug)
+    model = _lookup(profiles.models, dep.model, "model", dep.slug)
+    hardware = _lookup(profiles.hardware, dep.hardware, "hardware", dep.slug)
+    drafter = _lookup(profiles.drafters, dep.drafter, "drafter", dep.slug) if dep.drafter else None
+    weights = _weights(model, dep.weights, dep.slug)
+    image = _get(engine, "image")
+    if not image:
+        raise ComposeError(f"engine profile {dep.engine!r} has no image pin")
+    if report is None:
+        report = fit_report(profiles, dep, catalog)
+    if kernel_ids is None:
+        kernel_ids = kernel_overlay_ids(catalog)
+    needed = [str(i) for i in (_get(report, "overlays", default=()) or ())]
+    return ServicePlan(
+        slug=dep.slug,
+        image=str(image),
+        serve_args=serve_args(dep, model, weights, hardware, drafter),
+        overlays=tuple(i for i in needed if i not in kernel_ids),
+        kernel_overlays=tuple(i for i in needed if i in kernel_ids),
+        gpus=dep.gpus,
+        tp=dep.tp,
+        port=dep.port,
+        status=dep.status,
+        note=dep.note,
+        engine=dep.engine,
+        vllm_version=str(_get(engine, "vllm_version", default="")),
+        model=dep.model,
+        hardware=dep.hardware,
+        env=dict(dep.env),
+        shm_size=dep.shm_size,
+        verdict=str(_get(report, "verdict", default="")),
+        failing=failing_constraints(report),
+    )
+
+
+def load_profiles(catalog: Catalog) -> Any:
+    from ..profiles import load_profiles as _load  # the profiles engineer's contract
+
+    return _load(catalog)
+
+
+def plan_all(registry: Registry, catalog: Catalog, profiles: Any = None) -> dict[str, ServicePlan]:
+    profiles = profiles if profiles is not None else load_profiles(catalog)
+    kernel_ids = kernel_overlay_ids(catalog)
+    return {
+        slug: plan_deployment(dep, profiles, catalog, kernel_ids=kernel_ids)
+        for slug, dep in sorted(registry.deployments.items())
+    }
