@@ -55,11 +55,9 @@ class CatalogProber:
         try:
             if engine.id in self.roots:
                 return self._probe_root(engine, ids, self.roots[engine.id])
-            if not engine.is_stock_release:
-                return EngineProbe(unavailable=(
-                    f"engine pinned to {engine.upstream_ref}, not a release tag; "
-                    f"pass --probe-root {engine.id}=DIR with its sources"))
-            return self._probe_release(engine, ids)
+            if engine.is_stock_release:
+                return self._probe_release(engine, ids)
+            return self._probe_commit_pin(engine, ids)
         except ManagerError as exc:
             return EngineProbe(unavailable=f"probe failed: {exc}")
 
@@ -76,6 +74,28 @@ class CatalogProber:
             statuses=_facts(report, f"vllm {version} (release sources)"),
             pin_commit=commit,
             pin_commit_source=f"vllm/_version.py __commit_id__ in the {version} sdist" if commit else "",
+        )
+
+    def _probe_commit_pin(self, engine: EngineInfo, ids: list[str]) -> EngineProbe:
+        """A commit pin is probed on the release sources only when that release *is* the pin."""
+        no = EngineProbe(unavailable=(
+            f"engine pinned to commit {engine.upstream_ref}, not a release tag; "
+            f"pass --probe-root {engine.id}=DIR with its sources"))
+        version = engine.vllm_version
+        if not version or (self.offline and release_cached(version) is None):
+            return no
+        commit = sdist_commit(releases.pristine_tree(version))
+        pin = engine.upstream_ref.lower()
+        if not commit or not (commit.startswith(pin) or pin.startswith(commit)):
+            return no
+        got = self._probe_release(engine, ids)
+        where = (f"vllm {version} release sources = pin {engine.upstream_ref} "
+                 f"(vllm/_version.py __commit_id__ g{commit}); the image's own changes are not probed")
+        return EngineProbe(
+            statuses={k: ProbeFacts(v.status, tuple(e.replace(f"vllm {version} (release sources)", where)
+                                                    for e in v.evidence))
+                      for k, v in got.statuses.items()},
+            unavailable=got.unavailable, pin_commit=got.pin_commit, pin_commit_source=got.pin_commit_source,
         )
 
     def _probe_root(self, engine: EngineInfo, ids: list[str], root: Path) -> EngineProbe:
