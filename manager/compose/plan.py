@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..catalog import Catalog
@@ -68,13 +69,28 @@ def kernel_overlay_ids(catalog: Catalog) -> set[str]:
     return out
 
 
+_REPO_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+
+
+def _models_path(raw: Any, what: str, slug: str) -> str:
+    text = str(raw)
+    if not _REPO_PATH.match(text):
+        raise ComposeError(
+            f"deployments.{slug}: {what} {text!r} is not a repo id or relative path; set model_dir in the registry"
+        )
+    return f"{MODELS_MOUNT}/{text}"
+
+
 def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any) -> tuple[str, ...]:
     """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
-    repo = _get(weights, "repo", "hf_repo", "path") or _get(model, "repo", "hf_repo", "hf_id") or dep.model
-    model_dir = dep.model_dir or str(repo)
+    if dep.model_dir:
+        model_path = f"{MODELS_MOUNT}/{dep.model_dir}"
+    else:
+        repo = _get(weights, "hf_repo", "repo", "path") or _get(model, "hf_repo", "repo") or dep.model
+        model_path = _models_path(repo, "weights hf_repo", dep.slug)
     served = dep.served_name or _get(model, "served_name") or dep.model
     args: list[str] = [
-        f"{MODELS_MOUNT}/{model_dir}",
+        model_path,
         "--served-model-name", str(served),
         "--host", "0.0.0.0",
         "--port", str(CONTAINER_PORT),
@@ -89,14 +105,12 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
     if drafter is not None:
-        d_repo = _get(drafter, "repo", "hf_repo", "hf_id", "path") or dep.drafter
-        spec = {
-            "model": f"{MODELS_MOUNT}/{d_repo}",
-            "num_speculative_tokens": dep.num_speculative_tokens,
-        }
-        method = _get(drafter, "method")
-        if method:
-            spec["method"] = str(method)
+        spec = dict(_get(drafter, "speculative_config", default={}) or {})
+        repo = _get(drafter, "hf_repo", "repo") or spec.get("model") or dep.drafter
+        spec["model"] = _models_path(repo, "drafter hf_repo", dep.slug)
+        tokens = dep.num_speculative_tokens or _get(drafter, "default_tokens") or spec.get("num_speculative_tokens")
+        if tokens:
+            spec["num_speculative_tokens"] = int(tokens)
         args += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     args += list(dep.extra_args)
     return tuple(args)

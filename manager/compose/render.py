@@ -17,7 +17,6 @@ Safety does not rest on template authors remembering to quote:
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ class Quoted(str):
 
 
 def _yaml_scalar(value: Any) -> Quoted:
+    value = _defined(value)
     if isinstance(value, bool):
         return Quoted("true" if value else "false")
     if isinstance(value, int):
@@ -51,8 +51,27 @@ def _yaml_scalar(value: Any) -> Quoted:
         return Quoted(repr(value))
     if not isinstance(value, str):
         raise ComposeError(f"cannot render {type(value).__name__} value {value!r} as a YAML scalar")
-    # JSON strings are YAML double-quoted scalars; `$` -> `$$` stops Compose interpolation.
-    return Quoted(json.dumps(value.replace("$", "$$"), ensure_ascii=True))
+    # `$` -> `$$` stops Compose interpolation; everything outside printable ASCII is escaped.
+    return Quoted('"' + "".join(_escape_char(c) for c in value.replace("$", "$$")) + '"')
+
+
+def _escape_char(c: str) -> str:
+    if c == '"' or c == "\\":
+        return "\\" + c
+    o = ord(c)
+    if 0x20 <= o <= 0x7E:
+        return c
+    if o <= 0xFF:
+        return f"\\x{o:02x}"
+    if o <= 0xFFFF:
+        return f"\\u{o:04x}"
+    return f"\\U{o:08x}"
+
+
+def _defined(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises UndefinedError naming the variable
+    return value
 
 
 def yq(value: Any) -> Quoted:
@@ -69,6 +88,7 @@ def yblock(value: str, indent: int) -> Quoted:
     Falls back to a double-quoted scalar whenever the text could not round-trip exactly
     through a literal block (control characters, leading spaces, trailing blank lines).
     """
+    value = _defined(value)
     if not isinstance(value, str):
         raise ComposeError(f"yblock: {value!r} is not a string")
     text = value.replace("$", "$$")
@@ -88,6 +108,7 @@ def yblock(value: str, indent: int) -> Quoted:
 
 def sh(value: Any) -> Quoted:
     """A POSIX shell word that expands to exactly `value`."""
+    value = _defined(value)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ComposeError(f"cannot render {value!r} as a shell word")
     text = str(value)
@@ -108,6 +129,7 @@ def interp(name: str, default: Any) -> Quoted:
 
 def lit(value: Any) -> Quoted:
     """A value from a closed alphabet (slugs, ids, integers): printed as is, rejected otherwise."""
+    value = _defined(value)
     if isinstance(value, bool):
         raise ComposeError(f"lit: {value!r} is a bool")
     text = str(value)
