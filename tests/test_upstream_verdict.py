@@ -94,3 +94,13 @@ def test_not_applicable_probe_does_not_decide():
     v = decide(has_upstream=True, pr=pr("open"), ancestry=None,
                probe=ProbeFacts("not-applicable", ("probe: not-applicable",)))
     assert v.verdict == "keep" and "not decisive" in v.evidence[-1]
+
+
+def test_merged_manifest_without_ancestry_suggests_waiting_only_when_probe_finds_no_native_fix():
+    v = decide(has_upstream=True, pr=PRUnavailable("o/r", 5, "offline"), ancestry=UNK, probe=PENDING,
+               manifest_state="merged")
+    assert v.verdict == "unknown" and v.provisional == "waiting"
+    assert "as the probe finds no native fix at the pin" in v.evidence[-2]
+    none = decide(has_upstream=True, pr=PRUnavailable("o/r", 5, "offline"), ancestry=UNK, probe=None,
+                  manifest_state="merged")
+    assert none.provisional is None

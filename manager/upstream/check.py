@@ -176,13 +176,18 @@ def evaluate(
                 has_upstream=ov.has_upstream, pr=pr, ancestry=ancestry, probe=facts, manifest_state=ov.state,
             )
             evidence = v.evidence
-            if probe.pin_commit and ancestry is not None:
+            if probe.pin_commit and ancestry is not None and not _same_commit(probe.pin_commit, eng.upstream_ref):
                 evidence = (f"pin {eng.upstream_ref} = {probe.pin_commit} ({probe.pin_commit_source})", *evidence)
             results.append(PairResult(
                 ov.id, eng.id, v.verdict, evidence, v.provisional, eng.upstream_ref,
                 pr.state if isinstance(pr, PRFacts) else None,
             ))
     return CheckReport(tuple(results), tuple(rows), tuple(engines), client.offline)
+
+
+def _same_commit(a: str, b: str) -> bool:
+    a, b = a.lower(), b.lower()
+    return is_sha(a) and is_sha(b) and (a.startswith(b) or b.startswith(a))
 
 
 def _ancestry(client: GitHubClient, repo: str, merge: str, eng: EngineInfo, probe: EngineProbe,

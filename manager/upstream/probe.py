@@ -29,15 +29,17 @@ def _facts(report: Any, where: str) -> dict[str, ProbeFacts]:
     out: dict[str, ProbeFacts] = {}
     for ov in getattr(report, "overlays", ()):
         status = str(getattr(ov, "status", "") or "") or None
-        details = []
-        for t in getattr(ov, "targets", ()) or ():
-            detail = getattr(t, "detail", "") or ""
-            tstatus = getattr(t, "status", "")
-            if tstatus == status or (status not in ("pending", "applied") and detail):
-                details.append(f"{getattr(t, 'path', '?')}: {tstatus}{' - ' + detail if detail else ''}")
         line = f"probe: {status} at {where}"
-        if details:
-            line += f" [{'; '.join(details[:3])}]"
+        if status in ("pending", "applied"):
+            line += ": the overlay's anchors are there, no native fix detected"
+        else:
+            details = []
+            for t in getattr(ov, "targets", ()) or ():
+                detail = getattr(t, "detail", "") or ""
+                if detail and getattr(t, "status", "") not in ("pending", "applied"):
+                    details.append(f"{getattr(t, 'path', '?')}: {detail}")
+            if details:
+                line += f" [{'; '.join(details[:3])}]"
         out[str(ov.id)] = ProbeFacts(status, (line,))
     return out
 

@@ -76,10 +76,13 @@ def decide(
     if isinstance(pr, PRUnavailable) or pr is None or pr.state == "not-found":
         provisional = None
         if manifest_state in ("open", "closed", "merged") and isinstance(pr, PRUnavailable):
-            guess = _from_state(manifest_state, ancestry)
+            guess = _from_state(manifest_state, ancestry, probe)
             if guess is not None:
                 provisional = guess
-                ev.append(f"manifest records the PR as {manifest_state} (not verified): would be {guess}")
+                why = ""
+                if manifest_state == "merged" and (ancestry is None or ancestry.contains is None):
+                    why = ", as the probe finds no native fix at the pin"
+                ev.append(f"manifest records the PR as {manifest_state} (not verified): would be {guess}{why}")
         ev.append("verdict unknown: no PR facts" if pr is None or isinstance(pr, PRUnavailable)
                   else "verdict unknown: the PR number does not exist upstream")
         return Verdict("unknown", tuple(ev), provisional)
@@ -103,11 +106,13 @@ def decide(
     return Verdict("waiting", tuple(ev))
 
 
-def _from_state(state: str, ancestry: Ancestry | None) -> str | None:
+def _from_state(state: str, ancestry: Ancestry | None, probe: ProbeFacts | None) -> str | None:
     if state in ("open", "closed"):
         return "keep"
     if ancestry is not None and ancestry.contains is not None:
         return "drop" if ancestry.contains else "waiting"
+    if probe is not None and probe.status in NOT_NATIVE:
+        return "waiting"  # merged (per the manifest) but the sources at the pin have no native fix yet
     return None
 
 
