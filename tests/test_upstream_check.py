@@ -204,6 +204,6 @@ def test_markdown_report_is_stable_offline_and_lists_every_pair(gh, upstream, tm
     second = render_markdown(run(gh, upstream, tmp_path, offline=True))
     assert first == second
     assert "| `fix-merged` | [acme/engine#3](https://github.com/acme/engine/pull/3) | merged 2026-01-02 as" in first
-    assert "`new`: **drop**" in first and "`old`: **waiting**" in first
+    assert "**drop**: `new`<br>**waiting**: `old`, `side` |" in first
     assert " ago" not in first  # no wall-clock-relative text in the document
     assert first.count("- `old` (pin `v1.0.0`)") == 4

@@ -128,7 +128,7 @@ def test_report_writes_markdown_once_then_identical_offline(catalog, gh, tmp_pat
     again = overlay(catalog, *args, cache=cache)
     assert "identical" in again.stderr and out.read_text() == text
     assert "| `fix-merged` | [vllm-project/vllm#3](https://github.com/vllm-project/vllm/pull/3) | merged" in text
-    assert "`vllm-0.33.0`: **drop**" in text and "`vllm-0.19.0`: **waiting**" in text
+    assert "**waiting**: `vllm-0.19.0`<br>**drop**: `vllm-0.33.0`" in text
 
 
 def test_report_json_format(catalog, gh, tmp_path):

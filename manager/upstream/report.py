@@ -67,9 +67,12 @@ def render_markdown(report: CheckReport, command: str = "overlay upstream report
         "|---|---|---|---|---|---|",
     ]
     for row in sorted(report.overlays, key=lambda r: r.overlay.id):
+        groups: dict[tuple[str, str | None], list[str]] = {}
+        for r in sorted(by_overlay.get(row.overlay.id, []), key=lambda r: r.engine):
+            groups.setdefault((r.verdict, r.provisional), []).append(f"`{r.engine}`")
         verdicts = "<br>".join(
-            f"`{r.engine}`: **{r.verdict}**" + (f" (manifest suggests {r.provisional})" if r.provisional else "")
-            for r in sorted(by_overlay.get(row.overlay.id, []), key=lambda r: r.engine)
+            f"**{verdict}**" + (f" (manifest suggests {prov})" if prov else "") + ": " + ", ".join(engines)
+            for (verdict, prov), engines in groups.items()
         ) or "-"
         lines.append("| " + " | ".join([
             f"`{row.overlay.id}`", _pr_link(row), _cell(_state(row)), verdicts,
