@@ -1,0 +1,36 @@
+"""Edit kinds: reusable, separately tested building blocks the overlay engine drives."""
+
+from __future__ import annotations
+
+from .base import EditContext, EditFailed, EditState, Inspection
+from .python import DictCache, DictEntry, InsertStatements, PythonEdit, SetValue
+from .text import NewFile, TextEdit, TextInsert
+
+_PYTHON = {"insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache}
+_TEXT = {"new-file": NewFile, "text-insert": TextInsert}
+
+
+def make_edit(spec, ctx: EditContext, target: str):
+    """Instantiate the edit kind for one manifest edit on one target file."""
+    if spec.kind in _PYTHON:
+        if not target.endswith(".py"):
+            raise EditFailed(f"edit {spec.name}: {spec.kind} needs a .py target, got {target}")
+        return _PYTHON[spec.kind](spec, ctx)
+    return _TEXT[spec.kind](spec, ctx, target)
+
+
+__all__ = [
+    "EditContext",
+    "EditFailed",
+    "EditState",
+    "Inspection",
+    "PythonEdit",
+    "TextEdit",
+    "make_edit",
+    "InsertStatements",
+    "DictEntry",
+    "SetValue",
+    "DictCache",
+    "NewFile",
+    "TextInsert",
+]

@@ -1,0 +1,45 @@
+"""What every edit kind shares: its per-file state and the interface the engine drives."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class EditState(str, enum.Enum):
+    APPLIED = "applied"  # our block, current version, untouched
+    PENDING = "pending"  # not present; the anchor matches exactly once
+    OLD = "old"  # our block from an older sentinel version: upgrade pending
+    PARTIAL = "partial"  # some of this edit's sites present, some not
+    MODIFIED = "modified"  # our sentinel is there but the block was edited
+    DRIFT = "drift"  # scope exists, anchor matches 0 or >= 2 times
+    SUPERSEDED = "superseded"  # the scope itself is gone
+    NATIVE = "native"  # the edit itself sees the fix already present upstream
+    NOT_APPLICABLE = "not-applicable"  # nothing for this edit to do in this file
+
+
+@dataclass(frozen=True)
+class Inspection:
+    state: EditState
+    detail: str = ""
+
+
+class EditFailed(Exception):
+    """An edit could not be applied or removed (the engine turns it into an OverlayError)."""
+
+
+@dataclass(frozen=True)
+class EditContext:
+    """What an edit needs to know about its overlay."""
+
+    overlay_id: str
+    version: int
+    overlay_dir: Path
+
+    def read(self, rel: str) -> str:
+        path = self.overlay_dir / rel
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            raise EditFailed(f"{path}: snippet file not found") from None

@@ -1,0 +1,273 @@
+"""libcst helpers: scope paths, statement shapes, sentinel-marked blocks."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..sentinel import Sentinel, parse_python, short_hash
+from .base import EditFailed
+
+SENTINEL_COMMENT = m.Comment(m.MatchRegex(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"))  # fullmatch
+SENTINEL_LINE = m.EmptyLine(comment=SENTINEL_COMMENT)
+
+_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
+try:  # libcst >= 0.4.x
+    _COMPOUND = _COMPOUND + (cst.TryStar, cst.Match)  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover
+    pass
+
+
+class ScopeProblem(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind  # "superseded" | "drift"
+        self.detail = detail
+
+
+# --- statement lists -------------------------------------------------------------------
+
+
+def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
+    """The suites directly owned by a compound statement (not nested defs' bodies)."""
+    if isinstance(stmt, (cst.If,)):
+        yield stmt.body
+        if stmt.orelse is not None:
+            if isinstance(stmt.orelse, cst.If):
+                yield from _child_blocks(stmt.orelse)
+            else:
+                yield stmt.orelse.body
+    elif isinstance(stmt, (cst.For, cst.While)):
+        yield stmt.body
+        if stmt.orelse is not None:
+            yield stmt.orelse.body
+    elif isinstance(stmt, cst.With):
+        yield stmt.body
+    elif isinstance(stmt, cst.Try) or type(stmt).__name__ == "TryStar":
+        yield stmt.body
+        for h in stmt.handlers:
+            yield h.body
+        if stmt.orelse is not None:
+            yield stmt.orelse.body
+        if stmt.finalbody is not None:
+            yield stmt.finalbody.body
+    elif type(stmt).__name__ == "Match":
+        for case in stmt.cases:
+            yield case.body
+
+
+def statement_lists(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every statement-list owner (Module or IndentedBlock) inside `owner`'s body,
+    without entering nested function or class definitions."""
+    if isinstance(owner, cst.Module):
+        root: cst.CSTNode = owner
+    elif isinstance(owner, (cst.FunctionDef, cst.ClassDef)):
+        root = owner.body
+    else:
+        root = owner
+    stack = [root]
+    while stack:
+        block = stack.pop()
+        if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+            continue
+        yield block
+        for stmt in block.body:
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            stack.extend(_child_blocks(stmt))
+
+
+def _defs_in(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Function/class definitions declared directly in `owner` (through if/try/with blocks)."""
+    for block in statement_lists(owner):
+        for stmt in block.body:
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                yield stmt
+
+
+def resolve_scope(module: cst.Module, path: str) -> cst.CSTNode:
+    """`Class.method._nested` -> that node. Raises ScopeProblem (superseded / drift)."""
+    node: cst.CSTNode = module
+    walked: list[str] = []
+    for part in [p for p in path.split(".") if p]:
+        found = [d for d in _defs_in(node) if d.name.value == part]  # type: ignore[attr-defined]
+        walked.append(part)
+        if not found:
+            raise ScopeProblem("superseded", f"scope {'.'.join(walked)} not found")
+        if len(found) > 1:
+            raise ScopeProblem("drift", f"scope {'.'.join(walked)} is ambiguous ({len(found)} definitions)")
+        node = found[0]
+    return node
+
+
+# --- statement shapes -------------------------------------------------------------------
+
+
+def _ast_key(code: str) -> str:
+    return ast.dump(ast.parse(textwrap.dedent(code)))
+
+
+def _header_only(stmt: cst.CSTNode) -> cst.CSTNode:
+    """A compound statement reduced to its header (body `pass`, no else branches)."""
+    body = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
+    changes: dict[str, object] = {"body": body, "leading_lines": ()}
+    if hasattr(stmt, "orelse"):
+        changes["orelse"] = None
+    if isinstance(stmt, cst.Try):
+        changes["handlers"] = (cst.ExceptHandler(body=body),)
+        changes["finalbody"] = None
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        changes["decorators"] = ()
+    return stmt.with_changes(**changes)
+
+
+def statement_key(module: cst.Module, stmt: cst.CSTNode) -> str:
+    """The structural identity of a statement: its AST, ignoring layout and comments."""
+    if isinstance(stmt, _COMPOUND):
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            return f"{type(stmt).__name__}:{stmt.name.value}"
+        code = module.code_for_node(_header_only(stmt))
+    else:
+        code = module.code_for_node(stmt.with_changes(leading_lines=()))
+    try:
+        return _ast_key(code)
+    except SyntaxError:
+        return code.strip()
+
+
+def anchor_key(anchor: str, config: cst.PartialParserConfig) -> str:
+    text = anchor.strip()
+    if text.endswith(":"):
+        text = text + "\n    pass\n"
+    try:
+        mod = cst.parse_module(text + ("\n" if not text.endswith("\n") else ""), config=config)
+    except cst.ParserSyntaxError as exc:
+        raise EditFailed(f"anchor {anchor!r} is not a Python statement: {exc.message}") from None
+    if len(mod.body) != 1:
+        raise EditFailed(f"anchor {anchor!r} must be exactly one statement")
+    return statement_key(mod, mod.body[0])
+
+
+@dataclass(frozen=True)
+class Site:
+    owner: cst.CSTNode  # Module or IndentedBlock
+    index: int
+
+
+def find_anchor(module: cst.Module, scope: cst.CSTNode, anchor: str) -> list[Site]:
+    key = anchor_key(anchor, module.config_for_parsing)
+    sites = []
+    for block in statement_lists(scope):
+        for i, stmt in enumerate(block.body):
+            if statement_key(module, stmt) == key:
+                sites.append(Site(block, i))
+    return sites
+
+
+# --- code building ----------------------------------------------------------------------
+
+
+def parse_statements(code: str, module: cst.Module) -> list[cst.BaseStatement]:
+    try:
+        mod = cst.parse_module(textwrap.dedent(code).strip("\n") + "\n", config=module.config_for_parsing)
+    except cst.ParserSyntaxError as exc:
+        raise EditFailed(f"snippet does not parse: {exc.message} (line {exc.raw_line})") from None
+    if not mod.body:
+        raise EditFailed("snippet has no statements")
+    body = list(mod.body)
+    if mod.header:  # comments above the first statement parse as the module header
+        body[0] = body[0].with_changes(leading_lines=(*mod.header, *body[0].leading_lines))
+    return body
+
+
+def block_code(module: cst.Module, stmts: Sequence[cst.BaseStatement]) -> str:
+    """Code of a block for hashing: the sentinel line dropped, layout as written."""
+    first = stmts[0]
+    lines = tuple(
+        l for l in first.leading_lines if not m.matches(l, SENTINEL_LINE) and l.comment is not None
+    )
+    body = [first.with_changes(leading_lines=lines), *stmts[1:]]
+    return module.with_changes(body=body, header=(), footer=()).code
+
+
+def mark_block(
+    module: cst.Module, stmts: list[cst.BaseStatement], sentinel: Sentinel
+) -> list[cst.BaseStatement]:
+    """Put the sentinel (with n= and sha= of the block) in the first statement's leading_lines."""
+    digest = short_hash(block_code(module, stmts))
+    fields = (("n", str(len(stmts))), ("sha", digest), *sentinel.fields)
+    full = Sentinel(sentinel.overlay, sentinel.version, sentinel.edit, fields)
+    first = stmts[0]
+    line = cst.EmptyLine(comment=cst.Comment(full.python()))
+    return [first.with_changes(leading_lines=(line, *first.leading_lines)), *stmts[1:]]
+
+
+def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
+    for line in getattr(stmt, "leading_lines", ()):
+        if m.matches(line, SENTINEL_LINE):
+            return parse_python(line.comment.value)  # type: ignore[union-attr]
+    return None
+
+
+@dataclass(frozen=True)
+class MarkedBlock:
+    owner: cst.CSTNode
+    index: int
+    sentinel: Sentinel
+    count: int
+    intact: bool  # the block's hash equals the sha in its sentinel
+
+
+def find_marked_blocks(module: cst.Module, overlay: str, edit: str) -> list[MarkedBlock]:
+    found = []
+    for block in statement_lists(module):
+        _collect(module, block, overlay, edit, found)
+    # nested defs are not walked by statement_lists(module); walk every def too
+    for node in _all_defs(module):
+        for block in statement_lists(node):
+            _collect(module, block, overlay, edit, found)
+    return found
+
+
+def _all_defs(module: cst.Module) -> Iterator[cst.CSTNode]:
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        for d in _defs_in(node):
+            yield d
+            stack.append(d)
+
+
+def _collect(module: cst.Module, block: cst.CSTNode, overlay: str, edit: str, out: list[MarkedBlock]) -> None:
+    body = block.body  # type: ignore[attr-defined]
+    for i, stmt in enumerate(body):
+        s = sentinel_of(stmt)
+        if s is None or s.overlay != overlay or s.edit != edit:
+            continue
+        try:
+            n = int(s.get("n", "1") or "1")
+        except ValueError:
+            n = 1
+        stmts = list(body[i : i + n])
+        intact = len(stmts) == n and short_hash(block_code(module, stmts)) == s.get("sha")
+        out.append(MarkedBlock(block, i, s, n, intact))
+
+
+def replace_body(module: cst.Module, owner: cst.CSTNode, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
+    if owner is module:
+        return module.with_changes(body=tuple(new_body))
+    new_owner = owner.with_changes(body=tuple(new_body))  # type: ignore[call-arg]
+    return module.deep_replace(owner, new_owner)  # type: ignore[return-value]
+
+
+def remove_block(module: cst.Module, mb: MarkedBlock) -> cst.Module:
+    body = list(mb.owner.body)  # type: ignore[attr-defined]
+    del body[mb.index : mb.index + mb.count]
+    if not body:
+        raise EditFailed("removing the block would leave an empty suite")
+    return replace_body(module, mb.owner, body)

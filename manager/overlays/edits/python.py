@@ -1,0 +1,539 @@
+"""Python edit kinds on a libcst Module: insert, dict-entry, set-value, dict-cache.
+
+Each kind inspects a module (-> Inspection), applies itself (-> new Module) and
+removes its own sentinel-marked blocks (-> Module). Anchors are statement shapes
+inside a scope path and must match exactly once.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
+from .base import EditContext, EditFailed, EditState, Inspection
+from .pycst import (
+    MarkedBlock,
+    ScopeProblem,
+    _all_defs,
+    block_code,
+    find_anchor,
+    find_marked_blocks,
+    mark_block,
+    parse_statements,
+    remove_block,
+    replace_body,
+    resolve_scope,
+    sentinel_of,
+    statement_lists,
+)
+
+
+class PythonEdit:
+    """Base for edits whose unit is a sentinel-marked block of statements."""
+
+    language = "python"
+
+    def __init__(self, spec, ctx: EditContext) -> None:  # spec: a manifest edit model
+        self.spec = spec
+        self.ctx = ctx
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def sentinel(self, *fields: tuple[str, str]) -> Sentinel:
+        return Sentinel(self.ctx.overlay_id, self.ctx.version, self.spec.name, tuple(fields))
+
+    # -- the block this edit writes (subclasses build it) --
+    def build(self, module: cst.Module) -> list[cst.BaseStatement]:
+        raise NotImplementedError
+
+    def _expected_sha(self, module: cst.Module) -> str:
+        return short_hash(block_code(module, self.build(module)))
+
+    def _inspect_marked(self, module: cst.Module, blocks: list[MarkedBlock]) -> Inspection:
+        if len(blocks) > 1:
+            return Inspection(EditState.MODIFIED, f"edit {self.name}: sentinel present {len(blocks)} times")
+        mb = blocks[0]
+        v = mb.sentinel.version
+        if not mb.intact:
+            return Inspection(EditState.MODIFIED, f"edit {self.name}: v{v} block was edited after it was written")
+        if v < self.ctx.version:
+            return Inspection(EditState.OLD, f"edit {self.name}: v{v} present, v{self.ctx.version} available")
+        if v > self.ctx.version:
+            return Inspection(EditState.MODIFIED, f"edit {self.name}: v{v} is newer than this catalog's v{self.ctx.version}")
+        if mb.sentinel.get("sha") != self._expected_sha(module):
+            return Inspection(
+                EditState.MODIFIED,
+                f"edit {self.name}: v{v} block differs from this catalog's v{v} (bump sentinel_version)",
+            )
+        return Inspection(EditState.APPLIED, f"edit {self.name}: v{v} applied")
+
+    def inspect(self, module: cst.Module) -> Inspection:
+        blocks = find_marked_blocks(module, self.ctx.overlay_id, self.name)
+        if blocks:
+            return self._inspect_marked(module, blocks)
+        return self.inspect_unapplied(module)
+
+    def inspect_unapplied(self, module: cst.Module) -> Inspection:
+        raise NotImplementedError
+
+    def apply(self, module: cst.Module) -> cst.Module:
+        state = self.inspect(module).state
+        if state == EditState.APPLIED:
+            return module
+        if state == EditState.OLD:
+            module = self.remove(module)
+            state = self.inspect(module).state
+        if state != EditState.PENDING:
+            raise EditFailed(self.inspect(module).detail)
+        return self.insert(module)
+
+    def insert(self, module: cst.Module) -> cst.Module:
+        raise NotImplementedError
+
+    def remove(self, module: cst.Module) -> cst.Module:
+        for mb in reversed(find_marked_blocks(module, self.ctx.overlay_id, self.name)):
+            module = remove_block(module, mb)
+        return module
+
+
+class InsertStatements(PythonEdit):
+    """Insert a snippet before/after an anchor statement inside a scope path."""
+
+    def build(self, module: cst.Module) -> list[cst.BaseStatement]:
+        stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        return mark_block(module, stmts, self.sentinel())
+
+    def _sites(self, module: cst.Module):
+        scope = resolve_scope(module, self.spec.scope)
+        return find_anchor(module, scope, self.spec.anchor)
+
+    def inspect_unapplied(self, module: cst.Module) -> Inspection:
+        where = self.spec.scope or "<module>"
+        try:
+            sites = self._sites(module)
+        except ScopeProblem as exc:
+            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
+        if len(sites) == 1:
+            return Inspection(EditState.PENDING, f"edit {self.name}: anchor found once in {where}")
+        if not sites:
+            return Inspection(EditState.DRIFT, f"edit {self.name}: anchor not found in {where}: {self.spec.anchor.strip()!r}")
+        return Inspection(EditState.DRIFT, f"edit {self.name}: anchor matches {len(sites)} times in {where} (ambiguous)")
+
+    def insert(self, module: cst.Module) -> cst.Module:
+        sites = self._sites(module)
+        if len(sites) != 1:
+            raise EditFailed(self.inspect_unapplied(module).detail)
+        site = sites[0]
+        body = list(site.owner.body)  # type: ignore[attr-defined]
+        at = site.index if self.spec.position == "before" else site.index + 1
+        body[at:at] = self.build(module)
+        return replace_body(module, site.owner, body)
+
+
+def _target_code(module: cst.Module, stmt: cst.CSTNode) -> list[str]:
+    """Assignment target(s) of a simple statement line, as code."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return []
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign):
+        return [module.code_for_node(t.target).strip() for t in small.targets]
+    if isinstance(small, cst.AnnAssign):
+        return [module.code_for_node(small.target).strip()]
+    return []
+
+
+def _assignments(module: cst.Module, scope: cst.CSTNode, name: str):
+    out = []
+    for block in statement_lists(scope):
+        for i, stmt in enumerate(block.body):
+            if sentinel_of(stmt) is None and name in _target_code(module, stmt):
+                out.append((block, i, stmt))
+    return out
+
+
+def _scope_or_problem(module: cst.Module, path: str):
+    return resolve_scope(module, path)
+
+
+class DictEntry(PythonEdit):
+    """Add an entry to a dict literal: `NAME[KEY] = VALUE` right after its assignment."""
+
+    def build(self, module: cst.Module) -> list[cst.BaseStatement]:
+        code = f"{self.spec.dict_name}[{self.spec.key}] = {self.spec.value}\n"
+        return mark_block(module, parse_statements(code, module), self.sentinel())
+
+    def inspect_unapplied(self, module: cst.Module) -> Inspection:
+        try:
+            scope = _scope_or_problem(module, self.spec.scope)
+        except ScopeProblem as exc:
+            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
+        found = _assignments(module, scope, self.spec.dict_name)
+        if len(found) != 1:
+            how = "not found" if not found else f"assigned {len(found)} times (ambiguous)"
+            return Inspection(EditState.DRIFT, f"edit {self.name}: dict {self.spec.dict_name} {how}")
+        stmt = found[0][2]
+        value = stmt.body[0].value  # type: ignore[attr-defined]
+        if not isinstance(value, cst.Dict):
+            return Inspection(EditState.DRIFT, f"edit {self.name}: {self.spec.dict_name} is not a dict literal")
+        want = ast.dump(ast.parse(self.spec.key, mode="eval"))
+        for el in value.elements:
+            if isinstance(el, cst.DictElement):
+                if ast.dump(ast.parse(module.code_for_node(el.key).strip(), mode="eval")) == want:
+                    return Inspection(EditState.NATIVE, f"edit {self.name}: key {self.spec.key} already in {self.spec.dict_name}")
+        return Inspection(EditState.PENDING, f"edit {self.name}: dict {self.spec.dict_name} found once")
+
+    def insert(self, module: cst.Module) -> cst.Module:
+        scope = _scope_or_problem(module, self.spec.scope)
+        found = _assignments(module, scope, self.spec.dict_name)
+        if len(found) != 1:
+            raise EditFailed(self.inspect_unapplied(module).detail)
+        block, i, _ = found[0]
+        body = list(block.body)
+        body[i + 1 : i + 1] = self.build(module)
+        return replace_body(module, block, body)
+
+
+class SetValue(PythonEdit):
+    """Replace the value of a unique assignment inside a scope; the original rides in `was=`."""
+
+    def _new_stmt(self, module: cst.Module) -> list[cst.BaseStatement]:
+        return parse_statements(f"{self.spec.assign} = {self.spec.value}\n", module)
+
+    def build(self, module: cst.Module) -> list[cst.BaseStatement]:
+        return mark_block(module, self._new_stmt(module), self.sentinel())
+
+    def _expected_sha(self, module: cst.Module) -> str:
+        return short_hash(block_code(module, self._new_stmt(module)))
+
+    def inspect_unapplied(self, module: cst.Module) -> Inspection:
+        try:
+            scope = _scope_or_problem(module, self.spec.scope)
+        except ScopeProblem as exc:
+            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
+        found = _assignments(module, scope, self.spec.assign)
+        if len(found) != 1:
+            how = "not found" if not found else f"assigned {len(found)} times (ambiguous)"
+            return Inspection(EditState.DRIFT, f"edit {self.name}: {self.spec.assign} {how}")
+        stmt = found[0][2]
+        current = module.code_for_node(stmt.body[0].value).strip()  # type: ignore[attr-defined]
+        if ast.dump(ast.parse(current, mode="eval")) == ast.dump(ast.parse(self.spec.value, mode="eval")):
+            return Inspection(EditState.NATIVE, f"edit {self.name}: {self.spec.assign} is already {self.spec.value}")
+        return Inspection(EditState.PENDING, f"edit {self.name}: {self.spec.assign} = {current}")
+
+    def insert(self, module: cst.Module) -> cst.Module:
+        scope = _scope_or_problem(module, self.spec.scope)
+        found = _assignments(module, scope, self.spec.assign)
+        if len(found) != 1:
+            raise EditFailed(self.inspect_unapplied(module).detail)
+        block, i, stmt = found[0]
+        original = module.code_for_node(stmt.with_changes(leading_lines=())).rstrip("\n")
+        if "\n" in original:
+            raise EditFailed(f"edit {self.name}: the original assignment spans several lines; set-value needs one line")
+        new = mark_block(module, self._new_stmt(module), self.sentinel(("was", encode_value(original))))
+        new[0] = new[0].with_changes(leading_lines=(*new[0].leading_lines, *stmt.leading_lines))
+        body = list(block.body)
+        body[i] = new[0]
+        return replace_body(module, block, body)
+
+    def remove(self, module: cst.Module) -> cst.Module:
+        for mb in reversed(find_marked_blocks(module, self.ctx.overlay_id, self.name)):
+            was = mb.sentinel.get("was")
+            if was is None:
+                raise EditFailed(f"edit {self.name}: sentinel without was= cannot be reverted")
+            stmt = mb.owner.body[mb.index]  # type: ignore[attr-defined]
+            restored = parse_statements(decode_value(was) + "\n", module)[0]
+            keep = tuple(l for l in stmt.leading_lines if sentinel_of(stmt.with_changes(leading_lines=(l,))) is None)
+            body = list(mb.owner.body)  # type: ignore[attr-defined]
+            body[mb.index] = restored.with_changes(leading_lines=keep)
+            module = replace_body(module, mb.owner, body)
+        return module
+
+
+# --- dict-cache --------------------------------------------------------------------------
+
+HELPER_NAME = "_overlay_dict_cache"
+HELPER_CODE = '''
+def _overlay_dict_cache(fn=None, *, maxsize=None):
+    """Plain-dict memoisation in place of functools.cache / lru_cache.
+
+    Same results, computed once per key (positional and keyword arguments), but
+    written in Python so torch.compile / Dynamo can trace through it (the C-level
+    _lru_cache_wrapper breaks CUDA-graph capture). With maxsize the oldest entry
+    is evicted first (FIFO, not LRU): the bound is kept, the recency order is not.
+    """
+    if fn is None:
+        return lambda f: _overlay_dict_cache(f, maxsize=maxsize)
+    import functools as _functools
+
+    _cache = {}
+
+    @_functools.wraps(fn)
+    def _wrapper(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        if key in _cache:
+            return _cache[key]
+        value = fn(*args, **kwargs)
+        if maxsize is not None and len(_cache) >= maxsize:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = value
+        return value
+
+    _wrapper.cache_clear = _cache.clear
+    _wrapper.cache_size = lambda: len(_cache)
+    return _wrapper
+'''
+
+_CACHE_NAMES = {"cache", "lru_cache"}
+
+
+def _cache_decorator(dec: cst.Decorator) -> tuple[str, cst.Arg | None, bool] | None:
+    """(kind, maxsize arg, called) when `dec` is functools.cache / lru_cache in any spelling."""
+    expr = dec.decorator
+    call = None
+    if isinstance(expr, cst.Call):
+        call, expr = expr, expr.func
+    if m.matches(expr, m.Name()) and expr.value in _CACHE_NAMES:  # type: ignore[attr-defined]
+        kind = expr.value  # type: ignore[attr-defined]
+    elif m.matches(expr, m.Attribute(value=m.Name("functools"))) and expr.attr.value in _CACHE_NAMES:  # type: ignore[attr-defined]
+        kind = expr.attr.value  # type: ignore[attr-defined]
+    else:
+        return None
+    maxsize = None
+    if call is not None:
+        for i, arg in enumerate(call.args):
+            if (arg.keyword is not None and arg.keyword.value == "maxsize") or (arg.keyword is None and i == 0):
+                maxsize = arg
+    return kind, maxsize, call is not None
+
+
+def _qualname(module: cst.Module, target: cst.FunctionDef) -> str:
+    names: list[str] = []
+
+    def walk(node: cst.CSTNode, prefix: list[str]) -> bool:
+        from .pycst import _defs_in
+
+        for d in _defs_in(node):
+            if d is target:
+                names.extend(prefix + [d.name.value])  # type: ignore[attr-defined]
+                return True
+            if walk(d, prefix + [d.name.value]):  # type: ignore[attr-defined]
+                return True
+        return False
+
+    walk(module, [])
+    return ".".join(names)
+
+
+class DictCache(PythonEdit):
+    """Replace functools.cache / lru_cache decorators with a plain dict cache helper."""
+
+    @property
+    def helper_edit(self) -> str:
+        return f"{self.name}-helper"
+
+    def _functions(self, module: cst.Module) -> tuple[list[cst.FunctionDef], list[str]]:
+        if self.spec.functions == ["*"]:
+            return [d for d in _all_defs(module) if isinstance(d, cst.FunctionDef)], []
+        funcs, missing = [], []
+        for q in self.spec.functions:
+            try:
+                node = resolve_scope(module, q)
+            except ScopeProblem:
+                missing.append(q)
+                continue
+            if isinstance(node, cst.FunctionDef):
+                funcs.append(node)
+            else:
+                missing.append(q)
+        return funcs, missing
+
+    def _dec_sentinel(self, f: cst.FunctionDef, i: int, dec: cst.Decorator) -> Sentinel | None:
+        """Our sentinel for decorator i: in its leading_lines, or (first decorator) the def's."""
+        lines = list(dec.leading_lines) + (list(f.leading_lines) if i == 0 else [])
+        for line in lines:
+            if line.comment is None:
+                continue
+            s = parse_python(line.comment.value)
+            if s is not None and s.overlay == self.ctx.overlay_id and s.edit == self.name:
+                return s
+        return None
+
+    def _scan(self, module: cst.Module):
+        funcs, missing = self._functions(module)
+        ours, theirs, bad = [], [], []
+        for f in funcs:
+            for i, dec in enumerate(f.decorators):
+                s = self._dec_sentinel(f, i, dec)
+                if s is not None:
+                    expected = self._new_decorator_code(module, decode_value(s.get("was") or ""))
+                    code = module.code_for_node(dec.decorator).strip()
+                    (ours if code == expected else bad).append((f, dec, s))
+                elif _cache_decorator(dec) is not None:
+                    theirs.append((f, dec))
+        return ours, theirs, bad, missing
+
+    def _new_decorator_code(self, module: cst.Module, was: str) -> str:
+        try:
+            dec = cst.parse_module(was + "\ndef _f(): pass\n").body[0].decorators[0]  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a broken was= is reported as modified
+            return "<unparseable was=>"
+        info = _cache_decorator(dec)
+        if info is None:
+            return "<not a cache decorator>"
+        _, maxsize, _ = info
+        if maxsize is not None:
+            return f"{HELPER_NAME}(maxsize={module.code_for_node(maxsize.value).strip()})"
+        return HELPER_NAME
+
+    def inspect(self, module: cst.Module) -> Inspection:
+        ours, theirs, bad, missing = self._scan(module)
+        helpers = find_marked_blocks(module, self.ctx.overlay_id, self.helper_edit)
+        tag = f"edit {self.name}"
+        if missing and self.spec.functions != ["*"]:
+            state = EditState.SUPERSEDED if len(missing) == len(self.spec.functions) else EditState.DRIFT
+            return Inspection(state, f"{tag}: functions not found: {', '.join(missing)}")
+        if bad:
+            return Inspection(EditState.MODIFIED, f"{tag}: decorator on {bad[0][0].name.value} was edited after it was written")
+        if len(helpers) > 1 or (helpers and not helpers[0].intact):
+            return Inspection(EditState.MODIFIED, f"{tag}: the {HELPER_NAME} helper was edited or duplicated")
+        if ours and not helpers:
+            return Inspection(EditState.MODIFIED, f"{tag}: decorators replaced but the {HELPER_NAME} helper is missing")
+        versions = {s.version for _, _, s in ours} | {h.sentinel.version for h in helpers}
+        if ours and theirs:
+            return Inspection(EditState.PARTIAL, f"{tag}: {len(ours)} cache decorators replaced, {len(theirs)} not")
+        if ours:
+            if max(versions) > self.ctx.version:
+                return Inspection(EditState.MODIFIED, f"{tag}: v{max(versions)} is newer than this catalog's")
+            if min(versions) < self.ctx.version:
+                return Inspection(EditState.OLD, f"{tag}: v{min(versions)} present, v{self.ctx.version} available")
+            if helpers[0].sentinel.get("sha") != short_hash(block_code(module, self._helper_stmts(module))):
+                return Inspection(EditState.MODIFIED, f"{tag}: helper differs from this catalog's v{self.ctx.version}")
+            names = ", ".join(sorted({_qualname(module, f) for f, _, _ in ours}))
+            return Inspection(EditState.APPLIED, f"{tag}: {len(ours)} dict caches ({names})")
+        if helpers:
+            return Inspection(EditState.MODIFIED, f"{tag}: helper present but no decorator replaced")
+        if not theirs:
+            return Inspection(EditState.NOT_APPLICABLE, f"{tag}: no functools cache decorators")
+        names = ", ".join(sorted({_qualname(module, f) for f, _ in theirs}))
+        return Inspection(EditState.PENDING, f"{tag}: {len(theirs)} cache decorators ({names})")
+
+    def _helper_stmts(self, module: cst.Module) -> list[cst.BaseStatement]:
+        return parse_statements(HELPER_CODE, module)
+
+    def apply(self, module: cst.Module) -> cst.Module:
+        state = self.inspect(module)
+        if state.state == EditState.APPLIED:
+            return module
+        if state.state in (EditState.OLD, EditState.PARTIAL):
+            module = self.remove(module)
+            state = self.inspect(module)
+        if state.state != EditState.PENDING:
+            raise EditFailed(state.detail)
+        return self.insert(module)
+
+    def insert(self, module: cst.Module) -> cst.Module:
+        _, theirs, _, _ = self._scan(module)
+        targets = {id(dec) for _, dec in theirs}
+
+        name = self.name
+        ctx = self.ctx
+        outer = self
+
+        class _Swap(cst.CSTTransformer):
+            # The sentinel of a first decorator goes on the def's leading_lines: that is
+            # where the parser puts comments above a decorated definition.
+            def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+                if not any(id(d) in targets for d in original.decorators):
+                    return updated
+                decorators = list(updated.decorators)
+                leading = list(updated.leading_lines)
+                for i, d in enumerate(original.decorators):
+                    if id(d) not in targets:
+                        continue
+                    was = module.code_for_node(d.with_changes(leading_lines=())).strip()
+                    new_code = outer._new_decorator_code(module, was)
+                    s = Sentinel(ctx.overlay_id, ctx.version, name, (("was", encode_value(was)),))
+                    line = cst.EmptyLine(comment=cst.Comment(s.python()))
+                    new_dec = decorators[i].with_changes(decorator=cst.parse_expression(new_code))
+                    if i == 0:
+                        leading.append(line)
+                    else:
+                        new_dec = new_dec.with_changes(leading_lines=(line, *new_dec.leading_lines))
+                    decorators[i] = new_dec
+                return updated.with_changes(decorators=decorators, leading_lines=leading)
+
+        module = module.visit(_Swap())
+        helper = mark_block(
+            module,
+            self._helper_stmts(module),
+            Sentinel(ctx.overlay_id, ctx.version, self.helper_edit),
+        )
+        body = list(module.body)
+        at = _after_imports(body)
+        helper[0] = helper[0].with_changes(
+            leading_lines=(cst.EmptyLine(), cst.EmptyLine(), *helper[0].leading_lines)
+        )
+        body[at:at] = helper
+        return module.with_changes(body=body)
+
+    def remove(self, module: cst.Module) -> cst.Module:
+        name = self.name
+        oid = self.ctx.overlay_id
+
+        def ours(line: cst.EmptyLine) -> Sentinel | None:
+            sen = parse_python(line.comment.value) if line.comment is not None else None
+            return sen if sen is not None and sen.overlay == oid and sen.edit == name else None
+
+        def restore(was: str, dec: cst.Decorator) -> cst.Decorator:
+            new = cst.parse_module(was + "\ndef _f(): pass\n").body[0].decorators[0]  # type: ignore[attr-defined]
+            return new.with_changes(leading_lines=tuple(l for l in dec.leading_lines if ours(l) is None))
+
+        class _Restore(cst.CSTTransformer):
+            def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+                decorators = list(updated.decorators)
+                leading = list(updated.leading_lines)
+                changed = False
+                for i, d in enumerate(decorators):
+                    lines = list(d.leading_lines) + (leading if i == 0 else [])
+                    found = [(l, ours(l)) for l in lines if ours(l) is not None]
+                    if not found:
+                        continue
+                    line, sen = found[0]
+                    decorators[i] = restore(decode_value(sen.get("was") or ""), d)
+                    leading = [l for l in leading if l is not line]
+                    changed = True
+                if not changed:
+                    return updated
+                return updated.with_changes(decorators=decorators, leading_lines=leading)
+
+        module = module.visit(_Restore())
+        for mb in reversed(find_marked_blocks(module, oid, self.helper_edit)):
+            module = remove_block(module, mb)
+        return module
+
+
+def _after_imports(body: list[cst.BaseStatement]) -> int:
+    """Index just after the module's leading docstring/imports block."""
+    at = 0
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and all(
+            isinstance(s, (cst.Import, cst.ImportFrom)) or (i == 0 and m.matches(s, m.Expr(m.SimpleString())))
+            for s in stmt.body
+        ):
+            at = i + 1
+        elif isinstance(stmt, cst.SimpleStatementLine) or isinstance(stmt, cst.If):
+            # `if TYPE_CHECKING:` import blocks and simple constants may interleave; stop at defs
+            if isinstance(stmt, cst.If):
+                continue
+            if any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                at = i + 1
+            continue
+        else:
+            break
+    return at

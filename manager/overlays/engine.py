@@ -1,0 +1,628 @@
+"""The overlay engine: load overlays, compute status, and apply/revert transactionally.
+
+Status is computed from the files alone (no import of the target package). An
+apply computes every new text in memory, compile()s each, then writes each file
+atomically and the ledger last; any failure before the writes leaves the tree
+untouched. A file lock serialises concurrent applies on one root.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..catalog import Catalog
+from ..errors import OverlayError
+from ..fsutil import atomic_write, sha256_bytes
+from .ledger import ABSENT, Ledger, state_dir
+from .manifest import Manifest, load_manifest, manifest_digest
+from .model import (
+    ApplyResult,
+    FileChange,
+    OverlayStatus,
+    RevertResult,
+    StatusReport,
+    TargetStatus,
+    worst,
+)
+from .root import package_version
+
+# Overlay statuses that `apply` skips (nothing to write) and those it refuses.
+_SKIP = {"applied", "upstream", "not-applicable"}
+_SKIP_UNLESS_NAMED = {"superseded", "missing-target"}
+_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep between file writes
+
+
+@dataclass(frozen=True)
+class Overlay:
+    manifest: Manifest
+    dir: Path
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @cached_property
+    def digest(self) -> str:
+        return manifest_digest(self.dir)
+
+    def edit_specs(self, target: str) -> list:
+        """The manifest edits for one target (an edit without `target` serves every target)."""
+        return [e for e in self.manifest.edits if e.target in (None, target)]
+
+    def make_edits(self, target: str) -> list:
+        from .edits import EditContext, make_edit
+
+        ctx = EditContext(self.id, self.manifest.sentinel_version, self.dir)
+        return [make_edit(spec, ctx, target) for spec in self.edit_specs(target)]
+
+
+def load_overlays(catalog: Catalog) -> list[Overlay]:
+    """Every overlay of the catalog, sorted by id; all manifest errors reported together."""
+    base = catalog.overlays_dir
+    if not base.is_dir():
+        return []
+    overlays, errors = [], []
+    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        mf = d / "overlay.yaml"
+        if not mf.exists():
+            continue
+        try:
+            overlays.append(Overlay(load_manifest(mf), d))
+        except OverlayError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise OverlayError("; ".join(errors))
+    known = {o.id for o in overlays}
+    for o in overlays:
+        for r in o.manifest.requires:
+            if r not in known:
+                raise OverlayError(f"{o.dir / 'overlay.yaml'}: requires: unknown overlay {r!r}")
+    return _ordered(overlays)
+
+
+def _ordered(overlays: list[Overlay]) -> list[Overlay]:
+    """Dependencies (`requires`) first, otherwise by id."""
+    by_id = {o.id: o for o in overlays}
+    out: list[Overlay] = []
+    seen: set[str] = set()
+
+    def visit(o: Overlay, stack: tuple[str, ...]) -> None:
+        if o.id in seen:
+            return
+        if o.id in stack:
+            raise OverlayError(f"overlay requires cycle: {' -> '.join(stack + (o.id,))}")
+        for r in o.manifest.requires:
+            visit(by_id[r], stack + (o.id,))
+        seen.add(o.id)
+        out.append(o)
+
+    for o in sorted(overlays, key=lambda x: x.id):
+        visit(o, ())
+    return out
+
+
+def select(overlays: Sequence[Overlay], ids: Iterable[str] | None) -> list[Overlay]:
+    ids = list(ids or [])
+    if not ids:
+        return list(overlays)
+    by_id = {o.id: o for o in overlays}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise OverlayError(f"unknown overlay {unknown[0]!r} (known: {', '.join(sorted(by_id)) or 'none'})")
+    wanted = set(ids)
+    # a selected overlay brings the ones it requires
+    changed = True
+    while changed:
+        changed = False
+        for i in list(wanted):
+            for r in by_id[i].manifest.requires:
+                if r not in wanted:
+                    wanted.add(r)
+                    changed = True
+    return [o for o in overlays if o.id in wanted]
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+class _Tree:
+    """Reads target files once per operation and keeps their parsed modules."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._bytes: dict[str, bytes | None] = {}
+        self._modules: dict[str, object] = {}
+
+    def read(self, rel: str) -> bytes | None:
+        if rel not in self._bytes:
+            try:
+                self._bytes[rel] = (self.root / rel).read_bytes()
+            except (FileNotFoundError, IsADirectoryError):
+                self._bytes[rel] = None
+        return self._bytes[rel]
+
+    def text(self, rel: str) -> str | None:
+        data = self.read(rel)
+        return None if data is None else data.decode("utf-8")
+
+    def module(self, rel: str):
+        if rel not in self._modules:
+            import libcst as cst
+
+            text = self.text(rel)
+            try:
+                self._modules[rel] = cst.parse_module(text) if text is not None else None
+            except cst.ParserSyntaxError as exc:
+                raise OverlayError(f"{rel}: does not parse as Python: {exc.message}") from None
+        return self._modules[rel]
+
+    def sha(self, rel: str) -> str:
+        data = self.read(rel)
+        return ABSENT if data is None else sha256_bytes(data)
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def _probe_matches(tree: _Tree, probe) -> str | None:
+    text = tree.text(probe.target)
+    if text is None:
+        return None
+    try:
+        mod = ast.parse(text)
+    except SyntaxError:
+        return None
+    node: ast.AST = mod
+    for part in [p for p in (probe.scope or "").split(".") if p]:
+        found = [
+            n
+            for n in ast.walk(node)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+        ]
+        if len(found) != 1:
+            return None
+        node = found[0]
+    if probe.defines:
+        names = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                names.add(n.attr)
+        if probe.defines not in names:
+            return None
+    if probe.contains:
+        segment = text if node is mod else (ast.get_source_segment(text, node) or "")
+        if not re.search(probe.contains, segment, re.M):
+            return None
+    where = f"{probe.target}:{probe.scope}" if probe.scope else probe.target
+    what = probe.description or (f"defines {probe.defines}" if probe.defines else f"matches /{probe.contains}/")
+    return f"native fix found ({what}) in {where}"
+
+
+def _target_status(states: list, details: list[str]) -> tuple[str, str]:
+    from .edits import EditState as S
+
+    vals = [s for s in states if s != S.NOT_APPLICABLE]
+    detail = "; ".join(details)
+    if not states:
+        return "not-applicable", "no edits for this target"
+    if not vals:
+        return "not-applicable", detail
+    if S.MODIFIED in vals:
+        return "modified", detail
+    if S.PARTIAL in vals or (S.APPLIED in vals and (S.PENDING in vals or S.NATIVE in vals and S.PENDING in vals)):
+        return "partial", detail
+    if S.DRIFT in vals:
+        return "drift", detail
+    if S.SUPERSEDED in vals:
+        return ("superseded" if all(v == S.SUPERSEDED for v in vals) else "drift"), detail
+    if all(v == S.NATIVE for v in vals):
+        return "upstream", detail
+    if all(v in (S.APPLIED, S.NATIVE) for v in vals):
+        return "applied", detail
+    return "pending", detail
+
+
+def _overlay_status(overlay: Overlay, tree: _Tree, version: str | None) -> OverlayStatus:
+    m = overlay.manifest
+    marker = f"overlay:{overlay.id} v"
+    targets: list[TargetStatus] = []
+    ours_present = any(marker in (tree.text(t) or "") for t in m.targets)
+    if not ours_present and not m.applies_to_version(version):
+        targets = [
+            TargetStatus(t, "not-applicable", f"vllm {version} is outside versions {m.versions!r}") for t in m.targets
+        ]
+        return OverlayStatus(overlay.id, "not-applicable", tuple(targets), m.title, m.sentinel_version)
+    if not ours_present:
+        for probe in m.probes:
+            hit = _probe_matches(tree, probe)
+            if hit:
+                targets = [TargetStatus(t, "upstream", hit) for t in m.targets]
+                return OverlayStatus(overlay.id, "upstream", tuple(targets), m.title, m.sentinel_version)
+    from .edits import EditFailed, PythonEdit
+
+    for t in m.targets:
+        try:
+            edits = overlay.make_edits(t)
+            exists = tree.read(t) is not None
+            if not exists and not any(e.spec.kind == "new-file" for e in edits):
+                targets.append(TargetStatus(t, "missing-target", f"{t} does not exist under the root"))
+                continue
+            states, details = [], []
+            for e in edits:
+                res = e.inspect(tree.module(t)) if isinstance(e, PythonEdit) else e.inspect(tree.text(t))
+                states.append(res.state)
+                details.append(res.detail)
+            status, detail = _target_status(states, details)
+        except (EditFailed, OverlayError, UnicodeDecodeError) as exc:
+            status, detail = "error", str(exc)
+        targets.append(TargetStatus(t, status, detail))
+    statuses = [x.status for x in targets]
+    overall = worst(statuses)
+    if "applied" in statuses and "pending" in statuses and overall == "pending":
+        overall = "partial"
+    return OverlayStatus(overlay.id, overall, tuple(targets), m.title, m.sentinel_version)
+
+
+def _ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None) -> StatusReport | None:
+    """Statuses straight from the ledger when every target's hash and every manifest digest match."""
+    try:
+        led = Ledger.load(root)
+    except OverlayError:
+        return None
+    if not led.data or led.data.get("package_version") != version or led.journal_path.exists():
+        return None
+    out = []
+    for o in overlays:
+        rec = led.overlays.get(o.id)
+        if not rec or rec.get("digest") != o.digest:
+            return None
+        for t in o.manifest.targets:
+            want = led.observed.get(t)
+            if want is None:
+                return None
+            try:
+                now = sha256_bytes((root / t).read_bytes())
+            except FileNotFoundError:
+                now = ABSENT
+            if now != want:
+                return None
+        targets = tuple(TargetStatus(**t) for t in rec["targets"])
+        out.append(OverlayStatus(o.id, rec["status"], targets, o.manifest.title, o.manifest.sentinel_version))
+    return StatusReport(str(root), version, tuple(out), source="ledger")
+
+
+def status(overlays: Sequence[Overlay], root: Path, *, use_ledger: bool = True) -> StatusReport:
+    version = package_version(root)
+    if use_ledger:
+        fast = _ledger_fast_status(overlays, root, version)
+        if fast is not None:
+            return fast
+    tree = _Tree(root)
+    return StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+
+
+def status_on_release(version: str, catalog: Catalog, ids: Iterable[str] | None = None) -> StatusReport:
+    """Read-only status of the catalog's overlays on a real release's pristine sources."""
+    from ..releases import pristine_tree
+
+    root = pristine_tree(version)
+    return status(select(load_overlays(catalog), ids), root, use_ledger=False)
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    root: Path
+    version: str | None
+    report: StatusReport
+    texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
+    overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
+    """Apply one overlay's edits for `rel` on `text`; returns the new text."""
+    import libcst as cst
+
+    from .edits import EditFailed, PythonEdit
+
+    edits = overlay.make_edits(rel)
+    module = None
+    for e in edits:
+        try:
+            if isinstance(e, PythonEdit):
+                if module is None:
+                    if text is None:
+                        raise EditFailed(f"{rel} does not exist")
+                    module = tree_module if tree_module is not None else cst.parse_module(text)
+                module = e.apply(module)
+            else:
+                if module is not None:
+                    text, module = module.code, None
+                text = e.apply(text)
+        except EditFailed as exc:
+            raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+    if module is not None:
+        text = module.code
+    return text
+
+
+def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
+    if text is None or not rel.endswith(".py"):
+        return
+    try:
+        compile(text, rel, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise OverlayError(
+            f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
+        ) from None
+
+
+def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
+    tree = _Tree(root)
+    version = package_version(root)
+    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+    plan = _Plan(root, version, report)
+    for o, st in zip(overlays, report.overlays):
+        if st.status in _SKIP:
+            continue
+        if st.status in _SKIP_UNLESS_NAMED and not explicit:
+            plan.skipped.append((o.id, f"{st.status}: {st.detail}"))
+            continue
+        if st.status not in ("pending", "partial"):
+            bad = next((t for t in st.targets if t.status == st.status), None)
+            where = bad.path if bad else "?"
+            raise OverlayError(f"overlay {o.id}: {where}: {st.status}: {bad.detail if bad else ''}".rstrip(": "))
+        for t in st.targets:
+            if t.status not in ("pending", "partial"):
+                continue
+            current = plan.texts[t.path] if t.path in plan.texts else tree.text(t.path)
+            module = tree.module(t.path) if t.path not in plan.texts and t.path.endswith(".py") and current is not None else None
+            plan.texts[t.path] = _apply_edits(o, t.path, current, module)
+            plan.overlays_by_file.setdefault(t.path, []).append(o.id)
+    for rel, text in plan.texts.items():
+        _check_compiles(rel, text, plan.overlays_by_file[rel])
+    return plan
+
+
+def _changes(plan: _Plan, tree_read) -> list[FileChange]:
+    out = []
+    for rel, text in sorted(plan.texts.items()):
+        before = tree_read(rel)
+        after = None if text is None else text.encode("utf-8")
+        if before != after:
+            out.append(FileChange(rel, before, after, tuple(plan.overlays_by_file[rel])))
+    return out
+
+
+def _drop_bytecode(root: Path, rel: str) -> None:
+    p = root / rel
+    if p.suffix != ".py":
+        return
+    cache = p.parent / "__pycache__"
+    if cache.is_dir():
+        for pyc in cache.glob(f"{p.stem}.*.pyc"):
+            try:
+                pyc.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _lock(root: Path):
+    from filelock import FileLock
+
+    d = state_dir(root)
+    try:
+        d.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OverlayError(f"{d}: cannot create the state directory: {exc.strerror}") from None
+    return FileLock(str(d / "lock"), timeout=600)
+
+
+def _write(root: Path, changes: Sequence[FileChange], led: Ledger) -> None:
+    delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
+    for i, c in enumerate(changes):
+        if i and delay:
+            time.sleep(delay)
+        p = root / c.path
+        if c.after is None:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+        else:
+            try:
+                atomic_write(p, c.after)
+            except OSError as exc:
+                raise OverlayError(f"{c.path}: cannot write: {exc.strerror}") from None
+        _drop_bytecode(root, c.path)
+
+
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path) -> StatusReport:
+    """Recompute status after writing and store it (with every target's hash) in the ledger."""
+    tree = _Tree(root)
+    version = package_version(root)
+    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+    for o, st in zip(overlays, report.overlays):
+        led.overlays[o.id] = {
+            "version": o.manifest.sentinel_version,
+            "digest": o.digest,
+            "status": st.status,
+            "targets": [{"path": t.path, "status": t.status, "detail": t.detail} for t in st.targets],
+        }
+        for t in o.manifest.targets:
+            led.observed[t] = tree.sha(t)
+    return report
+
+
+def apply(
+    overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False
+) -> ApplyResult:
+    """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error)."""
+    version = package_version(root)
+    if dry_run:
+        plan = _plan(overlays, root, explicit)
+        tree = _Tree(root)
+        changes = _changes(plan, tree.read)
+        return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
+    with _lock(root):
+        led = Ledger.load(root)
+        notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        if not notes:
+            fast = _ledger_fast_status(overlays, root, version)
+            quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
+            if fast is not None and all(o.status in quiet for o in fast.overlays):
+                skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
+                return ApplyResult(str(root), version, (), fast, skipped, fast_path=True)
+        plan = _plan(overlays, root, explicit)
+        tree = _Tree(root)
+        changes = _changes(plan, tree.read)
+        if changes:
+            journal = {}
+            for c in changes:
+                rec = led.files.get(c.path)
+                base = rec["base_sha256"] if rec else (ABSENT if c.before is None else led.store_original(c.before))
+                prior = dict(rec["overlays"]) if rec else {}
+                prior.update({i: next(o.manifest.sentinel_version for o in overlays if o.id == i) for i in c.overlays})
+                journal[c.path] = {
+                    "base_sha256": base,
+                    "pre_sha256": ABSENT if c.before is None else sha256_bytes(c.before),
+                    "post_sha256": ABSENT if c.after is None else sha256_bytes(c.after),
+                    "overlays": prior,
+                }
+            led.write_journal(journal)
+            _write(root, changes, led)
+            for rel, e in journal.items():
+                led.files[rel] = {k: e[k] for k in ("base_sha256", "post_sha256", "overlays")}
+        report = _record(led, overlays, root)
+        led.save(version)
+        led.clear_journal()
+        return ApplyResult(str(root), version, tuple(changes), report, tuple(plan.skipped), tuple(notes))
+
+
+def diff(overlays: Sequence[Overlay], root: Path, explicit: bool = False) -> str:
+    result = apply(overlays, root, dry_run=True, explicit=explicit)
+    return unified_diff(result.changes)
+
+
+def unified_diff(changes: Sequence[FileChange]) -> str:
+    out = []
+    for c in changes:
+        a = (c.before or b"").decode("utf-8", "replace").splitlines(keepends=True)
+        b = (c.after or b"").decode("utf-8", "replace").splitlines(keepends=True)
+        out.extend(
+            difflib.unified_diff(
+                a, b, fromfile="a/" + c.path if c.before is not None else "/dev/null",
+                tofile="b/" + c.path if c.after is not None else "/dev/null",
+            )
+        )
+    return "".join(out)
+
+
+# --- revert --------------------------------------------------------------------------------
+
+
+def revert(overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path) -> RevertResult:
+    """Restore original bytes for the selected overlays' files.
+
+    A file recorded in the ledger is restored only while it still has its recorded
+    post hash (otherwise: refused, with why); overlays that stay applied on that file
+    are re-applied on the original bytes. A file not in the ledger is touched only
+    where it carries our sentinels (the blocks are removed); never otherwise.
+    """
+    selected = {o.id for o in overlays}
+    by_id = {o.id: o for o in all_overlays}
+    version = package_version(root)
+    with _lock(root):
+        led = Ledger.load(root)
+        notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        tree = _Tree(root)
+        texts: dict[str, str | None] = {}
+        owners: dict[str, list[str]] = {}
+        for rel, rec in sorted(led.files.items()):
+            mine = [i for i in rec["overlays"] if i in selected]
+            if not mine:
+                continue
+            now = tree.sha(rel)
+            if now != rec["post_sha256"]:
+                raise OverlayError(
+                    f"revert refused: {rel} changed since overlay apply (sha256 {now[:12]} != recorded "
+                    f"{rec['post_sha256'][:12]}); reinstall the package or restore the file first"
+                )
+            base = led.original(rec["base_sha256"])
+            text = None if base is None else base.decode("utf-8")
+            for i in rec["overlays"]:
+                if i in selected:
+                    continue
+                if i not in by_id:
+                    raise OverlayError(f"revert refused: {rel} also carries overlay {i!r}, which is not in the catalog")
+                text = _apply_edits(by_id[i], rel, text)
+            texts[rel] = text
+            owners[rel] = mine
+        # files not in the ledger that carry our sentinels
+        for o in overlays:
+            for t in o.manifest.targets:
+                if t in led.files or t in texts:
+                    continue
+                current = tree.text(t)
+                if current is None or f"overlay:{o.id} v" not in current:
+                    continue
+                text = current
+                module = None
+                from .edits import PythonEdit
+
+                for e in o.make_edits(t):
+                    if isinstance(e, PythonEdit):
+                        import libcst as cst
+
+                        module = module or cst.parse_module(text)
+                        module = e.remove(module)
+                    else:
+                        if module is not None:
+                            text, module = module.code, None
+                        text = e.remove(text)
+                if module is not None:
+                    text = module.code
+                texts[t] = text
+                owners.setdefault(t, []).append(o.id)
+                notes.append(f"{t}: not in the ledger; removed sentinel-marked blocks of {o.id}")
+        for rel, text in texts.items():
+            _check_compiles(rel, text, owners[rel])
+        changes = []
+        for rel, text in sorted(texts.items()):
+            before = tree.read(rel)
+            after = None if text is None else text.encode("utf-8")
+            if before != after:
+                changes.append(FileChange(rel, before, after, tuple(owners[rel])))
+        _write(root, changes, led)
+        for rel in texts:
+            rec = led.files.get(rel)
+            if rec is None:
+                continue
+            remaining = {i: v for i, v in rec["overlays"].items() if i not in selected}
+            if remaining:
+                rec["overlays"] = remaining
+                rec["post_sha256"] = sha256_bytes(texts[rel].encode("utf-8")) if texts[rel] is not None else ABSENT
+            else:
+                del led.files[rel]
+        for i in selected:
+            led.overlays.pop(i, None)
+        for o in overlays:
+            for t in o.manifest.targets:
+                led.observed.pop(t, None)
+        led.save(version)
+        return RevertResult(str(root), tuple(changes), tuple(notes))

@@ -1,0 +1,264 @@
+"""The overlay manifest (`overlays/<id>/overlay.yaml`), validated with pydantic v2.
+
+Every validation error names the file, the key path and the offending value.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import OverlayError
+
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+EDIT_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Upstream(_Strict):
+    repo: str = Field(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    pr: int = Field(gt=0)
+    state: Literal["open", "closed", "merged"]
+    head_commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$")  # None: not yet recorded
+    merge_commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$")
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _merge_matches_state(self) -> "Upstream":
+        if self.state == "merged" and not self.merge_commit:
+            raise ValueError("state 'merged' needs merge_commit")
+        if self.state != "merged" and self.merge_commit:
+            raise ValueError(f"merge_commit given but state is {self.state!r}")
+        return self
+
+
+class TestedOn(_Strict):
+    hardware: str
+    vllm: str
+    note: str | None = None
+
+
+class NeededWhen(_Strict):
+    """When a deployment needs this overlay (evaluated by fits(); keys are AND-ed)."""
+
+    always: bool = False
+    families: list[str] | None = None
+    weight_formats: list[str] | None = None
+    quant_methods: list[str] | None = None
+    min_sm: float | None = None
+    max_sm: float | None = None
+    head_dims: list[int] | None = None
+    transformers: str | None = None
+
+    @field_validator("transformers")
+    @classmethod
+    def _spec(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                SpecifierSet(v)
+            except InvalidSpecifier as exc:
+                raise ValueError(f"not a PEP 440 specifier: {v!r}") from exc
+        return v
+
+
+class Probe(_Strict):
+    """Recognises the native upstream fix. All given conditions must hold."""
+
+    target: str
+    scope: str | None = None
+    defines: str | None = None  # a name assigned/defined inside the scope
+    contains: str | None = None  # a regex searched in the scope's source
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _one_condition(self) -> "Probe":
+        if not (self.defines or self.contains):
+            raise ValueError("a probe needs 'defines' or 'contains'")
+        if self.contains:
+            try:
+                re.compile(self.contains)
+            except re.error as exc:
+                raise ValueError(f"contains: bad regex {self.contains!r}: {exc}") from exc
+        return self
+
+
+class _EditBase(_Strict):
+    name: str = Field(pattern=EDIT_NAME_RE)
+    target: str | None = None  # default: every manifest target
+
+
+class InsertEdit(_EditBase):
+    kind: Literal["insert"]
+    scope: str = ""  # dotted path: Class.method._nested ("" = module level)
+    anchor: str  # a statement (or compound-statement header ending in ':')
+    position: Literal["before", "after"] = "before"
+    code: str  # snippet file, relative to the overlay directory
+
+
+class DictEntryEdit(_EditBase):
+    kind: Literal["dict-entry"]
+    scope: str = ""
+    dict_name: str  # the name the dict literal is assigned to
+    key: str  # Python expression
+    value: str  # Python expression
+
+
+class SetValueEdit(_EditBase):
+    kind: Literal["set-value"]
+    scope: str = ""
+    assign: str  # assignment target, e.g. `x` or `self.flag`
+    value: str  # new value expression
+
+
+class DictCacheEdit(_EditBase):
+    kind: Literal["dict-cache"]
+    functions: list[str] = ["*"]  # qualified names (Class.method) or "*" for all
+
+
+class NewFileEdit(_EditBase):
+    kind: Literal["new-file"]
+    source: str  # file in the overlay directory; target is where it lands
+
+
+class TextInsertEdit(_EditBase):
+    kind: Literal["text-insert"]
+    anchor: str  # a whole line (compared stripped)
+    within: str | None = None  # regex of the line that opens the enclosing brace block
+    position: Literal["before", "after"] = "before"
+    code: str
+
+
+EditSpec = Annotated[
+    Union[InsertEdit, DictEntryEdit, SetValueEdit, DictCacheEdit, NewFileEdit, TextInsertEdit],
+    Field(discriminator="kind"),
+]
+
+
+class Manifest(_Strict):
+    id: str
+    title: str
+    summary: str
+    upstream: Upstream | None = None  # None: a local fix with no upstream PR
+    vendored_on: _dt.date
+    tested_on: list[TestedOn] = []
+    package: Literal["vllm"] = "vllm"
+    versions: str = ""
+    targets: list[str] = Field(min_length=1)
+    drop_when: str
+    probes: list[Probe] = []
+    sentinel_version: int = Field(ge=1)
+    needed_when: NeededWhen = NeededWhen()
+    requires: list[str] = []
+    edits: list[EditSpec] = []
+    kernels: Any = None  # kernel overlays: validated by manager.kernels when present
+    notes: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not ID_RE.match(v):
+            raise ValueError(f"id {v!r} must match {ID_RE.pattern}")
+        return v
+
+    @field_validator("versions")
+    @classmethod
+    def _versions(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"not a PEP 440 specifier: {v!r}") from exc
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if t.startswith("/") or ".." in Path(t).parts:
+                raise ValueError(f"target {t!r} must be a relative path inside the package root")
+        return v
+
+    @model_validator(mode="after")
+    def _edits_target_known(self) -> "Manifest":
+        names = [e.name for e in self.edits]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate edit names: {sorted(dup)}")
+        for e in self.edits:
+            if e.target is not None and e.target not in self.targets:
+                raise ValueError(f"edit {e.name!r}: target {e.target!r} is not listed in targets")
+            if e.target is None and len(self.targets) > 1 and e.kind not in ("dict-cache",):
+                raise ValueError(f"edit {e.name!r}: 'target' is required when there are several targets")
+        return self
+
+    @property
+    def specifier(self) -> SpecifierSet:
+        return SpecifierSet(self.versions)
+
+    def applies_to_version(self, version: str | None) -> bool:
+        if not self.versions or version is None:
+            return True
+        return self.specifier.contains(version, prereleases=True)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in ("insert", "dict-entry", "set-value", "dict-cache", "new-file", "text-insert"):
+            continue  # discriminator tag pydantic adds to the path
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "(top)"
+
+
+def format_validation_error(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for e in exc.errors():
+        key = _format_loc(tuple(e.get("loc", ())))
+        value = e.get("input")
+        shown = repr(value) if not isinstance(value, dict) else "{…}"
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        lines.append(f"{path}: {key}: {e.get('msg')} (value: {shown})")
+    return "; ".join(lines)
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise OverlayError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise OverlayError(f"{path}:{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise OverlayError(f"{path}: (top): expected a mapping, got {type(raw).__name__}")
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as exc:
+        raise OverlayError(format_validation_error(path, exc)) from None
+    if manifest.id != path.parent.name:
+        raise OverlayError(f"{path}: id: {manifest.id!r} must equal the directory name {path.parent.name!r}")
+    return manifest
+
+
+def manifest_digest(overlay_dir: Path) -> str:
+    """sha256 over the manifest and every file it may read (snippets, sources)."""
+    h = hashlib.sha256()
+    for p in sorted(overlay_dir.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(overlay_dir)).encode() + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()

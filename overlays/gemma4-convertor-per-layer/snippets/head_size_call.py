@@ -1,0 +1,1 @@
+_overlay_gemma4_per_layer_compat(self.hf_text_config)
