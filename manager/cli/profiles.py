@@ -1,9 +1,193 @@
-"""CLI commands for this area (registered on the root group)."""
+"""CLI: `profiles {list,show,validate,import-config}`, `fits`, `plan` (thin callbacks)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+import yaml
+
+from ..console import err, print_data, print_json, status
+from ..errors import ProfileError
+
+KIND_ALIASES = {"model": "models", "engine": "engines", "drafter": "drafters", "hw": "hardware"}
+
+
+def _profiles(ctx: click.Context):
+    from ..profiles import load_profiles
+
+    return load_profiles(ctx.obj.catalog)
+
+
+def _bar(used: dict[str, int], total: int, width: int = 40) -> str:
+    out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow", "kv_needed": "green"}
+    for key, col in style.items():
+        n = int(round(width * max(used.get(key, 0), 0) / total)) if total else 0
+        out.append(f"[{col}]" + "█" * n + f"[/{col}]")
+    filled = sum(int(round(width * max(used.get(k, 0), 0) / total)) for k in style) if total else 0
+    return "".join(out) + "░" * max(width - filled, 0)
+
+
+def _print_report(report) -> None:
+    from rich.table import Table
+
+    colours = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+    dep = report.deployment
+    err.print(f"[bold]{dep['model']}[/bold] ({dep['weights']}) on {dep['gpus']}x {dep['hardware']}, TP {dep['tp']}, "
+              f"{dep['engine']}" + (f", drafter {dep['drafter']}" if dep["drafter"] else ""))
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("constraint")
+    t.add_column("result")
+    t.add_column("detail", overflow="fold")
+    for c in report.constraints:
+        col = colours[c.result]
+        t.add_row(c.id, f"[{col}]{c.result}[/{col}]", c.message)
+    err.print(t)
+    pc = report.memory.per_card
+    gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
+    err.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
+              f"(weights {gb(pc['weights'])}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
+              f"KV {gb(pc['kv_needed'])})")
+    err.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
+              f"max ctx {report.memory.max_ctx}, capacity {report.memory.kv_capacity_tokens} tokens/card")
+    if report.overlays:
+        err.print("overlays: " + ", ".join(report.overlays))
+    col = {"fits": "green", "tight": "yellow", "fails": "red"}[report.verdict]
+    err.print(f"verdict: [{col}]{report.verdict}[/{col}]")
 
 
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
+
+    @cli.group("profiles")
+    def profiles_group() -> None:
+        """Model, engine, drafter and hardware profiles."""
+
+    @profiles_group.command("list")
+    @click.option("--kind", "kind", type=click.Choice(["models", "engines", "drafters", "hardware"]), default=None)
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.pass_context
+    def list_cmd(ctx: click.Context, kind: str | None, as_json: bool) -> None:
+        """List profiles (all kinds, or one)."""
+        p = _profiles(ctx)
+        kinds = [kind] if kind else ["models", "engines", "drafters", "hardware"]
+        if as_json:
+            print_json({k: sorted(p.kind(k)) for k in kinds})
+            return
+        for k in kinds:
+            for pid in sorted(p.kind(k)):
+                print_data(f"{k}/{pid}")
+
+    @profiles_group.command("show")
+    @click.argument("ref")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.pass_context
+    def show_cmd(ctx: click.Context, ref: str, as_json: bool) -> None:
+        """Show one profile: KIND/ID (e.g. models/gemma-4-26b-a4b)."""
+        if "/" not in ref:
+            raise ProfileError(f"{ref}: expected KIND/ID (kinds: models, engines, drafters, hardware)")
+        kind, pid = ref.split("/", 1)
+        kind = KIND_ALIASES.get(kind, kind)
+        obj = _profiles(ctx).get(kind, pid)
+        data = obj.model_dump(mode="json", exclude_defaults=False)
+        if as_json:
+            print_json(data)
+        else:
+            print_data(yaml.safe_dump(data, sort_keys=False, width=100))
+
+    @profiles_group.command("validate")
+    @click.argument("path", required=False, type=click.Path(exists=True, path_type=Path))
+    @click.pass_context
+    def validate_cmd(ctx: click.Context, path: Path | None) -> None:
+        """Validate the catalog's profiles (or PATH: a profiles dir, catalog root, or one file)."""
+        from ..profiles import validate_path
+
+        target = path if path is not None else ctx.obj.catalog.profiles_dir
+        p = validate_path(target)
+        n = sum(len(p.kind(k)) for k in ("models", "engines", "drafters", "hardware"))
+        err.print(f"[green]ok[/green]  {n} profile{'s' if n != 1 else ''} valid in {target}")
+
+    @profiles_group.command("import-config")
+    @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.option("--id", "model_id", default=None, help="Profile id (default: the directory or file name).")
+    @click.option("--hf-repo", default=None, help="Hugging Face repo of the weights.")
+    @click.option("--size-gb", type=float, default=None, help="Checkpoint size on disk (default: estimated).")
+    @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Write the profile here instead of stdout.")
+    def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: float | None,
+                   output: Path | None) -> None:
+        """Build a model profile from a Hugging Face config.json."""
+        from ..fsutil import write_if_changed
+        from ..profiles import import_config, to_yaml
+
+        text = to_yaml(import_config(file, model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
+        if output is None:
+            print_data(text)
+        else:
+            status(write_if_changed(output, text.encode()), str(output))
+
+    @cli.command("fits")
+    @click.option("--model", required=True)
+    @click.option("--weights", default=None)
+    @click.option("--hardware", required=True)
+    @click.option("--gpus", type=int, default=1, show_default=True)
+    @click.option("--tp", type=int, default=None)
+    @click.option("--engine", default=None)
+    @click.option("--drafter", default=None)
+    @click.option("--ctx", "ctx_len", type=int, default=None)
+    @click.option("--kv-dtype", default=None)
+    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--json", "as_json", is_flag=True)
+    @click.pass_context
+    def fits_cmd(ctx: click.Context, model, weights, hardware, gpus, tp, engine, drafter, ctx_len,
+                 kv_dtype, max_seqs, as_json) -> None:
+        """Check whether a deployment fits; exit 0 for fits/tight, 1 for fails."""
+        from ..fits import fits
+
+        report = fits(_profiles(ctx), model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
+                      engine=engine, drafter=drafter, ctx=ctx_len, kv_dtype=kv_dtype,
+                      max_seqs=max_seqs, catalog=ctx.obj.catalog)
+        if as_json:
+            print_json(report.to_json())
+        else:
+            _print_report(report)
+        ctx.exit(0 if report.ok else 1)
+
+    @cli.command("plan")
+    @click.option("--model", required=True)
+    @click.option("--hardware", required=True)
+    @click.option("--gpus", type=int, default=1, show_default=True)
+    @click.option("--ctx", "ctx_len", type=int, default=None)
+    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.pass_context
+    def plan_cmd(ctx: click.Context, model, hardware, gpus, ctx_len, max_seqs, limit, as_json) -> None:
+        """List the deployments that fit, best first, and why the others were rejected."""
+        from ..fits import plan
+
+        pl = plan(_profiles(ctx), model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
+                  max_seqs=max_seqs, catalog=ctx.obj.catalog)
+        if as_json:
+            print_json(pl.to_json())
+            ctx.exit(0 if pl.options else 1)
+        err.print(f"[bold]{model} on {gpus}x {hardware}[/bold]: {len(pl.options)} deployments fit"
+                  + (f" (best {min(limit, len(pl.options))} shown)" if pl.options else ""))
+        for i, r in enumerate(pl.options[:limit], 1):
+            d = r.deployment
+            col = "green" if r.verdict == "fits" else "yellow"
+            err.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} {d['engine']:<12} {d['weights']:<21} "
+                      f"kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} drafter={d['drafter'] or '-'}  "
+                      f"overlays={','.join(r.overlays) or '-'}")
+            for c in r.constraints:
+                if c.result == "warn":
+                    err.print(f"       [yellow]warn[/yellow] {c.id}: {c.message}")
+        if pl.rejected:
+            err.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
+            seen: dict[str, list[str]] = {}
+            for rj in pl.rejected:
+                d = rj.deployment
+                seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
+            for reason, deps in sorted(seen.items(), key=lambda kv: -len(kv[1]))[:limit]:
+                err.print(f"  [red]x[/red] {', '.join(deps[:4])}{' +' + str(len(deps) - 4) if len(deps) > 4 else ''}: {reason}")
+        ctx.exit(0 if pl.options else 1)

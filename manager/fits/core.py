@@ -1,0 +1,418 @@
+"""fits(): every named constraint (no short-circuit), a verdict and the memory picture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from ..catalog import Catalog
+from ..errors import ProfileError
+from ..profiles.loader import Profiles
+from ..profiles.schema import EngineProfile, HardwareProfile, ModelProfile, WeightVariant
+from . import memory as mem
+from .overlays import DeploymentFacts, OverlayIndex, index_for
+
+CONSTRAINT_IDS = (
+    "gpu-count", "tp-heads", "engine-family", "weight-format", "engine-sm", "dtype", "kv-dtype",
+    "head-dim", "quant-kernel", "drafter", "context", "memory", "overlays", "nvlink",
+)
+RANK = {"pass": 0, "skip": 0, "warn": 1, "fail": 2}
+VERDICT = {0: "fits", 1: "tight", 2: "fails"}
+MARLIN_GROUP_SIZES = (-1, 32, 64, 128)  # marlin_utils.MARLIN_SUPPORTED_GROUP_SIZES
+MARLIN_PATH = {"compressed-tensors": "compressed-tensors", "auto-round": "gptq", "gptq": "gptq", "awq": "awq"}
+INT_FORMATS = set(MARLIN_PATH)
+GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (seed 002)"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    id: str
+    result: str  # pass / warn / fail / skip
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "result": self.result, "message": self.message}
+
+
+@dataclass(frozen=True)
+class FitReport:
+    verdict: str
+    constraints: list[Constraint]
+    overlays: list[str]
+    memory: mem.Memory
+    deployment: dict[str, Any] = field(default_factory=dict)
+
+    def constraint(self, cid: str) -> Constraint:
+        for c in self.constraints:
+            if c.id == cid:
+                return c
+        raise KeyError(cid)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict != "fails"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "deployment": dict(self.deployment),
+            "constraints": [c.to_json() for c in self.constraints],
+            "overlays": list(self.overlays),
+            "memory": self.memory.to_json(),
+        }
+
+
+def _gb(b: int | float) -> str:
+    return f"{b / 1e9:.2f} GB"
+
+
+def _divisors_ok(model: ModelProfile) -> list[int]:
+    out = []
+    for tp in (1, 2, 4, 8, 16):
+        if model.num_attention_heads % tp:
+            continue
+        if all(g.kv_heads % tp == 0 for g in model.layer_groups if g.kind != "linear" and g.kv_heads):
+            out.append(tp)
+    return out
+
+
+def valid_tps(model: ModelProfile) -> list[int]:
+    return _divisors_ok(model)
+
+
+def default_engine(profiles: Profiles, hw: HardwareProfile, model: ModelProfile | None = None) -> EngineProfile:
+    """Newest stock engine whose image targets this SM (and serves the model's family); else a fork."""
+    cands = [e for e in profiles.engines.values() if e.min_sm <= hw.sm + 1e-9]
+    if model is not None:
+        serving = [e for e in cands if model.family in e.families and (
+            not model.min_transformers or Version(e.transformers_version) >= Version(model.min_transformers))]
+        cands = serving or cands
+    if not cands:
+        raise ProfileError(f"hardware/{hw.id}: no engine profile supports sm {hw.sm}")
+    cands.sort(key=lambda e: (not e.fork, Version(e.vllm_version)), reverse=True)
+    return cands[0]
+
+
+class _Ctx:
+    """The resolved deployment a single fits() call checks."""
+
+    def __init__(self, profiles: Profiles, model: ModelProfile, vid: str, variant: WeightVariant,
+                 hw: HardwareProfile, engine: EngineProfile, drafter, gpus: int, tp: int,
+                 ctx: int | None, kv_dtype: str, max_seqs: int | None, index: OverlayIndex | None):
+        self.p, self.m, self.vid, self.w, self.hw, self.e, self.d = profiles, model, vid, variant, hw, engine, drafter
+        self.gpus, self.tp, self.ctx, self.kv_dtype, self.max_seqs, self.index = gpus, tp, ctx, kv_dtype, max_seqs, index
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+def c_gpu_count(c: _Ctx) -> Constraint:
+    if c.gpus < 1 or c.tp < 1:
+        return Constraint("gpu-count", "fail", f"gpus {c.gpus} / tp {c.tp}: both must be >= 1")
+    if c.tp > c.gpus:
+        return Constraint("gpu-count", "fail", f"TP {c.tp} needs {c.tp} GPUs, {c.gpus} given")
+    if c.gpus % c.tp:
+        return Constraint("gpu-count", "warn", f"{c.gpus} GPUs is not a multiple of TP {c.tp}: {c.gpus % c.tp} idle")
+    if c.gpus > c.tp:
+        return Constraint("gpu-count", "warn", f"TP {c.tp} on {c.gpus} GPUs: {c.gpus - c.tp} idle unless run as {c.gpus // c.tp} data-parallel replicas")
+    return Constraint("gpu-count", "pass", f"TP {c.tp} on {c.gpus} GPU{'s' if c.gpus > 1 else ''}")
+
+
+def c_tp_heads(c: _Ctx) -> Constraint:
+    m, tp = c.m, c.tp
+    bad = []
+    if m.num_attention_heads % tp:
+        bad.append(f"attention heads {m.num_attention_heads}")
+    for g in m.layer_groups:
+        if g.kind != "linear" and g.kv_heads and g.kv_heads % tp:
+            bad.append(f"{g.name} KV heads {g.kv_heads}")
+    valid = _divisors_ok(m)
+    if bad:
+        return Constraint("tp-heads", "fail", f"TP {tp} does not divide {', '.join(bad)}; valid TP {valid}")
+    kvs = "/".join(str(g.kv_heads) for g in m.layer_groups if g.kind != "linear")
+    return Constraint("tp-heads", "pass", f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}; valid TP {valid}")
+
+
+def c_engine_family(c: _Ctx) -> Constraint:
+    m, e = c.m, c.e
+    if m.family not in e.families:
+        return Constraint("engine-family", "fail", f"{e.id} does not serve family {m.family} (serves {', '.join(e.families)})")
+    if m.min_transformers and Version(e.transformers_version) < Version(m.min_transformers):
+        return Constraint("engine-family", "fail",
+                          f"{e.id} ships transformers {e.transformers_version}; {m.family} configs need >= {m.min_transformers}")
+    return Constraint("engine-family", "pass", f"{e.id} serves {m.family} (transformers {e.transformers_version})")
+
+
+def _broken_applies(kb, c: _Ctx) -> bool:
+    if kb.engines and c.e.id not in kb.engines:
+        return False
+    if kb.min_sm is not None and c.hw.sm < kb.min_sm - 1e-9:
+        return False
+    if kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-9:
+        return False
+    return True
+
+
+def c_weight_format(c: _Ctx) -> Constraint:
+    w, e = c.w, c.e
+    if w.format not in e.weight_formats:
+        return Constraint("weight-format", "fail", f"{c.vid}: format {w.format} not loadable by {e.id}")
+    for kb in list(w.known_broken) + list(e.known_broken):
+        if _broken_applies(kb, c):
+            return Constraint("weight-format", kb.result, f"{c.vid} ({w.format}): {kb.reason} [{kb.source}]")
+    return Constraint("weight-format", "pass", f"{c.vid}: {w.format}" + (f" {w.bits}-bit g{w.group_size}" if w.bits else "") + f" loads in {e.id}")
+
+
+def c_engine_sm(c: _Ctx) -> Constraint:
+    e, sm = c.e, c.hw.sm
+    if sm < e.min_sm - 1e-9:
+        return Constraint("engine-sm", "fail", f"{e.id} is built for sm >= {e.min_sm} ({e.cuda_version and 'CUDA ' + e.cuda_version}); {c.hw.id} is sm {sm}")
+    if e.cuda_arch_list and not any(int(a) == int(sm) and a <= sm + 1e-9 for a in e.cuda_arch_list):
+        return Constraint("engine-sm", "warn", f"{e.id} has no sm{int(sm)}.x binaries in {e.cuda_arch_list}; relies on PTX JIT")
+    return Constraint("engine-sm", "pass", f"{e.id} targets sm {sm} (min {e.min_sm})")
+
+
+def c_dtype(c: _Ctx) -> Constraint:
+    m, w, hw = c.m, c.w, c.hw
+    msgs, result = [], "pass"
+    if m.dtype == "bfloat16" and not hw.bf16:
+        result = "warn"
+        msgs.append(f"sm {hw.sm} has no bf16: activations run as fp16 (overflow risk; --dtype float16)")
+    else:
+        msgs.append(f"compute {m.dtype} on sm {hw.sm}")
+    if w.format == "fp8":
+        if hw.sm < 8.9:
+            result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
+            msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} " + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
+    return Constraint("dtype", result, "; ".join(msgs))
+
+
+def c_kv_dtype(c: _Ctx) -> Constraint:
+    kvd = mem.effective_kv_dtype(c.kv_dtype, c.m, c.hw)
+    if c.kv_dtype not in c.e.kv_dtypes or (c.kv_dtype == "auto" and kvd not in c.e.kv_dtypes and "auto" not in c.e.kv_dtypes):
+        return Constraint("kv-dtype", "fail", f"--kv-cache-dtype {c.kv_dtype} not supported by {c.e.id} ({', '.join(c.e.kv_dtypes)})")
+    if kvd == "bfloat16" and not c.hw.bf16:
+        return Constraint("kv-dtype", "fail", f"bf16 KV cache on sm {c.hw.sm}: no bf16 support; use float16 or fp8")
+    if kvd.startswith("fp8") and not c.hw.fp8:
+        return Constraint("kv-dtype", "pass", f"{kvd} KV on sm {c.hw.sm}: storage only (dequantised in the attention kernel), {mem.KV_DTYPE_BYTES[kvd]} B/elem")
+    return Constraint("kv-dtype", "pass", f"KV cache {kvd} ({mem.KV_DTYPE_BYTES.get(kvd, 2)} B/elem)")
+
+
+def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:
+    """(overlay id providing a D=d kernel on this SM, or None; why not)."""
+    if c.index is None:
+        return None, "no overlay catalog"
+    for info in c.index.overlays.values():
+        nw = info.needed_when
+        if info.kernel and nw.get("head_dims") and d in nw["head_dims"]:
+            lo, hi = nw.get("min_sm"), nw.get("max_sm")
+            if (lo is None or c.hw.sm >= lo - 1e-9) and (hi is None or c.hw.sm <= hi + 1e-9):
+                if info.invalid:
+                    return None, f"kernel overlay {info.id} is in the catalog but its manifest is invalid: {info.invalid}"
+                return info.id, ""
+    if d == 512 and c.hw.sm < 7.5:
+        info = c.index.overlays.get("sm70-d512-attention")
+        if info is None:
+            return None, "needs the SM70 D=512 kernel overlay sm70-d512-attention, not in the catalog"
+        return None, ("sm70-d512-attention is in the catalog but "
+                      + (f"its manifest is invalid: {info.invalid}" if info.invalid else "its needed_when does not cover this case"))
+    return None, ""
+
+
+def c_head_dim(c: _Ctx) -> Constraint:
+    kvd = mem.effective_kv_dtype(c.kv_dtype, c.m, c.hw)
+    parts, result = [], "pass"
+    for d in c.m.head_dims:
+        names = [b.backend for b in c.e.attention
+                 if b.runs_on(c.hw.sm) and b.supports_head_dim(d) and (c.kv_dtype in b.kv_dtypes or kvd in b.kv_dtypes)]
+        if names:
+            parts.append(f"D={d}: {names[0]}")
+            continue
+        ov, why = _kernel_overlay_for(c, d)
+        if ov:
+            parts.append(f"D={d}: kernel overlay {ov}")
+            continue
+        result = "fail"
+        extra = f" ({why})" if why else ""
+        parts.append(f"D={d}: no attention kernel on sm {c.hw.sm} in {c.e.id} for KV {kvd}{extra}")
+    return Constraint("head-dim", result, "; ".join(parts))
+
+
+def c_quant_kernel(c: _Ctx) -> Constraint:
+    w, e, hw, m, tp = c.w, c.e, c.hw, c.m, c.tp
+    if w.format in ("bf16", "fp16"):
+        return Constraint("quant-kernel", "skip", f"{c.vid}: unquantized")
+    if w.format in ("nvfp4", "mxfp4", "fp8"):
+        floor = e.quant_min_sm.get(w.format, e.marlin_min_sm)
+        native = 10.0 if w.format in ("nvfp4", "mxfp4") else 8.9
+        if hw.sm >= native - 1e-9:
+            return Constraint("quant-kernel", "pass", f"{w.format}: native tensor-core kernels on sm {hw.sm}")
+        if hw.sm >= floor - 1e-9:
+            how = "Marlin weight-only (W4A16)" if hw.sm >= e.marlin_min_sm else f"{e.id} weight-only path"
+            return Constraint("quant-kernel", "pass", f"{w.format} on sm {hw.sm}: {how}; no {w.format} tensor cores below sm {native}")
+        return Constraint("quant-kernel", "fail", f"{w.format} needs sm >= {floor} in {e.id}; {hw.id} is sm {hw.sm}")
+    if w.format in INT_FORMATS:
+        g = w.group_size if w.group_size is not None else -1
+        path = MARLIN_PATH[w.format]
+        if not m.moe:
+            k = (m.intermediate_size or m.hidden_size * 4) // tp
+            if g > 0 and k % g:
+                return Constraint("quant-kernel", "fail", f"group {g} does not divide per-rank K {k} (intermediate {m.intermediate_size}/TP {tp})")
+            if hw.sm < e.marlin_min_sm:
+                return Constraint("quant-kernel", "warn", f"no Marlin below sm {e.marlin_min_sm}: int{w.bits} falls back to a generic kernel (slow)")
+            return Constraint("quant-kernel", "pass", f"Marlin W{w.bits}A16, group {g}, per-rank K {k}")
+        k = m.moe.expert_intermediate_size // tp
+        pad = path in e.marlin_moe_tile_padding
+        need = g if pad else max(64, g)
+        problems = []
+        if hw.sm < e.marlin_min_sm:
+            problems.append(f"no Marlin below sm {e.marlin_min_sm}")
+        if g not in MARLIN_GROUP_SIZES:
+            problems.append(f"group {g} not in {list(MARLIN_GROUP_SIZES)}")
+        if m.hidden_size % 128:
+            problems.append(f"hidden {m.hidden_size} % 128 = {m.hidden_size % 128}")
+        if need > 0 and k % need:
+            problems.append(f"per-rank expert K {m.moe.expert_intermediate_size}/TP {tp} = {k}, {k} % {need} = {k % need} != 0")
+        if not problems:
+            return Constraint("quant-kernel", "pass", f"MoE Marlin W{w.bits}A16: per-rank expert K {k} % {need} == 0, group {g}")
+        why = "; ".join(problems)
+        if w.moe_fallback == "moe-wna16":
+            return Constraint("quant-kernel", "warn", f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}" if hw.sm < e.marlin_min_sm
+                              else f"{why} -> generic MoE WNA16 kernel (slower than Marlin)")
+        return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}")
+    return Constraint("quant-kernel", "skip", f"{w.format}: no kernel rules")
+
+
+def c_drafter(c: _Ctx) -> Constraint:
+    d, e = c.d, c.e
+    if d is None:
+        return Constraint("drafter", "skip", "no drafter requested")
+    probs = []
+    if c.m.id not in d.models:
+        probs.append(f"{d.id} drafts for {', '.join(d.models)}, not {c.m.id}")
+    if d.method not in e.drafter_methods:
+        probs.append(f"method {d.method} unknown to {e.id}")
+    if d.model_type and d.model_type not in e.drafter_model_types:
+        probs.append(f"{e.id} has no {d.model_type} drafter model (vLLM >= {d.min_vllm or '?'})")
+    elif d.min_vllm and Version(e.vllm_version) < Version(d.min_vllm):
+        probs.append(f"needs vLLM >= {d.min_vllm}, {e.id} is {e.vllm_version}")
+    if probs:
+        return Constraint("drafter", "fail", "; ".join(probs))
+    return Constraint("drafter", "pass", f"{d.id}: {d.method}, {d.default_tokens} speculative tokens (max {d.max_tokens}), {d.size_gb} GB")
+
+
+def c_context(c: _Ctx) -> Constraint:
+    mx = c.m.max_context
+    if c.ctx is None:
+        return Constraint("context", "pass", f"no --ctx: the largest that fits, up to the model's {mx}")
+    if c.ctx > mx:
+        return Constraint("context", "fail", f"ctx {c.ctx} > model max_context {mx}")
+    if c.ctx < 1:
+        return Constraint("context", "fail", f"ctx {c.ctx} must be positive")
+    return Constraint("context", "pass", f"ctx {c.ctx} <= model max_context {mx}")
+
+
+def c_memory(c: _Ctx, mm: mem.Memory) -> Constraint:
+    pc = mm.per_card
+    head = (f"per card: weights {_gb(pc['weights'])} + drafter {_gb(pc['drafter'])} + overhead {_gb(pc['overhead'])} + "
+            f"activations {_gb(pc['activations'])} of budget {_gb(pc['budget'])} -> KV {_gb(pc['kv_available'])}")
+    if pc["kv_available"] <= 0:
+        over = pc["weights"] + pc["drafter"] + pc["overhead"] + pc["activations"] - pc["budget"]
+        return Constraint("memory", "fail", f"{head}; over by {_gb(over)}")
+    tail = f"; max ctx {mm.max_ctx} x {mm.max_seqs} seq, {mm.kv_bytes_per_token_per_card} B/token/card"
+    need = c.ctx or mem.MIN_USEFUL_CTX
+    if mm.max_ctx < need:
+        return Constraint("memory", "fail", f"{head}{tail}; needs ctx {need}")
+    if c.ctx is not None and mm.max_ctx < int(c.ctx * 1.1):
+        return Constraint("memory", "warn", f"{head}{tail}; ctx {c.ctx} within 10% of the limit")
+    if c.ctx is None and mm.max_ctx < 32768:
+        return Constraint("memory", "warn", f"{head}{tail}; under 32K context")
+    return Constraint("memory", "pass", head + tail)
+
+
+def c_overlays(c: _Ctx) -> tuple[Constraint, list[str]]:
+    if c.index is None:
+        return Constraint("overlays", "skip", "no overlay catalog"), []
+    facts = DeploymentFacts(
+        family=c.m.family, weight_format=c.w.format, quant_method=c.w.quant_method, sm=c.hw.sm,
+        head_dims=tuple(c.m.head_dims), transformers=c.e.transformers_version, moe=c.m.moe is not None,
+    )
+    verdicts = c.index.evaluate(facts, c.e.vllm_version)
+    needed = [v.id for v in verdicts if v.needed and v.result != "fail"]
+    if not verdicts:
+        return Constraint("overlays", "pass", f"no overlay needed on vLLM {c.e.vllm_version}"), []
+    worst = max((RANK[v.result] for v in verdicts), default=0)
+    result = {0: "pass", 1: "warn", 2: "fail"}[worst]
+    return Constraint("overlays", result, "; ".join(v.note for v in verdicts)), needed
+
+
+def c_nvlink(c: _Ctx) -> Constraint:
+    if c.tp <= 1:
+        return Constraint("nvlink", "skip", "TP 1: no all-reduce")
+    if c.hw.nvlink:
+        return Constraint("nvlink", "pass", f"{c.hw.id}: NVLink for TP {c.tp} all-reduce")
+    return Constraint("nvlink", "warn", f"{c.hw.id}: no NVLink; TP {c.tp} all-reduce over PCIe (advisory: slower decode)")
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _catalog_for(profiles: Profiles, catalog: Catalog | None) -> Catalog | None:
+    if catalog is not None:
+        return catalog
+    if profiles.root is not None:
+        root = Path(profiles.root).parent
+        if root.is_dir():
+            return Catalog(root)
+    return None
+
+
+def fits(
+    profiles: Profiles,
+    *,
+    model: str,
+    hardware: str,
+    gpus: int = 1,
+    tp: int | None = None,
+    weights: str | None = None,
+    engine: str | None = None,
+    drafter: str | None = None,
+    ctx: int | None = None,
+    kv_dtype: str | None = None,
+    max_seqs: int | None = None,
+    catalog: Catalog | None = None,
+    overlay_index: OverlayIndex | None = None,
+) -> FitReport:
+    """Check one deployment against every constraint; see docs/profiles.md."""
+    m: ModelProfile = profiles.get("models", model)
+    hw: HardwareProfile = profiles.get("hardware", hardware)
+    vid = weights or m.default_weights
+    if vid not in m.weights:
+        raise ProfileError(f"models/{m.id}: weights: {vid!r}: no such variant (have: {', '.join(sorted(m.weights))})")
+    e = profiles.get("engines", engine) if engine else default_engine(profiles, hw, m)
+    d = profiles.get("drafters", drafter) if drafter else None
+    tp_ = tp if tp is not None else gpus
+    kvd = kv_dtype or "auto"
+    if overlay_index is None:
+        cat = _catalog_for(profiles, catalog)
+        overlay_index = index_for(cat) if cat is not None else None
+    c = _Ctx(profiles, m, vid, m.weights[vid], hw, e, d, gpus, max(tp_, 1), ctx, kvd, max_seqs, overlay_index)
+    mm = mem.compute(m, c.w, hw, e, tp=c.tp, kv_dtype=kvd, ctx=ctx, max_seqs=max_seqs,
+                     drafter_gb=d.size_gb if d else 0.0)
+    ov, needed = c_overlays(c)
+    cons = [
+        c_gpu_count(c), c_tp_heads(c), c_engine_family(c), c_weight_format(c), c_engine_sm(c), c_dtype(c),
+        c_kv_dtype(c), c_head_dim(c), c_quant_kernel(c), c_drafter(c), c_context(c), c_memory(c, mm), ov,
+        c_nvlink(c),
+    ]
+    worst = max(RANK[x.result] for x in cons if x.id != "nvlink" or x.result != "warn")
+    deployment = {
+        "model": m.id, "weights": vid, "hardware": hw.id, "gpus": gpus, "tp": c.tp, "engine": e.id,
+        "image": e.image, "drafter": d.id if d else None, "ctx": ctx, "kv_dtype": kvd,
+        "max_seqs": max_seqs,
+    }
+    return FitReport(VERDICT[worst], cons, needed, mm, deployment)
