@@ -296,3 +296,57 @@ def bundle_dir(catalog) -> Path:
         out = Path(tempfile.mkdtemp(prefix="om-bundle-")) / "bundle"
         _BUNDLE = build_bundle(out, IMAGE_PYTHON, IMAGE_PLATFORM, catalog).path
     return _BUNDLE
+
+
+# ----------------------------------------------------------------------------- compose runs
+
+
+def compose_env(bundle: Path, models: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MODELS_DIR=str(models), OVERLAY_BUNDLE=str(bundle), HEALTH_INTERVAL="1s", BIND_ADDRESS="127.0.0.1")
+    env.update(extra)
+    return env
+
+
+def compose(project: str, file: Path, *args: str, env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess:
+    need_tools("docker-compose")
+    return subprocess.run(
+        ["docker-compose", "-p", project, "-f", str(file), *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def project_container(client, project: str):
+    found = client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})
+    assert len(found) == 1, f"project {project}: expected one container, found {len(found)}"
+    return found[0]
+
+
+def wait_until(container, predicate, timeout: float, what: str) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        container.reload()
+        state = container.attrs["State"]
+        if predicate(state):
+            return state
+        if state.get("Error"):
+            raise AssertionError(f"container failed to start: {state['Error']}")
+        if time.monotonic() > deadline:
+            logs = container.logs().decode(errors="replace")[-2000:]
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; state={state}; logs:\n{logs}")
+        time.sleep(0.2)
+
+
+def healthy(state: dict) -> bool:
+    if state.get("Status") == "exited":
+        raise AssertionError(f"container exited with {state.get('ExitCode')} before becoming healthy")
+    return (state.get("Health") or {}).get("Status") == "healthy"
+
+
+def exec_out(container, *cmd: str) -> str:
+    rc, out = container.exec_run(list(cmd), demux=False)
+    text = out.decode(errors="replace")
+    assert rc == 0, f"{cmd} exited {rc}: {text[-1000:]}"
+    return text

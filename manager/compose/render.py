@@ -252,7 +252,7 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
 _TOP_KEYS = {"services", "volumes"}
 _SERVICE_KEYS = {
     "image", "entrypoint", "command", "environment", "ports", "volumes", "init", "restart",
-    "healthcheck", "ipc", "shm_size", "deploy", "labels", "stop_grace_period", "ulimits",
+    "healthcheck", "ipc", "shm_size", "deploy", "labels", "stop_grace_period",
 }
 
 

@@ -1,0 +1,114 @@
+"""`overlay bundle`: this tool + dependencies for another Python/platform, runnable offline by a bare python3."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import _docker_helpers as dh
+from manager.catalog import Catalog
+from manager.compose.bundle import build_bundle, platform_tags, runtime_requirements
+from manager.errors import ComposeError
+
+pytestmark = pytest.mark.network  # wheels come from PyPI once, then from the cache
+
+SYSTEM_PY = "/usr/bin/python3"
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return dh.bundle_dir(Catalog.locate())
+
+
+def test_platform_tags_widen_to_older_glibc_and_legacy_aliases() -> None:
+    tags = platform_tags("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_29_x86_64" not in tags
+    assert platform_tags("macosx_11_0_arm64") == ["macosx_11_0_arm64"]
+
+
+def test_bundle_layout_holds_site_catalog_wrapper_and_manifest(bundle: Path) -> None:
+    meta = json.loads((bundle / "BUNDLE.json").read_text())
+    assert meta["python"] == "3.11" and meta["platform"] == "manylinux_2_28_x86_64"
+    names = {n.lower().replace("_", "-") for n in meta["packages"]}
+    for req in runtime_requirements():
+        name = req.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+        assert name in names, name
+    assert (bundle / "site" / "manager" / "templates" / "compose.yml.j2").is_file()
+    assert (bundle / "catalog" / "compose" / "deployments.yaml").is_file()
+    assert (bundle / "catalog" / "profiles").is_dir() and (bundle / "catalog" / "overlays").is_dir()
+    assert os.access(bundle / "bin" / "overlay", os.X_OK)
+    assert not list(bundle.rglob("__pycache__"))
+    libcst = next((bundle / "site").glob("libcst-*.dist-info"))
+    assert tuple(int(x) for x in libcst.name.split("-")[1].split(".")[:2]) >= (1, 8)
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PY).exists(), reason="needs a bare system python3")
+def test_bundle_runs_under_a_python_without_our_dependencies_and_without_network(bundle: Path, tmp_path: Path) -> None:
+    bare = subprocess.run([SYSTEM_PY, "-c", "import libcst"], capture_output=True)
+    assert bare.returncode != 0, "the system python already has libcst; the test would prove nothing"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OVERLAY_PYTHON": SYSTEM_PY,
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    res = subprocess.run([str(bundle / "bin" / "overlay"), "compose", "list", "--json"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    slugs = {d["slug"] for d in json.loads(res.stdout)}
+    assert "gemma4-26b-a4b-awq-3090-tp2" in slugs
+
+
+def test_rebuilding_replaces_an_earlier_bundle_but_refuses_a_foreign_directory(bundle: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    first = build_bundle(out, "3.11", "manylinux_2_28_x86_64", Catalog.locate())
+    assert first.wheels_cached  # the module fixture downloaded them
+    (out / "stale-file").write_text("x")
+    build_bundle(out, "3.11", "manylinux_2_28_x86_64", Catalog.locate())
+    assert not (out / "stale-file").exists() and (out / "BUNDLE.json").is_file()
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ComposeError, match="not an overlay bundle"):
+        build_bundle(foreign, "3.11", "manylinux_2_28_x86_64", Catalog.locate())
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_bad_python_version_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(ComposeError, match="expected a version like 3.12"):
+        build_bundle(tmp_path / "b", "python3", "manylinux_2_28_x86_64", Catalog.locate())
+
+
+def test_bundle_for_python_312_resolves_libcst_at_least_1_8(tmp_path: Path) -> None:
+    res = build_bundle(tmp_path / "b312", "3.12", "manylinux_2_28_x86_64", Catalog.locate())
+    assert tuple(int(x) for x in res.packages["libcst"].split(".")[:2]) >= (1, 8)
+    assert list((res.path / "site").glob("libcst/native*.cpython-312-x86_64-linux-gnu.so")) or list(
+        (res.path / "site").rglob("*.cpython-312-x86_64-linux-gnu.so")
+    )
+
+
+@pytest.mark.docker
+def test_bundle_runs_in_the_test_image_with_network_off(bundle: Path) -> None:
+    client = dh.docker_client()
+    image = dh.vllm_image(client)
+    out = client.containers.run(
+        image, ["/opt/overlay/bin/overlay", "--version"], network_mode="none", remove=True,
+        volumes={str(bundle): {"bind": "/opt/overlay", "mode": "ro"}},
+    )
+    assert b"overlay" in out and b"0." in out
+
+
+def test_cli_bundle_writes_the_directory(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from manager.cli import cli
+
+    res = CliRunner().invoke(cli, ["bundle", "--python", "3.11", "-o", str(tmp_path / "cb"), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["python"] == "3.11" and (tmp_path / "cb" / "bin" / "overlay").exists()
+    assert data["size_bytes"] > 1_000_000
+    shutil.rmtree(tmp_path / "cb")
