@@ -122,3 +122,19 @@ def test_docs_upstream_md_is_what_the_tool_generates(offline_report):
     else:  # generated with GitHub facts: at least the same overlays and engines
         rows = lambda text: sorted(l.split("|")[1] for l in text.splitlines() if l.startswith("| `"))
         assert rows(doc) == rows(fresh)
+
+
+def test_probe_root_reads_the_given_sources_for_a_commit_pinned_engine(catalog, stock_engines, tmp_path):
+    root = releases.pristine_tree("0.22.0")  # stands in for sources copied out of a fork image
+    report = check(catalog, [AWQ], ["vllm-sm70"], offline=True, cache_dir=tmp_path / "gh",
+                   probe_roots={"vllm-sm70": root})
+    r = report.results[0]
+    assert r.verdict == "drop"
+    assert any(e.startswith(f"probe: upstream at vllm-sm70 sources in {root}") for e in r.evidence)
+
+
+def test_commit_pin_equal_to_a_release_commit_is_probed_on_that_release(catalog, stock_engines, tmp_path):
+    report = check(catalog, [AWQ], ["vllm-sm70"], offline=True, cache_dir=tmp_path / "gh")
+    r = report.results[0]
+    assert any("vllm 0.20.0 release sources = pin b8160878f" in e for e in r.evidence)
+    assert r.verdict == "unknown" and r.provisional == "keep"

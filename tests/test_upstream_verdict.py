@@ -104,3 +104,15 @@ def test_merged_manifest_without_ancestry_suggests_waiting_only_when_probe_finds
     none = decide(has_upstream=True, pr=PRUnavailable("o/r", 5, "offline"), ancestry=UNK, probe=None,
                   manifest_state="merged")
     assert none.provisional is None
+
+
+def test_sdist_commit_reads_the_commit_id_line(tmp_path):
+    from manager.upstream import sdist_commit
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text(
+        "__version__ = version = '0.20.0'\n__commit_id__ = commit_id = 'gb8160878f'\n")
+    assert sdist_commit(tmp_path) == "b8160878f"
+    (tmp_path / "vllm" / "_version.py").write_text("__commit_id__ = commit_id = None\n")
+    assert sdist_commit(tmp_path) is None
+    assert sdist_commit(tmp_path / "nowhere") is None
