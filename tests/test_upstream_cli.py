@@ -136,3 +136,25 @@ def test_report_json_format(catalog, gh, tmp_path):
     data = json.loads(p.stdout)
     assert {o["overlay"] for o in data["overlays"]} == {"fix-open", "fix-merged"}
     assert len(data["results"]) == 4
+
+
+def test_probe_report_from_overlay_verify_output_is_evidence(catalog, gh, tmp_path):
+    verify = {"image": "ghcr.io/x/vllm-sm70:test", "vllm": "0.20.0", "overlays": {"fix-open": "upstream"},
+              "status": {"root": "/usr/lib/python3/site-packages", "package_version": "0.20.0", "overlays": [
+                  {"id": "fix-open", "status": "upstream", "targets": [
+                      {"path": "vllm/model_executor/models/gemma4.py", "status": "upstream",
+                       "detail": "native fix found (underscore-suffix mapping)"}]},
+                  {"id": "fix-merged", "status": "drift", "targets": [
+                      {"path": "vllm/model_executor/models/gemma4.py", "status": "drift",
+                       "detail": "anchor not found in Gemma4Model.load_weights"}]}]}}
+    report = tmp_path / "verify.json"
+    report.write_text(json.dumps(verify))
+    p = overlay(catalog, "check", "--engine", "vllm-sm70", "--probe-report", f"vllm-sm70={report}",
+                "--api-url", gh.url, "--json", cache=tmp_path / "c")
+    assert p.returncode == 0, p.stderr
+    got = {r["overlay"]: r for r in json.loads(p.stdout)["results"]}
+    assert got["fix-open"]["verdict"] == "drop" and got["fix-merged"]["verdict"] == "drift"
+    assert any("image ghcr.io/x/vllm-sm70:test (overlay verify output" in e and "native fix found" in e
+               for e in got["fix-open"]["evidence"])
+    bad = overlay(catalog, "check", "--probe-report", "vllm-sm70", "--offline", cache=tmp_path / "c")
+    assert bad.returncode == 1 and "--probe-report 'vllm-sm70': expected ENGINE=FILE" in bad.stderr

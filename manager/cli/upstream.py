@@ -28,28 +28,32 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--no-probe", is_flag=True, help="Skip source probes on the engines' release sources."),
         click.option("--probe-root", "probe_roots", multiple=True, metavar="ENGINE=DIR",
                      help="Probe this engine on the vllm sources under DIR (e.g. copied out of its image)."),
+        click.option("--probe-report", "probe_reports", multiple=True, metavar="ENGINE=FILE",
+                     help="Use saved `overlay verify --image IMAGE --json` (or `overlay status --json`) output as this engine's probe."),
     ]
     for opt in reversed(options):
         f = opt(f)
     return f
 
 
-def _roots(items: tuple[str, ...]) -> dict[str, Path]:
+def _roots(items: tuple[str, ...], option: str = "--probe-root", what: str = "DIR") -> dict[str, Path]:
     roots: dict[str, Path] = {}
     for item in items:
         engine, sep, path = item.partition("=")
         if not sep or not engine or not path:
-            raise UpstreamError(f"--probe-root {item!r}: expected ENGINE=DIR")
+            raise UpstreamError(f"{option} {item!r}: expected ENGINE={what}")
         roots[engine] = Path(path)
     return roots
 
 
-def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, relative_ages):  # type: ignore[no-untyped-def]
+def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports,  # type: ignore[no-untyped-def]
+         relative_ages):
     from .. import upstream
 
     return upstream.check(
         app.catalog, list(ids) or None, list(engines) or None, offline=offline, api_url=api_url,
         git_dir=git_dir, cache_dir=cache_dir, probe=not no_probe, probe_roots=_roots(probe_roots),
+        probe_reports=_roots(probe_reports, "--probe-report", "FILE"),
         relative_ages=relative_ages,
     )
 
@@ -68,12 +72,12 @@ def register(cli: click.Group) -> None:
                   help="Exit 1 when any of these verdicts occurs, e.g. drop,drift (for a scheduled CI job).")
     @click.pass_obj
     def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
-                  as_json, fail_on) -> int:
+                  probe_reports, as_json, fail_on) -> int:
         """Verdict (keep/waiting/drop/superseded/drift/unknown) per overlay x engine, with evidence."""
         from ..upstream import parse_fail_on
 
         fail = parse_fail_on(fail_on)
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, True)
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True)
         if as_json:
             print_json(report.to_json())
         else:
@@ -98,14 +102,14 @@ def register(cli: click.Group) -> None:
                   help="Write here (create/identical/updated) instead of stdout, e.g. docs/UPSTREAM.md.")
     @click.pass_obj
     def report_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
-                   fmt, output) -> None:
+                   probe_reports, fmt, output) -> None:
         """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
         import json
 
         from ..fsutil import write_if_changed
         from ..upstream import render_markdown
 
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, False)
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
         if fmt == "markdown":
             text = render_markdown(report)
         else:

@@ -51,6 +51,7 @@ def check(
     cache_dir: Path | None = None,
     probe: bool = True,
     probe_roots: dict[str, Path] | None = None,
+    probe_reports: dict[str, Path] | None = None,
     relative_ages: bool = True,
     now: dt.datetime | None = None,
 ) -> CheckReport:
@@ -59,7 +60,7 @@ def check(
 
     overlays, engines = catalog_inputs(catalog, ids, engine_ids)
     cache = FactCache(Path(cache_dir) if cache_dir else default_cache_dir())
-    prober = CatalogProber(catalog, offline=offline, roots=probe_roots) if probe else None
+    prober = CatalogProber(catalog, offline=offline, roots=probe_roots, reports=probe_reports) if probe else None
     with GitHubClient(cache, api_url=api_url, token=token, offline=offline) as client:
         return evaluate(
             overlays, engines, client, prober=prober, git_dir=git_dir,

@@ -8,7 +8,9 @@ of the image): a release's sources are not the pin's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 from .. import releases
@@ -47,14 +49,18 @@ def _facts(report: Any, where: str) -> dict[str, ProbeFacts]:
 class CatalogProber:
     """Probe engines with the catalog's overlays on release sources (or given source roots)."""
 
-    def __init__(self, catalog: Any, *, offline: bool = False, roots: dict[str, Path] | None = None) -> None:
+    def __init__(self, catalog: Any, *, offline: bool = False, roots: dict[str, Path] | None = None,
+                 reports: dict[str, Path] | None = None) -> None:
         self.catalog = catalog
         self.offline = offline
         self.roots = {k: Path(v) for k, v in (roots or {}).items()}
+        self.reports = {k: Path(v) for k, v in (reports or {}).items()}
 
     def __call__(self, engine: EngineInfo, overlays: Sequence[OverlayInfo]) -> EngineProbe:
         ids = [o.id for o in overlays]
         try:
+            if engine.id in self.reports:
+                return probe_report_file(engine, self.reports[engine.id])
             if engine.id in self.roots:
                 return self._probe_root(engine, ids, self.roots[engine.id])
             if engine.is_stock_release:
@@ -113,3 +119,33 @@ class CatalogProber:
             pin_commit=commit,
             pin_commit_source=f"vllm/_version.py __commit_id__ in {root}" if commit else "",
         )
+
+
+def probe_report_file(engine: EngineInfo, path: Path) -> EngineProbe:
+    """Statuses from `overlay verify --image IMAGE --json` or `overlay status --json` output saved in a file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        return EngineProbe(unavailable=f"--probe-report {engine.id}={path}: unreadable ({type(exc).__name__})")
+    where = f"{engine.id}"
+    status = data.get("status") if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("image"), str):
+        where += f" image {data['image']} (overlay verify output {path})"
+    else:
+        where += f" (overlay status output {path})"
+    report = status if isinstance(status, dict) else data
+    overlays = report.get("overlays") if isinstance(report, dict) else None
+    if isinstance(overlays, dict):  # the verify summary: {id: status}
+        items = [SimpleNamespace(id=k, status=v, targets=()) for k, v in overlays.items()]
+    elif isinstance(overlays, list):
+        items = [
+            SimpleNamespace(
+                id=o.get("id"), status=o.get("status"),
+                targets=[SimpleNamespace(**{k: t.get(k, "") for k in ("path", "status", "detail")})
+                         for t in o.get("targets") or () if isinstance(t, dict)],
+            )
+            for o in overlays if isinstance(o, dict) and o.get("id")
+        ]
+    else:
+        return EngineProbe(unavailable=f"--probe-report {engine.id}={path}: no overlay statuses in it")
+    return EngineProbe(statuses=_facts(SimpleNamespace(overlays=items), where))
