@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import UpstreamError
-from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, is_sha, short
+from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, is_sha
 from .facts import PRFacts, PRUnavailable, pr_facts
 from .github import GitHubClient
 from .verdict import VERDICTS, ProbeFacts, Verdict, decide
