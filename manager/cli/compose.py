@@ -124,8 +124,11 @@ def verify_cmd(app, image: str, bundle: Path | None, as_json: bool) -> None:
                    f"vllm          {rep.vllm}\ntransformers  {rep.transformers}\ntorch         {rep.torch}")
         for oid, st in sorted(rep.overlays.items()):
             print_data(f"  {st:<16} {oid}")
-    if rep.exit_code != 0:
+    if rep.error:
         raise ComposeError(f"image {image}: `overlay status` failed inside the image (exit {rep.exit_code}): {rep.error}")
+    if rep.failing:
+        bad = ", ".join(f"{k} {v}" for k, v in sorted(rep.failing.items()))
+        raise ComposeError(f"image {image}: overlays that cannot apply as they are: {bad}")
 
 
 def register(cli: click.Group) -> None:

@@ -18,6 +18,7 @@ from ..errors import ComposeError
 from .render import BUNDLE_MOUNT
 
 MARK = "--- overlay-status ---"
+FAILING = ("drift", "partial", "modified", "missing-target", "error")
 
 PROBE_PY = r"""
 import json, os, platform, sys
@@ -56,11 +57,16 @@ class VerifyReport:
     exit_code: int = 0
     error: str = ""
 
+    @property
+    def failing(self) -> dict[str, str]:
+        """Overlays whose status means the image cannot take them as they are (drift, partial, ...)."""
+        return {k: v for k, v in self.overlays.items() if v in FAILING}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "image": self.image, "python": self.python, "glibc": self.glibc, "vllm": self.vllm,
             "transformers": self.transformers, "torch": self.torch, "overlays": self.overlays,
-            "status": self.status, "exit_code": self.exit_code, "error": self.error,
+            "failing": self.failing, "status": self.status, "exit_code": self.exit_code, "error": self.error,
         }
 
 
@@ -146,9 +152,9 @@ def verify_image(image: str, catalog: Catalog, bundle: Path | None = None, timeo
     try:
         status = json.loads(tail) if tail.strip() else None
     except ValueError:
-        error = "overlay status printed no JSON"
-    if rc != 0:
-        error = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        status = None
+    if status is None:
+        error = (err.strip().splitlines() or [f"exit {rc}"])[-1] or "overlay status printed no JSON"
     return VerifyReport(
         image=image, python=info.get("python"), glibc=info.get("glibc"), vllm=info.get("vllm"),
         transformers=info.get("transformers"), torch=info.get("torch"), overlays=_summarise(status),
