@@ -120,7 +120,8 @@ def pull_json(repo: str, number: int, state: str, *, merge_commit: str | None = 
 class FakeGitHub:
     """GET /repos/{o}/{r}/pulls/{n} and /repos/{o}/{r}/compare/{base}...{head} on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix  # e.g. "/api/v3" as on GitHub Enterprise Server
         self.pulls: dict[tuple[str, int], dict[str, Any]] = {}
         self.repos: dict[str, Path] = {}  # repo -> git dir answering compare
         self.rate_limited: str | None = None  # None, "403" (primary limit) or "429" (Retry-After)
@@ -175,6 +176,10 @@ class FakeGitHub:
         if self.fail_status:
             return self.fail_status, {}, {"message": "Server Error"}
         path = path.split("?", 1)[0]
+        if self.prefix:
+            if not path.startswith(self.prefix + "/"):
+                return 404, {}, {"message": "Not Found"}
+            path = path[len(self.prefix):]
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/pulls/(\d+)", path)
         body: Any = None
         if m:

@@ -184,3 +184,12 @@ def test_torn_cache_file_is_ignored(gh, tmp_path):
     for p in (tmp_path / "gh").glob("*.json"):
         p.write_text("{not json")
     assert isinstance(client(gh, tmp_path, offline=True).pull(REPO, 40886), Unavailable)
+
+
+def test_enterprise_api_url_with_path_prefix(tmp_path):
+    with FakeGitHub(prefix="/api/v3") as ghe:
+        ghe.pulls[(REPO, 5)] = pull_json(REPO, 5, "open")
+        c = GitHubClient(FactCache(tmp_path / "gh"), api_url=ghe.url + "/api/v3/")
+        got = pr_facts(c, REPO, 5, None)
+        assert got.state == "open"
+        assert ghe.requests[0][0] == f"/api/v3/repos/{REPO}/pulls/5"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from manager.upstream import Ancestry, PRFacts, PRUnavailable, ProbeFacts, decide
+from manager.upstream import VERDICTS, Ancestry, PRFacts, PRUnavailable, ProbeFacts, decide
 
 T = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 
@@ -116,3 +118,29 @@ def test_sdist_commit_reads_the_commit_id_line(tmp_path):
     (tmp_path / "vllm" / "_version.py").write_text("__commit_id__ = commit_id = None\n")
     assert sdist_commit(tmp_path) is None
     assert sdist_commit(tmp_path / "nowhere") is None
+
+
+_prs = st.one_of(
+    st.none(),
+    st.builds(PRUnavailable, st.just("o/r"), st.just(5), st.just("offline; nothing cached")),
+    st.sampled_from(["open", "closed", "merged", "not-found"]).map(lambda s: pr(s, "a" * 40 if s == "merged" else None)),
+)
+_ancestries = st.sampled_from([None, YES, NO, UNK])
+_probes = st.one_of(st.none(), st.sampled_from(
+    ["pending", "applied", "upstream", "superseded", "drift", "not-applicable", "missing-target", "partial",
+     "modified", "error", None]).map(lambda s: ProbeFacts(s, (f"probe: {s}",))))
+
+
+@given(has_upstream=st.booleans(), pr_=_prs, ancestry=_ancestries, probe=_probes,
+       manifest_state=st.sampled_from([None, "open", "closed", "merged"]))
+def test_every_input_gives_one_known_verdict_explained_by_its_last_evidence_line(
+        has_upstream, pr_, ancestry, probe, manifest_state):
+    v = decide(has_upstream=has_upstream, pr=pr_, ancestry=ancestry, probe=probe, manifest_state=manifest_state)
+    assert v.verdict in VERDICTS
+    assert v.evidence[-1].startswith(f"verdict {v.verdict}:")
+    assert (v.provisional is None) or (v.verdict == "unknown" and v.provisional in VERDICTS)
+    if probe is not None and probe.status in ("superseded", "drift"):
+        assert v.verdict == probe.status
+    if v.verdict == "drop":  # a drop always rests on a native-fix probe or a contained merge
+        assert (probe is not None and probe.status == "upstream") or (
+            isinstance(pr_, PRFacts) and pr_.state == "merged" and ancestry is YES)

@@ -64,9 +64,9 @@ def decide(
 
     if probe is not None and probe.status in _DECISIVE:
         verdict, why = _DECISIVE[probe.status]
-        ev.append(f"verdict {verdict}: probe says {why}")
         if verdict == "drop" and isinstance(pr, PRFacts) and pr.state in ("open", "closed"):
             ev.append(f"note: PR #{pr.number} is {pr.state} unmerged, so the fix reached the pin another way")
+        ev.append(f"verdict {verdict}: probe says {why}")
         return Verdict(verdict, tuple(ev))
 
     if not has_upstream:
