@@ -1,0 +1,366 @@
+"""fits(): seed verdicts, a passing and a failing case for every constraint, the memory model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from manager.catalog import Catalog
+from manager.errors import ProfileError, ReleaseError
+from manager.fits import CONSTRAINT_IDS, OverlayIndex, OverlayInfo, fits, kv_bytes, kv_cache_bytes, valid_tps
+from manager.profiles import load_profiles
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fake_status(version: str) -> dict[str, str]:
+    """Statuses the overlay engine reports on pristine releases (see the overlay manifests' drop_when)."""
+    v = Version(version)
+    return {
+        "vllm-pr40886-gemma4-awq-moe-keys": "pending" if v < Version("0.22.0") else
+        ("upstream" if v < Version("0.31.0") else "superseded"),
+        "gemma4-convertor-per-layer": "pending" if v < Version("0.28.0") else "upstream",
+        "dynamo-dict-caches": "pending",
+        "sm70-d512-attention": "pending",
+    }
+
+
+def make_index(status_fn=fake_status, drop: tuple[str, ...] = ()) -> OverlayIndex:
+    infos = {
+        "vllm-pr40886-gemma4-awq-moe-keys": OverlayInfo("vllm-pr40886-gemma4-awq-moe-keys",
+                                                        {"families": ["gemma4"], "weight_formats": ["compressed-tensors"]},
+                                                        ">=0.19.0"),
+        "gemma4-convertor-per-layer": OverlayInfo("gemma4-convertor-per-layer",
+                                                  {"families": ["gemma4"], "transformers": ">=5.15"}, ">=0.19.0"),
+        "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", {"max_sm": 7.0}, ">=0.19.0"),
+        "sm70-d512-attention": OverlayInfo("sm70-d512-attention", {"max_sm": 7.0, "head_dims": [512]}, "", kernel=True),
+    }
+    for d in drop:
+        infos.pop(d)
+    return OverlayIndex(infos, status_fn=status_fn)
+
+
+@pytest.fixture(scope="module")
+def P():
+    return load_profiles(Catalog(REPO))
+
+
+@pytest.fixture
+def run(P):
+    idx = make_index()
+
+    def go(**kw):
+        kw.setdefault("overlay_index", idx)
+        return fits(P, **kw)
+
+    go.index = idx
+    return go
+
+
+def res(report, cid):
+    return report.constraint(cid).result
+
+
+# ----------------------------------------------------------------------------- seed cases
+
+
+def test_seed_26b_a4b_valid_tp_is_one_and_two(P, run):
+    assert valid_tps(P.models["gemma-4-26b-a4b"]) == [1, 2]
+    r = run(model="gemma-4-26b-a4b", hardware="h100-80gb", gpus=4)
+    assert res(r, "tp-heads") == "fail" and "full KV heads 2" in r.constraint("tp-heads").message
+    assert r.verdict == "fails"
+
+
+def test_seed_autoround_int4_blocked_on_sm86_because_704_mod_128(run):
+    r = run(model="gemma-4-26b-a4b", weights="autoround-int4-mixed", hardware="rtx-3090", gpus=1, engine="vllm-0.33.0")
+    c = r.constraint("quant-kernel")
+    assert c.result == "fail" and "704 % 128 = 64" in c.message
+    assert r.verdict == "fails"
+
+
+def test_seed_31b_dense_does_not_fit_two_16gb_cards(run):
+    r = run(model="gemma-4-31b", hardware="v100-sxm2-16gb", gpus=2)
+    assert res(r, "memory") == "fail" and r.verdict == "fails"
+    assert r.memory.per_card["weights"] == 31_000_000_000  # 62 GB / TP 2
+
+
+def test_seed_wna16_moe_on_sm70_routes_to_the_slow_generic_kernel(run):
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=1, engine="vllm-sm70")
+    c = r.constraint("quant-kernel")
+    assert c.result == "warn" and "420x" in c.message
+
+
+@pytest.mark.parametrize("model", ["gemma-4-e2b", "gemma-4-e4b"])
+def test_seed_e2b_e4b_nvfp4_fails_to_load(run, model):
+    r = run(model=model, weights="nvfp4", hardware="rtx-4090")
+    c = r.constraint("weight-format")
+    assert c.result == "fail" and "embed_tokens_per_layer" in c.message
+    assert r.verdict == "fails"
+    assert run(model=model, weights="bf16", hardware="rtx-4090").constraint("weight-format").result == "pass"
+
+
+def test_26b_on_two_v100_with_the_fork_fits_with_its_overlays(run):
+    r = run(model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-sm70")
+    assert r.verdict == "tight", [c for c in r.constraints if c.result != "pass"]
+    assert set(r.overlays) == {"vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches", "sm70-d512-attention"}
+    assert "sm70-d512-attention" in r.constraint("head-dim").message
+
+
+def test_26b_awq_on_two_3090_fits_without_overlays_on_a_recent_engine(run):
+    r = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0")
+    assert r.verdict == "fits" and r.overlays == []
+
+
+def test_report_runs_every_constraint_in_order_without_short_circuit(run):
+    r = run(model="gemma-4-31b", hardware="v100-sxm2-16gb", gpus=4, engine="vllm-0.33.0", ctx=10**7)
+    assert [c.id for c in r.constraints] == list(CONSTRAINT_IDS)
+    fails = {c.id for c in r.constraints if c.result == "fail"}
+    assert {"engine-sm", "context", "memory"} <= fails
+
+
+# ----------------------------------------------------------------------------- constraint pairs
+
+
+def test_gpu_count_pass_and_fail(run):
+    assert res(run(model="gemma-4-12b", hardware="h200", gpus=2, tp=2), "gpu-count") == "pass"
+    assert res(run(model="gemma-4-12b", hardware="h200", gpus=1, tp=2), "gpu-count") == "fail"
+    assert res(run(model="gemma-4-12b", hardware="h200", gpus=2, tp=1), "gpu-count") == "warn"
+
+
+def test_tp_heads_pass_and_fail(run):
+    assert res(run(model="gemma-4-31b", hardware="h200", gpus=4), "tp-heads") == "pass"
+    assert res(run(model="gemma-4-31b", hardware="h200", gpus=8), "tp-heads") == "fail"
+
+
+def test_engine_family_needs_transformers_with_gemma4_configs(run):
+    r = run(model="gemma-4-12b", hardware="rtx-4090", engine="vllm-0.19.0")
+    assert res(r, "engine-family") == "fail" and ">= 5.5.0" in r.constraint("engine-family").message
+    assert res(run(model="gemma-4-12b", hardware="rtx-4090", engine="vllm-0.28.0"), "engine-family") == "pass"
+
+
+def test_weight_format_passes_for_formats_the_engine_loads(run):
+    # the sm70 fork has no fp8 weights; nvfp4 loads there
+    assert res(run(model="gemma-4-12b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "weight-format") == "pass"
+    assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", engine="vllm-0.33.0"), "weight-format") == "pass"
+
+
+def test_weight_format_fails_when_engine_lacks_format(P):
+    from manager.fits.core import _Ctx, c_weight_format
+
+    m = P.models["gemma-4-12b"]
+    w = m.weights["bf16"].model_copy(update={"format": "fp8"})
+    c = _Ctx(P, m, "fp8", w, P.hardware["v100-sxm2-32gb"], P.engines["vllm-sm70"], None, 1, 1, None, "auto", None, None)
+    assert c_weight_format(c).result == "fail"
+
+
+def test_engine_sm_pass_and_fail(run):
+    r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.33.0")
+    assert res(r, "engine-sm") == "fail" and "sm >= 7.5" in r.constraint("engine-sm").message
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "engine-sm") == "pass"
+
+
+def test_dtype_bf16_on_sm70_warns_fp16(run):
+    r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70")
+    assert res(r, "dtype") == "warn" and "fp16" in r.constraint("dtype").message
+    assert res(run(model="gemma-4-12b", hardware="a100-80gb"), "dtype") == "pass"
+
+
+def test_kv_dtype_pass_and_fail(run):
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", kv_dtype="bfloat16"), "kv-dtype") == "fail"
+    r = run(model="gemma-4-12b", hardware="rtx-3090", kv_dtype="fp8")
+    assert res(r, "kv-dtype") == "pass" and "storage only" in r.constraint("kv-dtype").message
+    assert r.memory.kv_dtype == "fp8"
+
+
+def test_head_dim_512_on_sm70_needs_the_kernel_overlay(P, run):
+    no_kernel = make_index(drop=("sm70-d512-attention",))
+    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", overlay_index=no_kernel)
+    c = r.constraint("head-dim")
+    assert c.result == "fail" and "D=512" in c.message and "sm70-d512-attention" in c.message
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "head-dim") == "pass"
+    assert res(run(model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.33.0"), "head-dim") == "pass"
+
+
+def test_head_dim_512_has_no_flashinfer_kernel_before_0_22(run):
+    r = run(model="gemma-4-12b", hardware="a100-80gb", engine="vllm-0.20.0")
+    assert "D=512: TRITON_ATTN" in r.constraint("head-dim").message
+
+
+def test_quant_kernel_pass_and_fail(run):
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=1, engine="vllm-0.20.0")
+    assert res(r, "quant-kernel") == "pass" and "704 % 64 == 0" in r.constraint("quant-kernel").message
+    # TP 2 without tile padding: 352 % 64 != 0 -> generic kernel (warn); with padding (0.30+) Marlin passes
+    assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=2, engine="vllm-0.22.0"), "quant-kernel") == "warn"
+    assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=2, engine="vllm-0.30.0"), "quant-kernel") == "pass"
+    assert res(run(model="gemma-4-31b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.0"), "quant-kernel") == "fail"
+
+
+def test_drafter_pass_and_fail(run):
+    ok = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.28.0", drafter="gemma-4-26b-a4b-assistant")
+    assert res(ok, "drafter") == "pass"
+    assert ok.memory.per_card["drafter"] == 485_000_000
+    wrong = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.28.0", drafter="gemma-4-31b-assistant")
+    assert res(wrong, "drafter") == "fail" and "not gemma-4-26b-a4b" in wrong.constraint("drafter").message
+    old = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.20.0", drafter="gemma-4-26b-a4b-assistant")
+    assert res(old, "drafter") == "fail" and "gemma4_mtp" in old.constraint("drafter").message
+    assert res(run(model="gemma-4-12b", hardware="h200"), "drafter") == "skip"
+
+
+def test_context_pass_and_fail(run):
+    assert res(run(model="gemma-4-12b", hardware="h200", ctx=131072), "context") == "pass"
+    assert res(run(model="gemma-4-12b", hardware="h200", ctx=262145), "context") == "fail"
+
+
+def test_memory_pass_warn_and_fail(run):
+    assert res(run(model="gemma-4-12b", hardware="h200"), "memory") == "pass"
+    big = run(model="gemma-4-12b", hardware="rtx-4090", weights="nvfp4")
+    near = big.memory.max_ctx
+    assert res(run(model="gemma-4-12b", hardware="rtx-4090", weights="nvfp4", ctx=near), "memory") == "warn"
+    assert res(run(model="gemma-4-12b", hardware="rtx-4090", weights="nvfp4", ctx=near + 1024), "memory") == "fail"
+
+
+def test_overlays_needed_pending_pass_missing_fail(P, run):
+    r = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.27.1")
+    assert r.overlays == ["gemma4-convertor-per-layer"]  # transformers 5.15 and vLLM < 0.28; #40886 native since 0.22
+    assert res(r, "overlays") == "pass"
+    missing = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.20.0",
+                   overlay_index=make_index(drop=("vllm-pr40886-gemma4-awq-moe-keys",)))
+    c = missing.constraint("overlays")
+    assert c.result == "fail" and "vllm-pr40886-gemma4-awq-moe-keys: needed on vLLM 0.20.0 but not in the catalog" in c.message
+
+
+def test_overlays_drift_on_the_engine_release_fails(P):
+    idx = make_index(status_fn=lambda v: {**fake_status(v), "dynamo-dict-caches": "drift"})
+    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", overlay_index=idx)
+    assert res(r, "overlays") == "fail" and "dynamo-dict-caches: needed but drift" in r.constraint("overlays").message
+
+
+def test_overlays_superseded_where_the_fix_is_native_is_not_needed(run):
+    r = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0")
+    assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
+
+
+def test_overlays_fall_back_to_versions_ranges_with_a_warning_when_sources_fail(P):
+    def broken(version):
+        raise ReleaseError(f"pip download vllm=={version} failed")
+
+    idx = make_index(status_fn=broken)
+    r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
+    c = r.constraint("overlays")
+    assert c.result == "warn" and "sources unavailable" in c.message
+    assert r.verdict == "tight"
+
+
+def test_overlay_status_is_memoized_per_release(P):
+    calls = []
+    idx = make_index(status_fn=lambda v: calls.append(v) or fake_status(v))
+    for hw in ("rtx-3090", "rtx-4090", "a100-80gb"):
+        for g in (1, 2):
+            fits(P, model="gemma-4-26b-a4b", hardware=hw, gpus=g, engine="vllm-0.27.1", overlay_index=idx)
+    assert calls == ["0.27.1"]
+
+
+def test_overlay_status_disk_cache_is_reused_by_a_new_index(P, tmp_path):
+    calls = []
+    fn = lambda v: calls.append(v) or fake_status(v)  # noqa: E731
+    a = make_index(status_fn=fn)
+    a.cache_dir = tmp_path
+    fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.27.1", overlay_index=a)
+    b = make_index(status_fn=fn)
+    b.cache_dir = tmp_path
+    fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.27.1", overlay_index=b)
+    assert calls == ["0.27.1"]
+    assert len(list(tmp_path.glob("overlay-status-0.27.1-*.json"))) == 1
+
+
+def test_nvlink_is_advisory(run):
+    r = run(model="gemma-4-26b-a4b", hardware="rtx-4090", gpus=2, engine="vllm-0.33.0")
+    assert res(r, "nvlink") == "warn" and r.verdict == "fits"
+    assert res(run(model="gemma-4-26b-a4b", hardware="h100-80gb", gpus=2), "nvlink") == "pass"
+
+
+# ----------------------------------------------------------------------------- memory model
+
+
+def test_kv_bytes_per_token_26b_bf16_one_kv_copy_is_10240(P):
+    m = P.models["gemma-4-26b-a4b"]
+    assert kv_bytes(m, tp=1, dtype_bytes=2, k_eq_v_copies=1, ctx=1)[0] == 5 * 2 * 512 * 2 == 10_240
+    assert kv_bytes(m, tp=1, dtype_bytes=2, k_eq_v_copies=2, ctx=1)[0] == 20_480
+    assert kv_bytes(m, tp=2, dtype_bytes=2, k_eq_v_copies=2, ctx=1)[0] == 10_240  # per card at TP 2
+    assert kv_bytes(m, tp=1, dtype_bytes=1, k_eq_v_copies=2, ctx=1)[0] == 10_240  # fp8
+
+
+def test_calibration_31b_public_kv_calculator_exact(P):
+    """Public KV calculator test: 32,768 tokens, TP1, bf16, K and V stored, sliding = 1024 window."""
+    got = kv_cache_bytes(P.models["gemma-4-31b"], 32_768, tp=1, dtype_bytes=2, k_eq_v_copies=2)
+    expected = 3_523_215_360
+    assert abs(got - expected) / expected == 0.0
+
+
+def test_sliding_layers_cost_is_bounded_by_the_window(P):
+    m = P.models["gemma-4-26b-a4b"]
+    s_small = kv_bytes(m, ctx=512)[1]
+    s_window = kv_bytes(m, ctx=1024)[1]
+    assert s_small * 2 == s_window == kv_bytes(m, ctx=200_000)[1] == 25 * 8 * 256 * 2 * 2 * 1024
+
+
+def test_kv_shared_layers_add_no_cache(P):
+    m = P.models["gemma-4-e4b"]
+    full = [g for g in m.layer_groups if g.kind == "full"][0]
+    assert kv_bytes(m, ctx=1)[0] == (full.count - full.kv_shared) * full.kv_heads * full.head_dim * 2 * 2
+
+
+def test_report_uses_the_engine_k_eq_v_storage(P, run):
+    r = run(model="gemma-4-26b-a4b", hardware="h200", engine="vllm-0.33.0")
+    assert r.memory.kv_copies_k_eq_v == 2 and r.memory.kv_bytes_per_token == 20_480
+
+
+def test_moe_weights_are_divided_by_tp(run):
+    one = run(model="gemma-4-26b-a4b", weights="awq", hardware="h200", gpus=1)
+    two = run(model="gemma-4-26b-a4b", weights="awq", hardware="h200", gpus=2)
+    assert one.memory.per_card["weights"] == 17_000_000_000
+    assert two.memory.per_card["weights"] == 8_500_000_000
+
+
+def test_max_ctx_grows_with_vram_and_is_capped_by_the_model(run):
+    small = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-4090").memory.max_ctx
+    big = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-5090").memory.max_ctx
+    assert 0 < small < big <= 262_144
+    assert run(model="gemma-4-12b", hardware="h200").memory.max_ctx == 262_144
+
+
+def test_fp8_kv_doubles_capacity(run):
+    a = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-4090", kv_dtype="auto").memory
+    b = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-4090", kv_dtype="fp8").memory
+    assert b.kv_bytes_per_token * 2 == a.kv_bytes_per_token
+    assert b.kv_capacity_tokens >= 2 * a.kv_capacity_tokens - 1
+
+
+def test_max_seqs_divides_the_context(run):
+    one = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-5090", max_seqs=1).memory.max_ctx
+    four = run(model="gemma-4-12b", weights="nvfp4", hardware="rtx-5090", max_seqs=4).memory.max_ctx
+    assert four < one / 3
+
+
+def test_to_json_shape(run):
+    j = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2).to_json()
+    assert j["verdict"] in ("fits", "tight", "fails")
+    assert [c["id"] for c in j["constraints"]] == list(CONSTRAINT_IDS)
+    assert all(set(c) == {"id", "result", "message"} for c in j["constraints"])
+    assert isinstance(j["overlays"], list)
+    assert {"per_card", "kv_bytes_per_token", "max_ctx"} <= set(j["memory"])
+    assert j["memory"]["per_card"]["weights"] > 0
+
+
+def test_unknown_ids_raise_profile_errors(run):
+    with pytest.raises(ProfileError, match=r"models/gemma-9: no such profile"):
+        run(model="gemma-9", hardware="h200")
+    with pytest.raises(ProfileError, match=r"weights: 'int2': no such variant"):
+        run(model="gemma-4-12b", weights="int2", hardware="h200")
+
+
+def test_default_engine_prefers_one_that_serves_the_family(run):
+    assert run(model="gemma-4-12b", hardware="v100-sxm2-32gb").deployment["engine"] == "vllm-sm70"
+    assert run(model="gemma-4-12b", hardware="rtx-3090").deployment["engine"] == "vllm-0.33.0"

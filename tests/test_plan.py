@@ -1,0 +1,114 @@
+"""plan() and the CLI: profiles list/show/validate, fits exit codes and JSON, plan output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from manager.catalog import Catalog
+from manager.cli import cli
+from manager.fits import build_index, fits, plan
+from manager.profiles import load_profiles
+
+from test_fits import make_index
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def P():
+    return load_profiles(Catalog(REPO))
+
+
+def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
+    pl = plan(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, overlay_index=make_index())
+    assert pl.options, "something must fit on 2x 24 GB"
+    best = pl.options[0]
+    assert best.verdict == "fits" and best.deployment["weights"] in ("awq", "nvfp4")
+    verdicts = [r.verdict for r in pl.options]
+    assert verdicts == sorted(verdicts, key=lambda v: v != "fits")  # every fits before any tight
+    assert all(r.verdict != "fails" for r in pl.options)
+    reasons = " ".join(" ".join(r.reasons) for r in pl.rejected)
+    assert "704 % 128" in reasons  # AutoRound blocked
+    assert "memory:" in reasons  # bf16 does not fit
+    assert all(r.deployment["weights"] != "bf16" for r in pl.options)
+
+
+def test_plan_26b_on_two_v100_uses_the_fork_and_its_overlays(P):
+    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=make_index())
+    assert pl.options
+    assert {r.deployment["engine"] for r in pl.options} == {"vllm-sm70"}
+    assert all("dynamo-dict-caches" in r.overlays for r in pl.options)
+    assert any("engine-sm" in " ".join(r.reasons) for r in pl.rejected)
+
+
+def test_plan_to_json_lists_options_and_rejections(P):
+    j = plan(P, model="gemma-4-12b", hardware="rtx-3090", gpus=1, overlay_index=make_index()).to_json()
+    assert j["options"] and {"tp", "engine", "weights", "kv_dtype", "max_ctx", "drafter", "overlays", "verdict"} <= set(j["options"][0])
+    assert all(r["reasons"] for r in j["rejected"])
+
+
+@pytest.mark.network
+def test_real_overlay_catalog_and_release_sources_decide_the_convertor(P):
+    """Integration: the shipped overlay manifests and real vLLM sources (downloaded once, cached)."""
+    idx = build_index(Catalog(REPO))
+    assert "gemma4-convertor-per-layer" in idx.overlays
+    old = fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.27.1", overlay_index=idx)
+    new = fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.28.0", overlay_index=idx)
+    assert "gemma4-convertor-per-layer" in old.overlays
+    assert "gemma4-convertor-per-layer" not in new.overlays
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, ["--catalog", str(REPO), *args])
+
+
+def test_cli_profiles_list_json_and_kinds():
+    r = invoke("profiles", "list", "--kind", "hardware", "--json")
+    assert r.exit_code == 0
+    assert "v100-sxm2-16gb" in json.loads(r.output)["hardware"]
+    r = invoke("profiles", "list")
+    assert "engines/vllm-sm70" in r.output and "models/gemma-4-26b-a4b" in r.output
+
+
+def test_cli_profiles_show_and_unknown_id():
+    r = invoke("profiles", "show", "engines/vllm-0.27.1", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["transformers_version"] == "5.15.0"
+    bad = invoke("profiles", "show", "models/nope")
+    assert bad.exit_code != 0
+
+
+def test_cli_profiles_validate_ok_and_broken(tmp_path):
+    assert invoke("profiles", "validate").exit_code == 0
+    broken = tmp_path / "profiles" / "hardware"
+    broken.mkdir(parents=True)
+    (broken / "x.yaml").write_text("id: x\nsm: 7.0\n")
+    r = invoke("profiles", "validate", str(tmp_path / "profiles"))
+    assert r.exit_code != 0
+
+
+def test_cli_fits_json_shape_and_exit_codes():
+    ok = invoke("fits", "--model", "gemma-4-12b", "--hardware", "h200", "--engine", "vllm-0.33.0", "--json")
+    assert ok.exit_code == 0, ok.output
+    j = json.loads(ok.output)
+    assert j["verdict"] in ("fits", "tight") and "max_ctx" in j["memory"]
+    bad = invoke("fits", "--model", "gemma-4-31b", "--hardware", "v100-sxm2-16gb", "--gpus", "2", "--json")
+    assert bad.exit_code == 1
+    assert json.loads(bad.output)["verdict"] == "fails"
+
+
+def test_cli_fits_text_has_table_and_memory_bar():
+    r = invoke("fits", "--model", "gemma-4-12b", "--hardware", "h200", "--engine", "vllm-0.33.0")
+    assert r.exit_code == 0
+    assert "quant-kernel" in r.output and "per card" in r.output and "verdict:" in r.output
+
+
+def test_cli_plan_exit_and_text():
+    r = invoke("plan", "--model", "gemma-4-12b", "--hardware", "rtx-3090", "--limit", "3")
+    assert r.exit_code == 0 and "deployments fit" in r.output and "rejected" in r.output
