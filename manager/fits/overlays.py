@@ -240,7 +240,9 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
                 try:
                     load_manifest(mf)
                 except ManagerError as exc:
-                    invalid = str(exc).splitlines()[0][:200]
+                    first = str(exc).splitlines()[0].split("; ")[0].replace(str(mf) + ": ", "")
+                    n = str(exc).count("; ") + 1
+                    invalid = first[:100] + (f" (+{n - 1} more)" if n > 1 else "")
             nw = raw.get("needed_when") or {}
             oid = str(raw.get("id") or d.name)
             infos[oid] = OverlayInfo(
