@@ -1,0 +1,349 @@
+"""Correctness grid and benchmarks for the sm70-d512-attention kernels (run on a GPU).
+
+    python3 benchmarks/kernels.py --cache DIR [--prefer ptx] [--sm90-nvrtc auto] --out DIR
+
+1. loads the built images from DIR (`overlay build` output; `--prefer ptx` loads the
+   compute_70 PTX so the Volta code path runs, JIT-compiled by the driver);
+2. compares decode and prefill against a float32 PyTorch reference over a shape grid
+   (max abs error, limit 2e-3);
+3. decode: achieved KV-read bandwidth vs the card's peak at batch 1/8/32 x context 4K/32K;
+   prefill: TFLOPS against torch SDPA (fastest backend that accepts head_dim 512);
+4. optionally builds the same sources natively (NVRTC 13, sm_90) and repeats 2-3.
+Writes results.json and results.md under --out. `--dry-run` checks the grid and the
+reference on CPU with tiny shapes (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from manager.kernels.d512_reference import make_paged, ref_decode, ref_prefill  # noqa: E402
+
+TOL = 2e-3
+PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "V100": 0.9e12}
+
+# (batch, max ctx, q heads, kv heads, block size, window, kv_shared, forced splits)
+DECODE_GRID = [
+    (1, 1, 8, 8, 16, 0, False, None),
+    (1, 17, 16, 2, 16, 0, False, None),
+    (1, 1000, 16, 4, 32, 0, False, None),
+    (1, 32768, 16, 2, 16, 0, False, None),
+    (1, 32768, 16, 2, 32, 1024, False, None),
+    (2, 32768, 32, 16, 16, 0, False, 7),
+    (4, 4097, 16, 16, 32, 0, True, None),
+    (8, 8000, 16, 2, 16, 0, False, 1),
+    (8, 8000, 16, 4, 32, 512, True, None),
+    (16, 2048, 32, 16, 16, 0, False, None),
+    (32, 4096, 16, 2, 32, 0, False, None),
+    (64, 512, 8, 8, 16, 0, False, None),
+    (64, 1024, 16, 2, 16, 0, False, None),
+    (3, 300, 32, 2, 16, 0, False, None),   # group of 16 (one full WMMA tile)
+    (2, 700, 32, 1, 16, 100, False, None),  # group of 32 (two tiles per KV head)
+]
+
+# (query lens, context lens before the queries, q heads, kv heads, block size, causal, window, kv_shared)
+PREFILL_GRID = [
+    ([1], [0], 8, 8, 16, True, 0, False),
+    ([37], [0], 16, 2, 16, True, 0, False),
+    ([100, 1, 250, 64], [0, 5, 0, 31], 16, 4, 32, True, 0, False),
+    ([2048], [0], 16, 2, 16, True, 0, False),
+    ([1024, 333], [0, 0], 16, 2, 32, False, 0, False),
+    ([3000], [0], 16, 16, 16, True, 1024, False),
+    ([512, 700], [100, 0], 8, 2, 16, True, 0, True),
+    ([64], [32704], 16, 2, 16, True, 0, False),       # chunked prefill at 32K context
+    ([128], [32640], 16, 2, 32, True, 4096, False),
+    ([8192], [0], 8, 1, 16, True, 0, False),
+    ([33, 65, 97, 1, 2, 3, 4, 5] * 8, [0] * 64, 8, 2, 16, True, 0, False),  # batch 64
+]
+
+
+def _err(out, ref) -> float:
+    return float((out.float() - ref).abs().max().item())
+
+
+def correctness(attn, device: str, quick: bool = False) -> list[dict]:
+    import torch
+
+    rows = []
+    scale = 1.0 / math.sqrt(512)
+    for i, (batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(DECODE_GRID if not quick else DECODE_GRID[:4]):
+        g = torch.Generator().manual_seed(100 + i)
+        lens = [ctx] + [int(x) for x in torch.randint(1, ctx + 1, (batch - 1,), generator=g)]
+        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=i)
+        q = torch.randn((batch, hq, 512), generator=g).to(torch.float16).to(device)
+        t = time.time()
+        out = attn.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, max(lens), scale,
+                          window=window, kv_shared=shared, num_splits=splits)
+        torch.cuda.synchronize()
+        ref = ref_decode(q, case, scale, window)
+        e = _err(out, ref)
+        rows.append(dict(kind="decode", batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, block=bs, window=window,
+                         kv_shared=shared, splits=splits or attn.pick_splits(batch, hk, hq // hk, min(max(lens), window or 10**9)),
+                         max_abs_err=e, ok=bool(e <= TOL and not math.isnan(e))))
+        print(f"decode {rows[-1]}", flush=True)
+        del case, q, out, ref
+    for i, (qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(PREFILL_GRID if not quick else PREFILL_GRID[:3]):
+        g = torch.Generator().manual_seed(200 + i)
+        lens = [a + c for a, c in zip(qlens, ctxs)]
+        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i)
+        cu = [0]
+        for a in qlens:
+            cu.append(cu[-1] + a)
+        q = torch.randn((cu[-1], hq, 512), generator=g).to(torch.float16).to(device)
+        cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+        out = attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu_t, case.seq_lens, max(qlens), scale,
+                           causal=causal, window=window, kv_shared=shared)
+        torch.cuda.synchronize()
+        ref = ref_prefill(q, case, cu, scale, causal, window)
+        e = _err(out, ref)
+        rows.append(dict(kind="prefill", seqs=len(qlens), max_q=max(qlens), max_ctx=max(lens), q_heads=hq, kv_heads=hk,
+                         block=bs, causal=causal, window=window, kv_shared=shared, max_abs_err=e,
+                         ok=bool(e <= TOL and not math.isnan(e))))
+        print(f"prefill {rows[-1]}", flush=True)
+        del case, q, out, ref
+    return rows
+
+
+def _time(fn, iters: int = 20, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
+def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: int = 16) -> list[dict]:
+    import torch
+
+    rows = []
+    scale = 1.0 / math.sqrt(512)
+    for batch in (1, 8, 32):
+        for ctx in (4096, 32768):
+            for shared in (False, True):
+                kv_bytes = batch * ctx * hk * 512 * 2 * (1 if shared else 2)
+                # rotate over enough disjoint copies that the working set is >= 4x the 60 MB L2
+                copies = max(1, math.ceil(256e6 / kv_bytes))
+                case = make_paged([ctx] * (batch * copies), hk, bs, device=device, kv_shared=shared, seed=7)
+                tables = [case.block_tables[c * batch:(c + 1) * batch] for c in range(copies)]
+                lens = case.seq_lens[:batch]
+                q = torch.randn((batch, hq, 512), device=device).to(torch.float16)
+                it = [0]
+
+                def run():
+                    bt = tables[it[0] % copies]
+                    it[0] += 1
+                    attn.decode(q, case.k_cache, case.v_cache, bt, lens, ctx, scale, kv_shared=shared)
+
+                t_eager = _time(run, iters=max(20, copies * 4))
+                # GPU time without Python launch overhead: one CUDA graph of `copies` decodes
+                # (vLLM captures decode in CUDA graphs too).
+                try:
+                    graph = torch.cuda.CUDAGraph()
+                    run()
+                    torch.cuda.synchronize()
+                    with torch.cuda.graph(graph):
+                        for _ in range(copies):
+                            run()
+                    t = _time(graph.replay, iters=max(5, 80 // copies)) / copies
+                    how = "graph"
+                except Exception as exc:  # noqa: BLE001
+                    print(f"graph capture failed: {exc}", flush=True)
+                    t, how = t_eager, "eager"
+                rows.append(dict(batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, kv_shared=shared,
+                                 splits=attn.pick_splits(batch, hk, hq // hk, ctx), us=t * 1e6, timing=how,
+                                 eager_us=t_eager * 1e6,
+                                 kv_read_GBps=kv_bytes / t / 1e9, frac_peak=kv_bytes / t / peak))
+                print(f"bench decode {rows[-1]}", flush=True)
+                del case, tables, q
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _sdpa_best(q, k, v):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    results = {}
+    rep = q.shape[1] // k.shape[1]
+    kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        be = getattr(SDPBackend, name, None)
+        if be is None:
+            continue
+        for tag, fn in (
+            ("gqa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)),
+            ("repeat_kv", lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True)),
+        ):
+            try:
+                with sdpa_kernel([be]):
+                    fn()
+                    torch.cuda.synchronize()
+                    results[f"{name}/{tag}"] = _time(fn, iters=5, warmup=1)
+            except Exception as exc:  # noqa: BLE001 - a backend refusing D=512 is data
+                results[f"{name}/{tag}"] = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    timed = {k: v for k, v in results.items() if isinstance(v, float)}
+    best = min(timed, key=timed.get) if timed else None
+    return best, results
+
+
+def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sdpa: bool = True) -> list[dict]:
+    import torch
+
+    rows = []
+    scale = 1.0 / math.sqrt(512)
+    for batch, L in ((1, 2048), (1, 8192), (4, 4096), (1, 16384)):
+        case = make_paged([L] * batch, hk, bs, device=device, seed=9)
+        q = torch.randn((batch * L, hq, 512), device=device).to(torch.float16)
+        cu = torch.arange(0, batch * L + 1, L, dtype=torch.int32, device=device)
+        fn = lambda: attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu, case.seq_lens, L, scale)  # noqa: E731
+        t = _time(fn, iters=5, warmup=2)
+        flops = 4 * 512 * hq * batch * L * (L + 1) / 2
+        row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, ours_ms=t * 1e3, ours_tflops=flops / t / 1e12)
+        if sdpa:
+            from manager.kernels.d512_reference import gather
+
+            k = torch.stack([gather(case.k_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
+            v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
+            qs = q.view(batch, L, hq, 512).transpose(1, 2).contiguous()
+            best, res = _sdpa_best(qs, k, v)
+            row["sdpa_backends"] = {n: (r * 1e3 if isinstance(r, float) else r) for n, r in res.items()}
+            if best:
+                row["sdpa_best"] = best
+                row["sdpa_ms"] = res[best] * 1e3
+                row["sdpa_tflops"] = flops / res[best] / 1e12
+                row["speedup_vs_sdpa"] = res[best] / t
+            del k, v, qs
+        rows.append(row)
+        print(f"bench prefill {row}", flush=True)
+        del case, q
+        torch.cuda.empty_cache()
+    return rows
+
+
+def md_tables(res: dict) -> str:
+    lines = []
+    for variant, v in res.get("variants", {}).items():
+        lines.append(f"### {variant}\n")
+        if "error" in v:
+            lines.append(f"error: {v['error']}\n")
+            continue
+        corr = v.get("correctness", [])
+        if corr:
+            worst = max(r["max_abs_err"] for r in corr)
+            lines.append(f"Correctness: {sum(r['ok'] for r in corr)}/{len(corr)} cases within {TOL}; worst max abs error {worst:.2e}\n")
+            lines.append("| kind | shape | max abs err | ok |\n|---|---|---|---|")
+            for r in corr:
+                shape = ", ".join(f"{k}={r[k]}" for k in r if k not in ("kind", "max_abs_err", "ok"))
+                lines.append(f"| {r['kind']} | {shape} | {r['max_abs_err']:.2e} | {'yes' if r['ok'] else 'NO'} |")
+            lines.append("")
+        dec = v.get("decode", [])
+        if dec:
+            lines.append(f"Decode (16 query heads over 2 KV heads, block 16; {v.get('decode_blocks_per_sm')} block(s)/SM):\n")
+            lines.append("| batch | context | K=V shared | splits | time (us) | eager (us) | KV read (GB/s) | of peak |\n|---|---|---|---|---|---|---|---|")
+            for r in dec:
+                lines.append(f"| {r['batch']} | {r['ctx']} | {r['kv_shared']} | {r['splits']} | {r['us']:.1f} | {r.get('eager_us', r['us']):.1f} | "
+                             f"{r['kv_read_GBps']:.0f} | {100 * r['frac_peak']:.1f} % |")
+            lines.append("")
+        pre = v.get("prefill", [])
+        if pre:
+            lines.append("| batch x seq | ours (ms) | ours TFLOPS | SDPA best | SDPA (ms) | SDPA TFLOPS | ours / SDPA |\n|---|---|---|---|---|---|---|")
+            for r in pre:
+                lines.append(f"| {r['batch']} x {r['seq']} | {r['ours_ms']:.2f} | {r['ours_tflops']:.1f} | {r.get('sdpa_best', '-')} | "
+                             f"{r.get('sdpa_ms', float('nan')):.2f} | {r.get('sdpa_tflops', float('nan')):.1f} | "
+                             f"{r.get('speedup_vs_sdpa', float('nan')):.2f}x |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def dry_run() -> None:
+    """CPU: the reference agrees with itself (decode == one-token causal prefill) on tiny shapes."""
+    import torch
+
+    case = make_paged([5, 40], 2, 16, device="cpu", head_dim=64)
+    q = torch.randn((2, 8, 64)).to(torch.float16)
+    dec = ref_decode(q, case, 0.125)
+    cu = [0, 1, 2]
+    pre = ref_prefill(q, case, cu, 0.125, causal=True)
+    assert torch.allclose(dec, pre, atol=1e-5), (dec - pre).abs().max()
+    print(f"dry run ok: {len(DECODE_GRID)} decode and {len(PREFILL_GRID)} prefill grid cases")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", required=False)
+    ap.add_argument("--prefer", default="ptx")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL@DIR",
+                    help="another PTX build to measure (correctness quick grid + decode bench)")
+    ap.add_argument("--sm90-nvrtc", default=None, help="'auto' or a libnvrtc path: also build and test sm_90 natively")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    if a.dry_run:
+        dry_run()
+        return 0
+    import torch
+
+    from manager.kernels import builder, d512
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BW.items() if k in name), 4.8e12)
+    res: dict = {"device": name, "torch": torch.__version__, "peak_bw": peak, "variants": {}}
+    variants = [("compute_70 PTX (NVRTC 12, driver JIT)", Path(a.cache), a.prefer, False)]
+    for spec in a.variant:
+        label, d = spec.rsplit("@", 1)
+        variants.append((label, Path(d), "ptx", True))
+    if a.sm90_nvrtc:
+        try:
+            c90 = Path("/tmp/kc90")
+            r = builder.build(ROOT / "overlays", ["sm70-d512-attention"], archs=["sm_90"], cache=c90,
+                              nvrtc_path=None if a.sm90_nvrtc == "auto" else a.sm90_nvrtc)
+            res["sm90_build"] = {"compiler": r.compiler, "compiled": r.compiled}
+            variants.append((f"sm_90 cubin ({r.compiler.split(' (')[0]})", c90, "cubin", False))
+        except Exception as exc:  # noqa: BLE001
+            res["sm90_build"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(traceback.format_exc(), flush=True)
+    for label, cache, prefer, extra in variants:
+        v: dict = {}
+        res["variants"][label] = v
+        try:
+            d512._loaded.clear()
+            attn = d512.load(cache=cache, prefer=prefer, overlay_dir=ROOT / "overlays" / "sm70-d512-attention")
+            v["objects"] = [o.__dict__ for o in attn.k.objects]
+            v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
+            v["correctness"] = correctness(attn, "cuda", quick=a.quick or extra)
+            if not a.no_bench:
+                v["decode"] = bench_decode(attn, "cuda", peak)
+                if not extra:
+                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin"))
+        except Exception as exc:  # noqa: BLE001
+            v["error"] = f"{type(exc).__name__}: {exc}"
+            print(traceback.format_exc(), flush=True)
+        (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    (out / "results.md").write_text(md_tables(res))
+    print(md_tables(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
