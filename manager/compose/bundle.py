@@ -39,8 +39,9 @@ WRAPPER = """#!/bin/sh
 here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 OVERLAY_CATALOG="${OVERLAY_CATALOG:-$here/catalog}"
-PYTHONDONTWRITEBYTECODE=1
-export PYTHONPATH OVERLAY_CATALOG PYTHONDONTWRITEBYTECODE
+# the bundle is mounted read-only: keep bytecode in a writable place (survives container restarts)
+PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
+export PYTHONPATH OVERLAY_CATALOG PYTHONPYCACHEPREFIX
 exec "${OVERLAY_PYTHON:-python3}" -m manager "$@"
 """
 

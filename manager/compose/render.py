@@ -97,6 +97,7 @@ def yblock(value: str, indent: int) -> Quoted:
         not _BLOCK_OK.match(text)
         or not text.endswith("\n")
         or text.endswith("\n\n")
+        or not lines[0]
         or lines[0].startswith(" ")
         or any(line != line.rstrip(" ") for line in lines)
     ):
