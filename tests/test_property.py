@@ -1,0 +1,188 @@
+"""Property test (hypothesis) of the insert edit on generated modules (issue 2, point 10).
+
+Modules: a scope function with nested blocks (if/for/while/with/try, nested defs), random
+other statements, comments (some quoting the anchor's text), blank lines and indent widths,
+holding the anchor statement 0, 1 or more times. Properties: anchor absent or ambiguous ->
+drift, scope gone -> superseded; present once -> apply compiles, reads back `applied`, is
+idempotent, puts the block next to the anchor, and remove restores the bytes exactly.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from manager.overlays.edits import EditContext, EditState, InsertStatements
+from manager.overlays.manifest import InsertEdit
+
+ANCHORS = {
+    # anchor as written in the manifest -> layouts that have the same shape
+    "total = total + 1": ["total = total + 1", "total=total+1", "total = (total + 1)", "total = total + 1  # count"],
+    "if x > limit:": ["if x > limit:", "if (x > limit):", "if x>limit:  # over"],
+}
+OTHER = [
+    "total = total + 2",
+    "total += 1",
+    "y = x",
+    "print(x, limit)",
+    "x = [i for i in range(3)]",
+    "s = 'total = total + 1'",  # the anchor's text in a string is not the anchor
+    "pass",
+    "x = (\n    1,\n    2,\n)",
+]
+COMMENTS = ["# a comment", "# total = total + 1", "# if x > limit:", "#"]
+HEADERS = ["if x:", "for i in range(3):", "while x:", "with ctx():", "if x > 0:"]
+SNIPPETS = [
+    "total = max(total, 0)\n",
+    "# clamp first\nif total < 0:\n    total = 0\n",
+    "for j in range(2):\n    # inner note\n    total = total - j\nelse:\n    pass\n",
+]
+
+
+@dataclass
+class Node:
+    kind: str  # stmt | comment | blank | block | try | def
+    text: str = ""
+    children: list = field(default_factory=list)
+    handler: list = field(default_factory=list)
+    indent: int = 4
+    anchor: bool = False
+
+
+_leaf = st.one_of(
+    st.sampled_from(OTHER).map(lambda t: Node("stmt", t)),
+    st.sampled_from(COMMENTS).map(lambda t: Node("comment", t)),
+    st.just(Node("blank")),
+)
+_indents = st.sampled_from([1, 2, 3, 4, 8])
+
+
+def _body(depth: int):
+    if depth == 0:
+        return st.lists(_leaf, min_size=1, max_size=4)
+    sub = _body(depth - 1)
+    block = st.builds(lambda h, ch, ind: Node("block", h, ch, indent=ind), st.sampled_from(HEADERS), sub, _indents)
+    trynode = st.builds(lambda ch, hd, ind: Node("try", "try:", ch, hd, indent=ind), sub, sub, _indents)
+    nested_def = st.builds(lambda ch, ind: Node("def", "def inner():", ch, indent=ind), sub, _indents)
+    return st.lists(st.one_of(_leaf, _leaf, block, trynode, nested_def), min_size=1, max_size=5)
+
+
+def _suites(nodes: list, in_scope: bool, out: list) -> None:
+    """(suite, in_scope) for every statement list; a nested def's body is out of scope."""
+    out.append((nodes, in_scope))
+    for n in nodes:
+        if n.kind in ("block", "try"):
+            _suites(n.children, in_scope, out)
+        if n.kind == "try":
+            _suites(n.handler, in_scope, out)
+        if n.kind == "def":
+            _suites(n.children, False, out)
+
+
+def _render(nodes, indent: str, out: list[str]) -> None:
+    if not any(n.kind in ("stmt", "block", "try", "def") for n in nodes):
+        out.append(indent + "pass")  # a suite needs a statement
+    for n in nodes:
+        if n.kind == "blank":
+            out.append("")
+        elif n.kind in ("stmt", "comment"):
+            out.extend(indent + line for line in n.text.split("\n"))
+        elif n.kind in ("block", "def"):
+            out.append(indent + n.text)
+            _render(n.children, indent + " " * n.indent, out)
+        elif n.kind == "try":
+            out.append(indent + "try:")
+            _render(n.children, indent + " " * n.indent, out)
+            out.append(indent + "except Exception:")
+            _render(n.handler, indent + " " * n.indent, out)
+
+
+@st.composite
+def modules(draw):
+    anchor = draw(st.sampled_from(sorted(ANCHORS)))
+    body = draw(_body(depth=2))
+    suites: list = []
+    _suites(body, True, suites)
+    count = draw(st.sampled_from([1, 0, 1, 2, 0, 1, 3]))  # hypothesis favours early items
+    decoys = draw(st.integers(0, 1))  # an anchor inside a nested def: another scope, never counted
+    in_scope = [s for s, ok in suites if ok]
+    out_scope = [s for s, ok in suites if not ok]
+    placements = [(draw(st.sampled_from(in_scope)), True) for _ in range(count)]
+    if out_scope:
+        placements += [(draw(st.sampled_from(out_scope)), False) for _ in range(decoys)]
+    for suite, counted in placements:
+        layout = draw(st.sampled_from(ANCHORS[anchor]))
+        if anchor.endswith(":"):
+            node = Node("block", layout, [Node("stmt", draw(st.sampled_from(OTHER)))], indent=draw(_indents), anchor=counted)
+        else:
+            node = Node("stmt", layout, anchor=counted)
+        suite.insert(draw(st.integers(0, len(suite))), node)
+    step = draw(st.sampled_from([1, 2, 4, 8]))
+    scope_present = draw(st.integers(0, 7)) != 7
+    lines = ["import os", "", ""]
+    lines.append(f"def {'scope' if scope_present else 'scope_v2'}(x, limit, total, ctx):")
+    _render(body, " " * step, lines)
+    lines.append(" " * step + "return total")
+    lines += ["", "", "def decoy(x, limit, total):"]  # the anchor in another function never counts
+    lines += ["    total = total + 1", "    if x > limit:", "        pass", "    return total"]
+    src = "\n".join(lines) + "\n"
+    snippet = draw(st.sampled_from(SNIPPETS))
+    position = draw(st.sampled_from(["before", "after"]))
+    return src, anchor, count, scope_present, snippet, position
+
+
+_TMP = Path(tempfile.mkdtemp(prefix="overlay-property-"))
+
+
+def _edit(anchor: str, snippet: str, position: str) -> InsertStatements:
+    name = f"snip{SNIPPETS.index(snippet)}.py"
+    path = _TMP / name
+    if not path.exists():
+        path.write_text(snippet)
+    spec = InsertEdit(kind="insert", name="prop", scope="scope", anchor=anchor, position=position, code=name)
+    return InsertStatements(spec, EditContext("prop-overlay", 1, _TMP))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(modules())
+def test_insert_on_generated_modules(case):
+    src, anchor, count, scope_present, snippet, position = case
+    compile(src, "gen.py", "exec")  # the generator itself only makes valid Python
+    module = cst.parse_module(src)
+    e = _edit(anchor, snippet, position)
+    res = e.inspect(module)
+    event(f"scope {'present' if scope_present else 'gone'}, anchor x{min(count, 2)}, {position}")
+    if not scope_present:
+        assert res.state == EditState.SUPERSEDED, (res, src)
+        return
+    if count != 1:
+        assert res.state == EditState.DRIFT, (res, count, src)
+        assert ("not found" in res.detail) if count == 0 else (f"{count} times" in res.detail)
+        return
+    assert res.state == EditState.PENDING, (res, src)
+    applied = e.apply(module)
+    out = applied.code
+    compile(out, "gen.py", "exec")
+    again = cst.parse_module(out)
+    assert e.inspect(again).state == EditState.APPLIED
+    assert e.apply(again).code == out
+    assert out.count("overlay:prop-overlay v1 prop") == 1
+    assert e.remove(again).code == src
+    # the block sits right next to the anchor, at the anchor's indent
+    lines = out.split("\n")
+    sentinel_row = next(i for i, l in enumerate(lines) if "overlay:prop-overlay v1 prop" in l)
+    indent = lines[sentinel_row][: len(lines[sentinel_row]) - len(lines[sentinel_row].lstrip())]
+    first_snippet_line = next(l for l in snippet.split("\n") if l.strip())
+    assert lines[sentinel_row + 1] == indent + first_snippet_line
+    if position == "before":
+        block_len = len(snippet.rstrip("\n").split("\n"))
+        following = lines[sentinel_row + 1 + block_len :]
+        anchor_row = next(l for l in following if l.strip() and not l.strip().startswith("#"))
+        assert cst.parse_statement(anchor_row.strip() + ("\n    pass\n" if anchor.endswith(":") else "\n"))
+        assert anchor_row.startswith(indent) and not anchor_row[len(indent)].isspace()
+        assert any(anchor_row.strip() == layout for layout in ANCHORS[anchor])
