@@ -1,0 +1,160 @@
+"""Small, stable helpers for the overlay tests on real vLLM releases.
+
+- `make_catalog(dest, ids, variants)`: a catalog dir holding only the named shipped
+  overlays (symlinks), or mutated copies of them (`variants`: id -> mutator).
+- `bump_version(n, snippet_line)`: a mutator for a v1 -> vN sentinel upgrade.
+- `file_hashes(root, rels)`, `targets_of(overlays)`: byte-level checks.
+- `extract_def(source, "Class.method._nested")`: the dedented source of a definition.
+- `edit_one_char_after_sentinel(text, overlay_id)`: a hand edit inside our block.
+- `run_cli(*args)`: the real `overlay` CLI in a subprocess -> (exit code, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import yaml
+
+from manager.catalog import Catalog
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_OVERLAYS = REPO_ROOT / "overlays"
+
+PR40886 = "vllm-pr40886-gemma4-awq-moe-keys"
+CONVERTOR = "gemma4-convertor-per-layer"
+DYNAMO = "dynamo-dict-caches"
+# The three Python overlays of issue 2 (the catalog may hold others, e.g. kernel overlays).
+OVERLAY_IDS = (DYNAMO, CONVERTOR, PR40886)
+
+GEMMA4 = "vllm/model_executor/models/gemma4.py"
+CONVERTOR_PY = "vllm/transformers_utils/model_arch_config_convertor.py"
+CUDA_PY = "vllm/platforms/cuda.py"
+
+Mutator = Callable[[dict, Path], None]  # (raw manifest dict, copied overlay dir) -> None, edits in place
+
+
+def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None) -> Catalog:
+    """A catalog at `dest` with only `ids`: symlinks to the shipped overlays, mutated copies for `variants`."""
+    variants = dict(variants or {})
+    overlays = dest / "overlays"
+    overlays.mkdir(parents=True, exist_ok=True)
+    for oid in ids:
+        src = SHIPPED_OVERLAYS / oid
+        link = overlays / oid
+        if oid not in variants:
+            link.symlink_to(src, target_is_directory=True)
+            continue
+        shutil.copytree(src, link, ignore=shutil.ignore_patterns("__pycache__"))
+        manifest = link / "overlay.yaml"
+        raw = yaml.safe_load(manifest.read_text())
+        variants[oid](raw, link)
+        manifest.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return Catalog.locate(dest)
+
+
+SNIPPET_REVISION_LINE = "_overlay_snippet_revision = 2"
+
+
+def bump_version(version: int = 2, snippet_line: str = SNIPPET_REVISION_LINE) -> Mutator:
+    """Mutator: set sentinel_version and put `snippet_line` first in every insert snippet."""
+
+    def mutate(raw: dict, odir: Path) -> None:
+        raw["sentinel_version"] = version
+        for edit in raw.get("edits", []):
+            if edit.get("kind") == "insert":
+                snippet = odir / edit["code"]
+                snippet.write_text(snippet_line + "\n" + snippet.read_text())
+
+    return mutate
+
+
+def set_edit_field(name: str, key: str, value) -> Mutator:
+    """Mutator: set one field of the edit called `name` (e.g. position: after)."""
+
+    def mutate(raw: dict, odir: Path) -> None:
+        edits = [e for e in raw.get("edits", []) if e.get("name") == name]
+        assert len(edits) == 1, f"edit {name!r} not found once in {odir}"
+        edits[0][key] = value
+
+    return mutate
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for rel in sorted(set(rels)):
+        p = Path(root) / rel
+        out[rel] = sha256(p.read_bytes()) if p.exists() else None
+    return out
+
+
+def targets_of(overlays) -> list[str]:
+    return sorted({t for o in overlays for t in o.manifest.targets})
+
+
+def extract_def(source: str, qualname: str) -> str:
+    """Source of the def/class at a dotted path (through classes and functions), decorators
+    included, dedented by the definition's own column so it can be exec'd at module level."""
+    node: ast.AST = ast.parse(source)
+    for part in qualname.split("."):
+        found = [
+            n
+            for n in ast.walk(node)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            and n is not node
+        ]
+        # the nearest definition with that name (ast.walk is breadth first)
+        if not found:
+            raise LookupError(f"{qualname}: {part} not found")
+        node = found[0]
+    lines = source.splitlines()
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno])  # type: ignore[attr-defined]
+    col = node.col_offset  # type: ignore[attr-defined]
+    body = lines[first - 1 : node.end_lineno]  # type: ignore[attr-defined]
+    out = []
+    for line in body:
+        if line[:col].strip():
+            raise ValueError(f"{qualname}: line less indented than its def: {line!r}")
+        out.append(line[col:])
+    return "\n".join(out) + "\n"
+
+
+def edit_one_char_after_sentinel(text: str, overlay_id: str, edit: str | None = None) -> str:
+    """Swap the case of the last lowercase letter of the first code line under our first
+    sentinel (of `edit`, when given). The result still parses: a hand edit, not a syntax error."""
+    lines = text.splitlines(keepends=True)
+    marker = f"# overlay:{overlay_id} v"
+    for i, line in enumerate(lines):
+        body = line.strip()
+        if body.startswith(marker) and (edit is None or body.split()[3] == edit):
+            break
+    else:
+        raise LookupError(f"no sentinel of {overlay_id} {edit or ''}")
+    for j in range(i + 1, len(lines)):
+        code = lines[j].strip()
+        if code and not code.startswith("#"):
+            break
+    line = lines[j]
+    k = max(idx for idx, ch in enumerate(line) if ch.islower())
+    lines[j] = line[:k] + line[k].upper() + line[k + 1 :]
+    new = "".join(lines)
+    ast.parse(new)  # still valid Python
+    return new
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """Run `overlay ARGS` (the installed console script's module) and return (rc, stdout, stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager", *args], capture_output=True, text=True, env=dict(env) if env else None,
+        cwd=REPO_ROOT, timeout=120,
+    )
+    return proc.returncode, proc.stdout, proc.stderr

@@ -1,0 +1,418 @@
+"""The three Python overlays on real vLLM releases from PyPI (issue 2, point 10).
+
+Per release: status before apply (the matrix below, cross-checked against facts read
+from the release's own sources), status after apply, apply twice byte-identical,
+apply -> revert restores the original bytes, every patched file compiles, a
+hand-edited block is `modified` and refused, and a v1 -> v2 sentinel upgrade.
+Plus the CLI contract (`status --json` shape, `apply --dry-run`, exit codes).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import RELEASES
+from manager.errors import OverlayError
+from manager.overlays import apply, load_overlays, revert, status, status_on_release
+
+from _overlay_helpers import (
+    CONVERTOR,
+    CONVERTOR_PY,
+    CUDA_PY,
+    DYNAMO,
+    GEMMA4,
+    OVERLAY_IDS,
+    PR40886,
+    SNIPPET_REVISION_LINE,
+    bump_version,
+    edit_one_char_after_sentinel,
+    file_hashes,
+    make_catalog,
+    run_cli,
+    targets_of,
+)
+
+# Observed status of each overlay on each pristine release (the closing note's matrix).
+EXPECTED_BEFORE = {
+    "0.19.0": {PR40886: "pending", CONVERTOR: "pending", DYNAMO: "pending"},
+    "0.20.0": {PR40886: "pending", CONVERTOR: "pending", DYNAMO: "pending"},
+    "0.26.0": {PR40886: "upstream", CONVERTOR: "pending", DYNAMO: "pending"},
+    "0.30.0": {PR40886: "upstream", CONVERTOR: "upstream", DYNAMO: "pending"},
+    "0.31.0": {PR40886: "superseded", CONVERTOR: "upstream", DYNAMO: "pending"},
+    "0.33.0": {PR40886: "superseded", CONVERTOR: "upstream", DYNAMO: "pending"},
+}
+TARGET = {PR40886: GEMMA4, CONVERTOR: CONVERTOR_PY, DYNAMO: CUDA_PY}
+
+assert sorted(EXPECTED_BEFORE) == sorted(RELEASES)
+
+
+def _after(before: dict[str, str]) -> dict[str, str]:
+    return {oid: ("applied" if st == "pending" else st) for oid, st in before.items()}
+
+
+def _pending_targets(version: str) -> list[str]:
+    return sorted(TARGET[o] for o, st in EXPECTED_BEFORE[version].items() if st == "pending")
+
+
+def _statuses(report) -> dict[str, str]:
+    return {o.id: o.status for o in report.overlays}
+
+
+def _target_statuses(report) -> dict[str, list[tuple[str, str]]]:
+    return {o.id: [(t.path, t.status) for t in o.targets] for o in report.overlays}
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    return make_catalog(tmp_path_factory.mktemp("catalog"))
+
+
+@pytest.fixture(scope="module")
+def overlays(catalog):
+    found = load_overlays(catalog)
+    assert [o.id for o in found] == sorted(OVERLAY_IDS)
+    return found
+
+
+@pytest.fixture(scope="module")
+def catalog_v2(tmp_path_factory):
+    return make_catalog(tmp_path_factory.mktemp("catalog-v2"), variants={i: bump_version(2) for i in OVERLAY_IDS})
+
+
+# --- facts read from the release sources, independently of the engine -----------------------
+
+
+def _ast_of(root: Path, rel: str) -> ast.Module:
+    return ast.parse((root / rel).read_text())
+
+
+def _find(node: ast.AST, *path: str) -> ast.AST | None:
+    for part in path:
+        hits = [
+            n for n in ast.walk(node)
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part and n is not node
+        ]
+        if len(hits) != 1:
+            return None
+        node = hits[0]
+    return node
+
+
+def _assigned_names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _cache_decorated(mod: ast.Module) -> list[str]:
+    out = []
+    for n in ast.walk(mod):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in n.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if name in ("cache", "lru_cache"):
+                    out.append(n.name)
+    return out
+
+
+def _expected_from_sources(root: Path) -> dict[str, str]:
+    """What each overlay's status must be, derived from plain facts of the sources."""
+    gem = _ast_of(root, GEMMA4)
+    conv = _ast_of(root, CONVERTOR_PY)
+    cuda = _ast_of(root, CUDA_PY)
+    out = {}
+    # PR 40886: native when Gemma4Model.load_weights maps the underscore-suffix expert keys
+    # (*_packed / *_scale); superseded when _weight_iterator is gone.
+    model_lw = _find(gem, "Gemma4Model", "load_weights")
+    native = model_lw is not None and "underscore_suffix_expert_params_mapping" in _assigned_names(model_lw)
+    iterator = _find(gem, "Gemma4ForCausalLM", "load_weights", "_weight_iterator")
+    out[PR40886] = "upstream" if native else "superseded" if iterator is None else "pending"
+    # convertor: native when the Gemma4 convertor (or the base one, for heterogeneous configs)
+    # builds per-layer hf configs.
+    g4 = _find(conv, "Gemma4ModelArchConfigConvertor")
+    base = _find(conv, "ModelArchConfigConvertorBase", "get_per_layer_hf_configs")
+    native = (g4 is not None and _find(g4, "get_per_layer_hf_configs") is not None) or (
+        base is not None and "is_heterogeneous" in ast.unparse(base)
+    )
+    out[CONVERTOR] = "upstream" if native else "pending"
+    out[DYNAMO] = "pending" if _cache_decorated(cuda) else "not-applicable"
+    return out
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_expected_matrix_follows_from_the_release_sources(version, pristine_release):
+    assert _expected_from_sources(pristine_release(version)) == EXPECTED_BEFORE[version]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_status_before_apply_matches_the_matrix(version, catalog):
+    report = status_on_release(version, catalog)
+    assert report.package_version == version
+    assert _statuses(report) == EXPECTED_BEFORE[version]
+    # one target each, carrying the overlay's status, with a detail that says why
+    for o in report.overlays:
+        assert [(t.path, t.status) for t in o.targets] == [(TARGET[o.id], EXPECTED_BEFORE[version][o.id])]
+        assert o.targets[0].detail
+    if EXPECTED_BEFORE[version][PR40886] == "superseded":
+        assert "_weight_iterator not found" in report.by_id(PR40886).targets[0].detail
+    if EXPECTED_BEFORE[version][PR40886] == "upstream":
+        assert "native fix found" in report.by_id(PR40886).targets[0].detail
+
+
+# --- apply / re-apply / revert on a writable copy ------------------------------------------
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def applied(request, tmp_path_factory, overlays):
+    """A release copy with the overlays applied twice; records bytes at each step."""
+    from manager.releases import copy_release
+
+    version = request.param
+    root = copy_release(version, tmp_path_factory.mktemp(f"site-{version}"))
+    targets = targets_of(overlays)
+    original = {rel: (root / rel).read_bytes() for rel in targets}
+    before = status(overlays, root)
+    first = apply(overlays, root)
+    after_first = {rel: (root / rel).read_bytes() for rel in targets}
+    second = apply(overlays, root)
+    after_second = {rel: (root / rel).read_bytes() for rel in targets}
+    return {
+        "version": version, "root": root, "original": original, "before": before, "first": first,
+        "after_first": after_first, "second": second, "after_second": after_second,
+    }
+
+
+def test_apply_changes_exactly_the_pending_targets(applied):
+    v = applied["version"]
+    assert _statuses(applied["before"]) == EXPECTED_BEFORE[v]
+    changed = sorted(c.path for c in applied["first"].changes)
+    assert changed == _pending_targets(v)
+    for rel, data in applied["after_first"].items():
+        assert (data != applied["original"][rel]) == (rel in changed), rel
+
+
+def test_status_after_apply_is_applied_where_pending(applied, overlays):
+    v = applied["version"]
+    assert _statuses(applied["first"].statuses) == _after(EXPECTED_BEFORE[v])
+    # the same from the ledger (fast path) and from parsing the files
+    fast = status(overlays, applied["root"])
+    parsed = status(overlays, applied["root"], use_ledger=False)
+    assert fast.source == "ledger" and parsed.source == "sources"
+    assert _statuses(fast) == _statuses(parsed) == _after(EXPECTED_BEFORE[v])
+    assert _target_statuses(fast) == _target_statuses(parsed)
+
+
+def test_superseded_overlay_is_skipped_with_its_reason(applied):
+    skipped = dict(applied["first"].skipped)
+    if EXPECTED_BEFORE[applied["version"]][PR40886] == "superseded":
+        assert list(skipped) == [PR40886]
+        assert skipped[PR40886].startswith("superseded:")
+    else:
+        assert skipped == {}
+
+
+def test_apply_twice_is_byte_identical(applied, overlays):
+    assert applied["second"].changes == ()
+    assert applied["after_second"] == applied["after_first"]
+    # and without the ledger: the edits themselves see their blocks and write nothing
+    root = applied["root"]
+    ledger = root / ".overlay-manager" / "ledger.json"
+    saved = ledger.read_bytes()
+    try:
+        ledger.unlink()
+        third = apply(overlays, root)
+        assert third.changes == () and not third.fast_path
+        assert {rel: (root / rel).read_bytes() for rel in applied["after_first"]} == applied["after_first"]
+    finally:
+        ledger.write_bytes(saved)
+
+
+def test_every_patched_file_compiles_and_carries_our_sentinels(applied):
+    v = applied["version"]
+    for rel in _pending_targets(v):
+        text = applied["after_first"][rel].decode()
+        compile(text, rel, "exec", dont_inherit=True)
+        owner = next(o for o, t in TARGET.items() if t == rel)
+        assert f"# overlay:{owner} v1 " in text
+    # the inserted branches sit above the float branch they must precede
+    if EXPECTED_BEFORE[v][PR40886] == "pending":
+        text = applied["after_first"][GEMMA4].decode()
+        assert text.index('if "moe.gate_up_proj_packed" in name') < text.index('if "moe.gate_up_proj" in name')
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_apply_then_revert_restores_the_original_bytes(version, vllm_root, overlays):
+    root = vllm_root(version)
+    targets = targets_of(overlays)
+    original = file_hashes(root, targets)
+    result = apply(overlays, root)
+    assert result.changed
+    assert file_hashes(root, targets) != original
+    reverted = revert(overlays, overlays, root)
+    assert sorted(c.path for c in reverted.changes) == _pending_targets(version)
+    assert file_hashes(root, targets) == original
+    assert _statuses(status(overlays, root)) == EXPECTED_BEFORE[version]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_hand_edited_block_is_modified_and_apply_refuses(version, vllm_root, overlays):
+    root = vllm_root(version)
+    apply(overlays, root)
+    pending = [o for o, st in EXPECTED_BEFORE[version].items() if st == "pending"]
+    for oid in pending:
+        p = root / TARGET[oid]
+        p.write_text(edit_one_char_after_sentinel(p.read_text(), oid))
+    edited = file_hashes(root, targets_of(overlays))
+    report = status(overlays, root)
+    want = {o: ("modified" if o in pending else st) for o, st in EXPECTED_BEFORE[version].items()}
+    assert _statuses(report) == want
+    assert report.failing
+    for oid in pending:
+        assert re.search(r"\bedited\b", report.by_id(oid).targets[0].detail)
+    with pytest.raises(OverlayError, match=r"overlay \S+: vllm/\S+\.py: modified: "):
+        apply(overlays, root)
+    assert file_hashes(root, targets_of(overlays)) == edited
+    # revert refuses too: the file no longer has the hash apply recorded
+    with pytest.raises(OverlayError, match="revert refused: .* changed since overlay apply"):
+        revert(overlays, overlays, root)
+    assert file_hashes(root, targets_of(overlays)) == edited
+
+
+def test_edited_dict_cache_decorator_is_modified(vllm_root, overlays):
+    root = vllm_root("0.20.0")
+    apply(overlays, root)
+    p = root / CUDA_PY
+    text = p.read_text()
+    assert text.count("@_overlay_dict_cache(maxsize=8)") == 1
+    p.write_text(text.replace("@_overlay_dict_cache(maxsize=8)", "@_overlay_dict_cache(maxsize=9)"))
+    st = status(overlays, root).by_id(DYNAMO)
+    assert st.status == "modified"
+    assert "decorator on _cuda_device_count_stateless was edited" in st.targets[0].detail
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_v1_to_v2_sentinel_upgrade_replaces_the_block(version, vllm_root, overlays, catalog_v2):
+    root = vllm_root(version)
+    targets = targets_of(overlays)
+    original = file_hashes(root, targets)
+    apply(overlays, root)
+    v1 = {rel: (root / rel).read_text() for rel in _pending_targets(version)}
+    overlays_v2 = load_overlays(catalog_v2)
+    assert {o.manifest.sentinel_version for o in overlays_v2} == {2}
+
+    before = status(overlays_v2, root)
+    assert _statuses(before) == EXPECTED_BEFORE[version]  # a v1 block under a v2 catalog: work pending
+    result = apply(overlays_v2, root)
+    assert sorted(c.path for c in result.changes) == _pending_targets(version)
+    assert _statuses(result.statuses) == _after(EXPECTED_BEFORE[version])
+
+    pending = [o for o, st in EXPECTED_BEFORE[version].items() if st == "pending"]
+    for oid in pending:
+        text = (root / TARGET[oid]).read_text()
+        compile(text, TARGET[oid], "exec", dont_inherit=True)
+        assert f"overlay:{oid} v1 " not in text
+        manifest = next(o for o in overlays_v2 if o.id == oid).manifest
+        for edit in manifest.edits:
+            if edit.kind == "insert":
+                # exactly one block per edit, the v2 snippet, the old block gone (not duplicated)
+                assert len(re.findall(rf"# overlay:{oid} v2 {edit.name} ", text)) == 1
+                first_code = next(
+                    line.strip() for line in v1[TARGET[oid]].split(f"overlay:{oid} v1 {edit.name} ", 1)[1].splitlines()[1:]
+                    if line.strip() and not line.strip().startswith("#")
+                )
+                assert text.count(first_code) == v1[TARGET[oid]].count(first_code)
+        inserts = sum(1 for e in manifest.edits if e.kind == "insert")
+        assert text.count(SNIPPET_REVISION_LINE) == inserts
+        if oid == DYNAMO:
+            old = v1[CUDA_PY]
+            assert text.count("# overlay:dynamo-dict-caches v2 dict-caches-helper ") == 1
+            assert text.count("def _overlay_dict_cache(") == 1
+            assert text.count("# overlay:dynamo-dict-caches v2 dict-caches ") == old.count(
+                "# overlay:dynamo-dict-caches v1 dict-caches "
+            ) > 0
+
+    again = apply(overlays_v2, root)
+    assert again.changes == ()
+    revert(overlays_v2, overlays_v2, root)
+    assert file_hashes(root, targets) == original
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_status_json_has_the_documented_shape(vllm_root, catalog):
+    root = vllm_root("0.26.0")
+    rc, out, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["root"] == str(root.resolve())
+    assert data["package_version"] == "0.26.0"
+    assert [o["id"] for o in data["overlays"]] == sorted(OVERLAY_IDS)
+    for o in data["overlays"]:
+        assert {"id", "status", "targets"} <= set(o)
+        assert o["status"] == EXPECTED_BEFORE["0.26.0"][o["id"]]
+        assert len(o["targets"]) == 1
+        t = o["targets"][0]
+        assert {"path", "status", "detail"} <= set(t)
+        assert t["path"] == TARGET[o["id"]] and t["status"] == o["status"] and isinstance(t["detail"], str)
+
+
+def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(vllm_root, catalog):
+    root = vllm_root("0.20.0")
+    original = file_hashes(root, TARGET.values())
+    rc, out, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    assert rc == 1, err
+    assert "would " in err
+    assert file_hashes(root, TARGET.values()) == original
+    assert not (root / ".overlay-manager" / "ledger.json").exists()
+
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    assert rc == 0, err
+    assert file_hashes(root, TARGET.values()) != original
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    assert rc == 0, err  # nothing pending any more
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    assert rc == 0 and {o["status"] for o in json.loads(out)["overlays"]} == {"applied"}
+
+
+def test_cli_status_exits_1_on_modified(vllm_root, catalog):
+    root = vllm_root("0.20.0")
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    assert rc == 0, err
+    p = root / CONVERTOR_PY
+    p.write_text(edit_one_char_after_sentinel(p.read_text(), CONVERTOR, "head-size-compat"))
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    assert rc == 1
+    assert {o["id"]: o["status"] for o in json.loads(out)["overlays"]}[CONVERTOR] == "modified"
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    assert rc == 1 and "modified" in err
+
+
+def test_cli_status_exits_1_on_drift(vllm_root, catalog):
+    root = vllm_root("0.20.0")
+    p = root / GEMMA4
+    text = p.read_text()
+    anchor = 'if "moe.gate_up_proj" in name and weight.dim() == 3:'
+    assert text.count(anchor) == 1
+    p.write_text(text.replace(anchor, 'if "moe.gate_up_proj" in name and weight.ndim == 3:'))
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
+    assert rc == 1
+    [o] = json.loads(out)["overlays"]
+    assert o["status"] == "drift" and "anchor not found" in o["targets"][0]["detail"]
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    assert rc == 1 and "drift" in err
+
+
+def test_cli_superseded_is_not_a_failure_unless_named(vllm_root, catalog):
+    root = vllm_root("0.31.0")
+    rc, _, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root))
+    assert rc == 0, err
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    assert rc == 0, err
+    assert "skipped" in err and PR40886 in err
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
+    assert rc == 1 and "superseded" in err
