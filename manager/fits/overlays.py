@@ -129,7 +129,9 @@ class OverlayIndex:
 
     @property
     def digest(self) -> str:
-        return sha256_bytes("|".join(f"{o.id}:{o.digest}" for o in sorted(self.overlays.values(), key=lambda o: o.id)).encode())[:16]
+        """Manifests + the overlay engine's own code: either changing invalidates the disk cache."""
+        parts = [f"{o.id}:{o.digest}" for o in sorted(self.overlays.values(), key=lambda o: o.id)]
+        return sha256_bytes("|".join(parts + [_engine_digest()]).encode())[:16]
 
     def statuses(self, version: str) -> tuple[dict[str, str], str | None]:
         """id -> status on `version`, and a warning when it came from the versions range."""
@@ -199,6 +201,22 @@ class OverlayIndex:
                 continue
             out.append(OverlayVerdict(oid, True, "fail", f"{oid}: needed on vLLM {vllm_version} but not in the catalog"))
         return out
+
+
+_ENGINE_DIGEST: list[str] = []
+
+
+def _engine_digest() -> str:
+    if not _ENGINE_DIGEST:
+        pkg = Path(__file__).resolve().parent.parent / "overlays"
+        h = []
+        for f in sorted(pkg.rglob("*.py")):
+            try:
+                h.append(sha256_bytes(f.read_bytes())[:12])
+            except OSError:
+                pass
+        _ENGINE_DIGEST.append(sha256_bytes("".join(h).encode())[:16])
+    return _ENGINE_DIGEST[0]
 
 
 def _native(oid: str, version: str) -> bool:
