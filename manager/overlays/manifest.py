@@ -16,6 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
+from ..kernels.spec import KernelsSpec
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 EDIT_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -160,7 +161,7 @@ class Manifest(_Strict):
     needed_when: NeededWhen = NeededWhen()
     requires: list[str] = []
     edits: list[EditSpec] = []
-    kernels: Any = None  # kernel overlays: validated by manager.kernels when present
+    kernels: KernelsSpec | None = None  # kernel overlays (manager.kernels.spec, docs/kernels.md)
     notes: str | None = None
 
     @field_validator("id")
