@@ -87,6 +87,7 @@ def plan(
         e = profiles.engines[dep["engine"]]
         return (
             0 if r.verdict == "fits" else 1,
+            sum(1 for c in r.constraints if c.result == "warn" and c.id != "nvlink"),
             -_bits(profiles, model, dep["weights"]),
             0 if dep["kv_dtype"] == "auto" else 1,
             0 if dep["drafter"] else 1,
