@@ -97,7 +97,7 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
         "--tensor-parallel-size", str(dep.tp),
         "--max-model-len", str(dep.ctx),
         "--max-num-seqs", str(dep.max_seqs),
-        "--gpu-memory-utilization", f"{dep.gpu_memory_utilization:.2f}",
+        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or _get(hardware, 'safe_mem_util') or 0.9):.2f}",
     ]
     sm = _sm(hardware)
     if sm is not None and sm < 8.0:

@@ -49,7 +49,7 @@ class Deployment(BaseModel):
     note: str = ""
     served_name: str | None = None
     model_dir: str | None = Field(default=None, description="path of the weights under the models volume")
-    gpu_memory_utilization: float = Field(default=0.90, gt=0.1, le=0.99)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.1, le=0.99, description="default: the hardware profile's safe_mem_util (what fits() budgets with)")
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=16, description="default: the drafter profile's default_tokens")
     shm_size: str | None = Field(default=None, description="for TP>1 instead of ipc: host, e.g. '8gb'")
     extra_args: tuple[str, ...] = ()
