@@ -84,6 +84,7 @@ def test_fail_on_drop_exits_1_and_names_the_result(catalog, gh, tmp_path):
     p = overlay(catalog, "check", *ENGINES, "--api-url", gh.url, "--fail-on", "drop,drift", cache=tmp_path / "c")
     assert p.returncode == 1
     assert "fix-merged@vllm-0.33.0=drop" in p.stderr
+    assert "4 result(s): 2 keep, 1 waiting, 1 drop" in p.stderr
     ok = overlay(catalog, "check", "fix-open", *ENGINES, "--api-url", gh.url, "--fail-on", "drop,drift",
                  cache=tmp_path / "c")
     assert ok.returncode == 0, ok.stderr

@@ -74,7 +74,7 @@ def register(cli: click.Group) -> None:
     def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
                   probe_reports, as_json, fail_on) -> int:
         """Verdict (keep/waiting/drop/superseded/drift/unknown) per overlay x engine, with evidence."""
-        from ..upstream import parse_fail_on
+        from ..upstream import VERDICTS, parse_fail_on
 
         fail = parse_fail_on(fail_on)
         report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True)
@@ -88,6 +88,9 @@ def register(cli: click.Group) -> None:
                           markup=True)
                 for line in r.evidence:
                     err.print(f"            - {line}", markup=False)
+        counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}
+        err.print(f"{len(report.results)} result(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
+                  + (" (offline: GitHub facts from the cache only)" if report.offline else ""), markup=False)
         hits = report.failing(fail)
         if hits:
             err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
