@@ -236,7 +236,6 @@ def test_insert_compound_statement_header_anchor(tmp_path, anchor, header):
     compile(out, "m.py", "exec")
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: anchor_key parses 'try:' + pass body, which needs except/finally")
 def test_insert_try_header_anchor(tmp_path):
     src = "def f():\n    x = 1\n    try:\n        pass\n    except OSError:\n        pass\n"
     e = _insert(tmp_path, "f", "try:", "marker = 1\n")
@@ -379,8 +378,6 @@ def test_set_value_replaces_and_revert_restores_bytes(tmp_path):
     assert e.remove(_mod(out)).code == SET_SRC
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: set-value hashes the block before moving the assignment's "
-                   "leading comment under the sentinel, so it reads back as modified")
 def test_set_value_with_comment_above_reads_back_applied(tmp_path):
     e = _set_value(tmp_path)
     out = e.apply(_mod(SET_SRC_COMMENT_ABOVE))

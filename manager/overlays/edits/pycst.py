@@ -144,6 +144,8 @@ def anchor_key(anchor: str, config: cst.PartialParserConfig) -> str:
     text = anchor.strip()
     if text.endswith(":"):
         text = text + "\n    pass\n"
+        if text.startswith("try"):  # a bare `try:` header needs a handler to parse
+            text += "except Exception:\n    pass\n"
     try:
         mod = cst.parse_module(text + ("\n" if not text.endswith("\n") else ""), config=config)
     except cst.ParserSyntaxError as exc:
@@ -186,12 +188,9 @@ def parse_statements(code: str, module: cst.Module) -> list[cst.BaseStatement]:
 
 
 def block_code(module: cst.Module, stmts: Sequence[cst.BaseStatement]) -> str:
-    """Code of a block for hashing: the sentinel line dropped, layout as written."""
-    first = stmts[0]
-    lines = tuple(
-        l for l in first.leading_lines if not m.matches(l, SENTINEL_LINE) and l.comment is not None
-    )
-    body = [first.with_changes(leading_lines=lines), *stmts[1:]]
+    """Code of a block for hashing: the first statement's leading lines (the sentinel and any
+    comments above it) dropped, the rest as written."""
+    body = [stmts[0].with_changes(leading_lines=()), *stmts[1:]]
     return module.with_changes(body=body, header=(), footer=()).code
 
 

@@ -157,28 +157,46 @@ def _assignments(module: cst.Module, scope: cst.CSTNode, name: str):
     return out
 
 
-def _scope_or_problem(module: cst.Module, path: str):
-    return resolve_scope(module, path)
+class _AssignmentEdit(PythonEdit):
+    """Edits anchored on the unique assignment of one name inside a scope."""
+
+    def _name(self) -> str:
+        raise NotImplementedError
+
+    def _find(self, module: cst.Module):
+        """(block, index, statement) of the unique assignment, or the Inspection saying why not."""
+        try:
+            scope = resolve_scope(module, self.spec.scope)
+        except ScopeProblem as exc:
+            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
+        found = _assignments(module, scope, self._name())
+        if len(found) != 1:
+            how = "not found" if not found else f"assigned {len(found)} times (ambiguous)"
+            return Inspection(EditState.DRIFT, f"edit {self.name}: {self._name()} {how}")
+        return found[0]
+
+    def _found_or_fail(self, module: cst.Module):
+        found = self._find(module)
+        if isinstance(found, Inspection):
+            raise EditFailed(found.detail)
+        return found
 
 
-class DictEntry(PythonEdit):
+class DictEntry(_AssignmentEdit):
     """Add an entry to a dict literal: `NAME[KEY] = VALUE` right after its assignment."""
+
+    def _name(self) -> str:
+        return self.spec.dict_name
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
         code = f"{self.spec.dict_name}[{self.spec.key}] = {self.spec.value}\n"
         return mark_block(module, parse_statements(code, module), self.sentinel())
 
     def inspect_unapplied(self, module: cst.Module) -> Inspection:
-        try:
-            scope = _scope_or_problem(module, self.spec.scope)
-        except ScopeProblem as exc:
-            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
-        found = _assignments(module, scope, self.spec.dict_name)
-        if len(found) != 1:
-            how = "not found" if not found else f"assigned {len(found)} times (ambiguous)"
-            return Inspection(EditState.DRIFT, f"edit {self.name}: dict {self.spec.dict_name} {how}")
-        stmt = found[0][2]
-        value = stmt.body[0].value  # type: ignore[attr-defined]
+        found = self._find(module)
+        if isinstance(found, Inspection):
+            return found
+        value = found[2].body[0].value  # type: ignore[attr-defined]
         if not isinstance(value, cst.Dict):
             return Inspection(EditState.DRIFT, f"edit {self.name}: {self.spec.dict_name} is not a dict literal")
         want = ast.dump(ast.parse(self.spec.key, mode="eval"))
@@ -189,18 +207,17 @@ class DictEntry(PythonEdit):
         return Inspection(EditState.PENDING, f"edit {self.name}: dict {self.spec.dict_name} found once")
 
     def insert(self, module: cst.Module) -> cst.Module:
-        scope = _scope_or_problem(module, self.spec.scope)
-        found = _assignments(module, scope, self.spec.dict_name)
-        if len(found) != 1:
-            raise EditFailed(self.inspect_unapplied(module).detail)
-        block, i, _ = found[0]
+        block, i, _ = self._found_or_fail(module)
         body = list(block.body)
         body[i + 1 : i + 1] = self.build(module)
         return replace_body(module, block, body)
 
 
-class SetValue(PythonEdit):
+class SetValue(_AssignmentEdit):
     """Replace the value of a unique assignment inside a scope; the original rides in `was=`."""
+
+    def _name(self) -> str:
+        return self.spec.assign
 
     def _new_stmt(self, module: cst.Module) -> list[cst.BaseStatement]:
         return parse_statements(f"{self.spec.assign} = {self.spec.value}\n", module)
@@ -212,26 +229,16 @@ class SetValue(PythonEdit):
         return short_hash(block_code(module, self._new_stmt(module)))
 
     def inspect_unapplied(self, module: cst.Module) -> Inspection:
-        try:
-            scope = _scope_or_problem(module, self.spec.scope)
-        except ScopeProblem as exc:
-            return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
-        found = _assignments(module, scope, self.spec.assign)
-        if len(found) != 1:
-            how = "not found" if not found else f"assigned {len(found)} times (ambiguous)"
-            return Inspection(EditState.DRIFT, f"edit {self.name}: {self.spec.assign} {how}")
-        stmt = found[0][2]
-        current = module.code_for_node(stmt.body[0].value).strip()  # type: ignore[attr-defined]
+        found = self._find(module)
+        if isinstance(found, Inspection):
+            return found
+        current = module.code_for_node(found[2].body[0].value).strip()  # type: ignore[attr-defined]
         if ast.dump(ast.parse(current, mode="eval")) == ast.dump(ast.parse(self.spec.value, mode="eval")):
             return Inspection(EditState.NATIVE, f"edit {self.name}: {self.spec.assign} is already {self.spec.value}")
         return Inspection(EditState.PENDING, f"edit {self.name}: {self.spec.assign} = {current}")
 
     def insert(self, module: cst.Module) -> cst.Module:
-        scope = _scope_or_problem(module, self.spec.scope)
-        found = _assignments(module, scope, self.spec.assign)
-        if len(found) != 1:
-            raise EditFailed(self.inspect_unapplied(module).detail)
-        block, i, stmt = found[0]
+        block, i, stmt = self._found_or_fail(module)
         original = module.code_for_node(stmt.with_changes(leading_lines=())).rstrip("\n")
         if "\n" in original:
             raise EditFailed(f"edit {self.name}: the original assignment spans several lines; set-value needs one line")
