@@ -240,6 +240,9 @@ def test_insert_try_header_anchor(tmp_path):
     src = "def f():\n    x = 1\n    try:\n        pass\n    except OSError:\n        pass\n"
     e = _insert(tmp_path, "f", "try:", "marker = 1\n")
     assert e.inspect(_mod(src)).state == S.PENDING
+    out = e.apply(_mod(src)).code
+    assert "    marker = 1\n    try:\n" in out
+    assert e.remove(_mod(out)).code == src
 
 
 def test_insert_header_anchor_does_not_match_a_different_header(tmp_path):
