@@ -202,6 +202,7 @@ def build_overlay(
     index = {
         "format": CACHE_FORMAT,
         "overlay": overlay_id,
+        "spec": spec.model_dump(mode="json"),  # entry points for the runtime (no catalog needed)
         "objects": [
             {"source": i.source, "arch": i.arch, "kind": i.kind, "key": i.key,
              "path": str(Path(i.path).relative_to(cache)),

@@ -200,7 +200,7 @@ def load_overlay_kernels(overlay_id: str, spec=None, cache: Path | None = None, 
                          device: int | None = None, overlay_dir: Path | None = None) -> KernelSet:
     """Load an overlay's built images for the current device; `prefer` is auto | cubin | ptx."""
     from .builder import default_cache_dir
-    from .spec import load_kernels_spec
+    from .spec import KernelsSpec, load_kernels_spec
 
     cache = Path(cache) if cache else default_cache_dir()
     index_path = cache / "index" / f"{overlay_id}.json"
@@ -209,11 +209,16 @@ def load_overlay_kernels(overlay_id: str, spec=None, cache: Path | None = None, 
     except FileNotFoundError:
         raise BuildError(f"{index_path}: not built; run `overlay build {overlay_id} --cache {cache}`") from None
     if spec is None:
-        if overlay_dir is None:
+        if overlay_dir is not None:
+            spec = load_kernels_spec(Path(overlay_dir))
+        elif "spec" in index:
+            spec = KernelsSpec.model_validate(index["spec"])
+        else:
             from ..catalog import Catalog
 
-            overlay_dir = Catalog.locate().overlays_dir / overlay_id
-        spec = load_kernels_spec(Path(overlay_dir))
+            spec = load_kernels_spec(Catalog.locate().overlays_dir / overlay_id)
+        if spec is None:
+            raise BuildError(f"overlay {overlay_id!r} has no kernels: section")
     drv = driver()
     dev, _ctx = drv.ensure_context(device)
     cc = drv.compute_capability(dev)

@@ -1,0 +1,93 @@
+"""NVRTC 12 (PyPI wheels, cached) compiles every kernel of the d512 overlay for compute_70 and sm_70."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from manager.errors import BuildError
+from manager.kernels import nvrtc
+from manager.kernels.spec import load_kernels_spec
+
+from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+
+pytestmark = pytest.mark.network
+
+D512 = OVERLAY_DIR / "sm70-d512-attention"
+
+
+@pytest.fixture(scope="module")
+def nv():
+    return nvrtc.find_nvrtc(str(nvrtc12_lib()), arch="compute_70")
+
+
+@pytest.fixture(scope="module")
+def compiled(nv):
+    spec = load_kernels_spec(D512)
+    headers = {}
+    for h in spec.headers:
+        headers[h.split("/")[-1]] = (D512 / h).read_text()
+    out = {}
+    for src in spec.sources:
+        for arch in ("compute_70", "sm_70"):
+            out[(src.path, arch)] = nvrtc.compile_source(nv, (D512 / src.path).read_text(), src.path, arch,
+                                                         spec.options, headers)
+    return spec, out
+
+
+def test_wheel_nvrtc_is_version_12_with_wheel_headers(nv):
+    assert nv.version[0] == 12
+    assert any(d.endswith("cuda_runtime/include") for d in nv.include_dirs)
+
+
+def test_ptx_targets_sm_70_and_uses_wmma_mma(compiled):
+    spec, out = compiled
+    for src in spec.sources:
+        ptx = out[(src.path, "compute_70")].image.decode()
+        assert re.search(r"^\.target sm_70\b", ptx, re.M)
+        assert "wmma.mma.sync.aligned" in ptx and "m16n16k16" in ptx
+        for e in src.entries:
+            assert re.search(rf"\.entry {e.name}\(", ptx), e.name
+
+
+def test_cubin_is_an_elf_for_every_source(compiled):
+    spec, out = compiled
+    for src in spec.sources:
+        img = out[(src.path, "sm_70")]
+        assert img.kind == "cubin" and img.image[:4] == b"\x7fELF"
+        for e in src.entries:
+            assert e.name.encode() in img.image
+
+
+def test_entry_parameter_counts_match_the_manifest(compiled):
+    spec, out = compiled
+    for src in spec.sources:
+        ptx = out[(src.path, "compute_70")].image.decode()
+        for e in src.entries:
+            body = re.search(rf"\.entry {e.name}\((.*?)\)", ptx, re.S).group(1)
+            assert body.count(".param") == len(e.params), e.name
+
+
+def test_compile_error_is_a_one_line_builderror(nv):
+    with pytest.raises(BuildError, match=r"could not compile bad.cu for compute_70: .*error"):
+        nvrtc.compile_source(nv, "extern \"C\" __global__ void k() { undefined_thing(); }\n", "bad.cu", "compute_70")
+
+
+def test_nvrtc_13_is_refused_for_compute_70(monkeypatch):
+    fake = nvrtc.Nvrtc(path="/x/libnvrtc.so.13", version=(13, 0), include_dirs=())
+    assert not fake.supports("compute_70") and not fake.supports("sm_70") and fake.supports("sm_90")
+    monkeypatch.setattr(nvrtc, "_candidates", lambda explicit: ["/x/libnvrtc.so.13"])
+    monkeypatch.setattr(nvrtc, "load", lambda path: fake)
+    with pytest.raises(BuildError, match="NVRTC 13.0, which cannot target compute_70"):
+        nvrtc.find_nvrtc(arch="compute_70")
+
+
+def test_missing_explicit_library_is_reported(tmp_path):
+    with pytest.raises(BuildError, match="does not exist"):
+        nvrtc.find_nvrtc(str(tmp_path / "nope.so"))
+
+
+def test_directory_holding_the_library_is_accepted():
+    nv = nvrtc.find_nvrtc(str(nvrtc12_lib().parent.parent.parent))
+    assert nv.version[0] == 12

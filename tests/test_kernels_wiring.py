@@ -1,0 +1,174 @@
+"""The sm70-d512-attention wiring overlay on real vLLM releases, and its runtime module's routing."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from manager.catalog import Catalog
+from manager.overlays import apply, load_overlays, revert, status, status_on_release
+
+from _kernels_helpers import OVERLAY_DIR
+
+OID = "sm70-d512-attention"
+RELEASES = ["0.19.0", "0.20.0", "0.22.0", "0.26.0", "0.30.0", "0.33.0"]
+TRITON = "vllm/v1/attention/backends/triton_attn.py"
+MODULE = "vllm/v1/attention/backends/sm70_d512_attn.py"
+
+
+def _overlay():
+    return [o for o in load_overlays(Catalog.locate(OVERLAY_DIR.parent)) if o.manifest.id == OID]
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", RELEASES)
+def test_pristine_release_reports_pending_with_the_anchor_found_once(version):
+    rep = status_on_release(version, Catalog.locate(OVERLAY_DIR.parent), [OID])
+    (ov,) = rep.overlays
+    assert ov.status == "pending", [(t.path, t.status, t.detail) for t in ov.targets]
+    triton = next(t for t in ov.targets if t.path == TRITON)
+    assert "anchor found once" in triton.detail
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", ["0.20.0", "0.33.0"])
+def test_apply_routes_triton_forward_and_revert_restores(version, vllm_root):
+    root = vllm_root(version)
+    before = (root / TRITON).read_bytes()
+    ovs = _overlay()
+    apply(ovs, root)
+    assert status(ovs, root).overlays[0].status == "applied"
+    text = (root / TRITON).read_text()
+    compile(text, TRITON, "exec")
+    route = text.index("sm70_d512_forward(self, query, key_cache, value_cache, output, attn_metadata)")
+    assert f"# overlay:{OID} v1 route-d512" in text
+    # the route sits after the KV cache views exist and before Triton's own call
+    assert text.rindex("key_cache", 0, route) < route < text.index("unified_attention(\n", route)
+    mod = (root / MODULE).read_text()
+    assert mod.splitlines()[0].startswith(f"# overlay:{OID} v1 d512-module")
+    compile(mod, MODULE, "exec")
+    apply(ovs, root)  # idempotent
+    assert (root / TRITON).read_text() == text
+    revert(ovs, ovs, root)
+    assert (root / TRITON).read_bytes() == before and not (root / MODULE).exists()
+
+
+# --- the runtime module inserted into vLLM, exercised with a stub vllm.logger ---------------------
+
+
+@pytest.fixture
+def route(monkeypatch):
+    torch = pytest.importorskip("torch")
+    vllm = types.ModuleType("vllm")
+    vlog = types.ModuleType("vllm.logger")
+    vlog.init_logger = lambda name: logging.getLogger(name)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.logger", vlog)
+    spec = importlib.util.spec_from_file_location("sm70_d512_attn_under_test", OVERLAY_DIR / OID / "files" / "sm70_d512_attn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, torch
+
+
+class _Impl:
+    num_heads, head_size, scale = 4, 512, 0.05
+    alibi_slopes = None
+    logits_soft_cap = 0
+    sinks = None
+    sliding_window = (-1, -1)
+
+
+class _Meta:
+    def __init__(self, torch, max_query_len):
+        self.max_query_len = max_query_len
+        self.num_actual_tokens = 3
+        self.seq_lens = torch.tensor([5, 9, 2], dtype=torch.int32)
+        self.query_start_loc = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+        self.block_table = torch.zeros((3, 1), dtype=torch.int32)
+        self.max_seq_len = 9
+        self.mm_prefix_range_tensor = None
+        self.use_cascade = False
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, q, k, v, bt, sl, max_seq_len, scale, window=0, out=None):
+        self.calls.append(("decode", tuple(q.shape), max_seq_len, scale, window, tuple(out.shape)))
+
+    def prefill(self, q, k, v, bt, cu, sl, max_q, scale, causal=True, window=0, out=None):
+        self.calls.append(("prefill", tuple(q.shape), max_q, scale, window, causal))
+
+
+def _tensors(torch, dtype):
+    q = torch.zeros((3, 4, 512), dtype=dtype)
+    kc = torch.zeros((2, 16, 1, 512), dtype=dtype)
+    out = torch.zeros((3, 4 * 512), dtype=dtype)
+    return q, kc, out
+
+
+def test_decode_batch_goes_to_the_decode_kernel_with_the_window(route):
+    mod, torch = route
+    rec = _Recorder()
+    mod._state["attn"] = rec
+    impl = _Impl()
+    impl.sliding_window = (1023, 0)
+    q, kc, out = _tensors(torch, torch.float16)
+    assert mod.sm70_d512_forward(impl, q, kc, kc, out, _Meta(torch, 1)) is True
+    assert rec.calls == [("decode", (3, 4, 512), 9, 0.05, 1024, (3, 4, 512))]
+
+
+def test_mixed_batch_goes_to_the_causal_prefill_kernel(route):
+    mod, torch = route
+    rec = _Recorder()
+    mod._state["attn"] = rec
+    q, kc, out = _tensors(torch, torch.float16)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 7)) is True
+    assert rec.calls == [("prefill", (3, 4, 512), 7, 0.05, 0, True)]
+
+
+@pytest.mark.parametrize("change", ["fp32", "softcap", "alibi", "sinks", "right-window"])
+def test_unsupported_layers_stay_on_triton(route, change):
+    mod, torch = route
+    rec = _Recorder()
+    mod._state["attn"] = rec
+    impl = _Impl()
+    dtype = torch.float16
+    if change == "fp32":
+        dtype = torch.float32
+    elif change == "softcap":
+        impl.logits_soft_cap = 30.0
+    elif change == "alibi":
+        impl.alibi_slopes = torch.ones(4)
+    elif change == "sinks":
+        impl.sinks = torch.ones(4)
+    else:
+        impl.sliding_window = (10, 10)
+    q, kc, out = _tensors(torch, dtype)
+    assert mod.sm70_d512_forward(impl, q, kc, kc, out, _Meta(torch, 1)) is False
+    assert rec.calls == []
+
+
+def test_unloadable_kernels_fall_back_to_triton_and_warn_once(route, monkeypatch, tmp_path, caplog):
+    mod, torch = route
+    monkeypatch.setenv("OVERLAY_D512", "force")   # route on this (GPU-less) machine
+    monkeypatch.setenv("OVERLAY_KERNEL_CACHE", str(tmp_path))  # nothing built there
+    q, kc, out = _tensors(torch, torch.float16)
+    with caplog.at_level(logging.WARNING):
+        assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 1)) is False
+        assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 1)) is False
+    assert sum("using Triton" in r.message for r in caplog.records) == 1
+
+
+def test_disabled_by_environment(route, monkeypatch):
+    mod, torch = route
+    monkeypatch.setenv("OVERLAY_D512", "off")
+    q, kc, out = _tensors(torch, torch.float16)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 1)) is False
+    assert mod._state["attn"] is None
