@@ -6,13 +6,17 @@
 - `file_hashes(root, rels)`, `targets_of(overlays)`: byte-level checks.
 - `extract_def(source, "Class.method._nested")`: the dedented source of a definition.
 - `edit_one_char_after_sentinel(text, overlay_id)`: a hand edit inside our block.
-- `run_cli(*args)`: the real `overlay` CLI in a subprocess -> (exit code, stdout, stderr).
+- `slim_root(version, dest)`: a writable root with only the overlays' target files (fast).
+- `run_cli(*args)`: the real `overlay` CLI in a subprocess -> (exit code, stdout, stderr);
+  `invoke_cli(*args)`: the same entry point (manager.cli.main) in-process.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import io
 import shutil
 import subprocess
 import sys
@@ -35,6 +39,7 @@ OVERLAY_IDS = (DYNAMO, CONVERTOR, PR40886)
 GEMMA4 = "vllm/model_executor/models/gemma4.py"
 CONVERTOR_PY = "vllm/transformers_utils/model_arch_config_convertor.py"
 CUDA_PY = "vllm/platforms/cuda.py"
+TARGETS = (CUDA_PY, CONVERTOR_PY, GEMMA4)
 
 Mutator = Callable[[dict, Path], None]  # (raw manifest dict, copied overlay dir) -> None, edits in place
 
@@ -158,3 +163,36 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str,
         cwd=REPO_ROOT, timeout=120,
     )
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def slim_root(version: str, dest: Path, rels: Iterable[str] = TARGETS) -> Path:
+    """A writable package root holding only `rels` (plus the dist-info) of a real release.
+
+    The overlays read and write nothing else, so this stands in for `copy_release` where a
+    test needs many fresh trees; full copies are used where the whole tree matters.
+    """
+    from manager.releases import pristine_tree
+
+    src = pristine_tree(version)
+    dest = Path(dest)
+    for info in src.glob("vllm-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    for rel in rels:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, dest / rel)
+        (dest / rel).chmod(0o644)
+    return dest
+
+
+def invoke_cli(*args: str) -> tuple[int, str, str]:
+    """manager.cli.main(args) in-process (exit code mapping included) -> (rc, stdout, stderr)."""
+    from manager.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    rc: int | str | None = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            rc = exc.code
+    return (rc if isinstance(rc, int) else 1 if rc else 0), out.getvalue(), err.getvalue()

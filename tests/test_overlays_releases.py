@@ -30,10 +30,13 @@ from _overlay_helpers import (
     PR40886,
     SNIPPET_REVISION_LINE,
     bump_version,
+    sha256,
     edit_one_char_after_sentinel,
     file_hashes,
+    invoke_cli,
     make_catalog,
     run_cli,
+    slim_root,
     targets_of,
 )
 
@@ -166,6 +169,15 @@ def test_status_before_apply_matches_the_matrix(version, catalog):
 # --- apply / re-apply / revert on a writable copy ------------------------------------------
 
 
+def _tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file of the package tree (the ledger's state dir left out)."""
+    return {
+        str(p.relative_to(root)): sha256(p.read_bytes())
+        for p in root.rglob("*")
+        if p.is_file() and ".overlay-manager" not in p.parts
+    }
+
+
 @pytest.fixture(scope="module", params=RELEASES)
 def applied(request, tmp_path_factory, overlays):
     """A release copy with the overlays applied twice; records bytes at each step."""
@@ -173,6 +185,7 @@ def applied(request, tmp_path_factory, overlays):
 
     version = request.param
     root = copy_release(version, tmp_path_factory.mktemp(f"site-{version}"))
+    tree_before = _tree_hashes(root)
     targets = targets_of(overlays)
     original = {rel: (root / rel).read_bytes() for rel in targets}
     before = status(overlays, root)
@@ -180,7 +193,9 @@ def applied(request, tmp_path_factory, overlays):
     after_first = {rel: (root / rel).read_bytes() for rel in targets}
     second = apply(overlays, root)
     after_second = {rel: (root / rel).read_bytes() for rel in targets}
+    tree_after = _tree_hashes(root)
     return {
+        "tree_before": tree_before, "tree_after": tree_after,
         "version": version, "root": root, "original": original, "before": before, "first": first,
         "after_first": after_first, "second": second, "after_second": after_second,
     }
@@ -193,6 +208,14 @@ def test_apply_changes_exactly_the_pending_targets(applied):
     assert changed == _pending_targets(v)
     for rel, data in applied["after_first"].items():
         assert (data != applied["original"][rel]) == (rel in changed), rel
+
+
+def test_apply_touches_no_other_file_of_the_real_tree(applied):
+    before, after = applied["tree_before"], applied["tree_after"]
+    assert len(before) > 1000  # the whole release, not a slim copy
+    assert sorted(before) == sorted(after)
+    changed = sorted(rel for rel in before if before[rel] != after[rel])
+    assert changed == _pending_targets(applied["version"])
 
 
 def test_status_after_apply_is_applied_where_pending(applied, overlays):
@@ -245,8 +268,8 @@ def test_every_patched_file_compiles_and_carries_our_sentinels(applied):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_apply_then_revert_restores_the_original_bytes(version, vllm_root, overlays):
-    root = vllm_root(version)
+def test_apply_then_revert_restores_the_original_bytes(version, tmp_path, overlays):
+    root = slim_root(version, tmp_path)
     targets = targets_of(overlays)
     original = file_hashes(root, targets)
     result = apply(overlays, root)
@@ -259,8 +282,8 @@ def test_apply_then_revert_restores_the_original_bytes(version, vllm_root, overl
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_hand_edited_block_is_modified_and_apply_refuses(version, vllm_root, overlays):
-    root = vllm_root(version)
+def test_hand_edited_block_is_modified_and_apply_refuses(version, tmp_path, overlays):
+    root = slim_root(version, tmp_path)
     apply(overlays, root)
     pending = [o for o, st in EXPECTED_BEFORE[version].items() if st == "pending"]
     for oid in pending:
@@ -282,8 +305,8 @@ def test_hand_edited_block_is_modified_and_apply_refuses(version, vllm_root, ove
     assert file_hashes(root, targets_of(overlays)) == edited
 
 
-def test_edited_dict_cache_decorator_is_modified(vllm_root, overlays):
-    root = vllm_root("0.20.0")
+def test_edited_dict_cache_decorator_is_modified(tmp_path, overlays):
+    root = slim_root("0.20.0", tmp_path)
     apply(overlays, root)
     p = root / CUDA_PY
     text = p.read_text()
@@ -295,8 +318,8 @@ def test_edited_dict_cache_decorator_is_modified(vllm_root, overlays):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_v1_to_v2_sentinel_upgrade_replaces_the_block(version, vllm_root, overlays, catalog_v2):
-    root = vllm_root(version)
+def test_v1_to_v2_sentinel_upgrade_replaces_the_block(version, tmp_path, overlays, catalog_v2):
+    root = slim_root(version, tmp_path)
     targets = targets_of(overlays)
     original = file_hashes(root, targets)
     apply(overlays, root)
@@ -361,58 +384,58 @@ def test_cli_status_json_has_the_documented_shape(vllm_root, catalog):
         assert t["path"] == TARGET[o["id"]] and t["status"] == o["status"] and isinstance(t["detail"], str)
 
 
-def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(vllm_root, catalog):
-    root = vllm_root("0.20.0")
+def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(tmp_path, catalog):
+    root = slim_root("0.20.0", tmp_path)
     original = file_hashes(root, TARGET.values())
-    rc, out, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, out, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1, err
     assert "would " in err
     assert file_hashes(root, TARGET.values()) == original
     assert not (root / ".overlay-manager" / "ledger.json").exists()
 
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert file_hashes(root, TARGET.values()) != original
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 0, err  # nothing pending any more
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 0 and {o["status"] for o in json.loads(out)["overlays"]} == {"applied"}
 
 
-def test_cli_status_exits_1_on_modified(vllm_root, catalog):
-    root = vllm_root("0.20.0")
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+def test_cli_status_exits_1_on_modified(tmp_path, catalog):
+    root = slim_root("0.20.0", tmp_path)
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     p = root / CONVERTOR_PY
     p.write_text(edit_one_char_after_sentinel(p.read_text(), CONVERTOR, "head-size-compat"))
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     assert {o["id"]: o["status"] for o in json.loads(out)["overlays"]}[CONVERTOR] == "modified"
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 1 and "modified" in err
 
 
-def test_cli_status_exits_1_on_drift(vllm_root, catalog):
-    root = vllm_root("0.20.0")
+def test_cli_status_exits_1_on_drift(tmp_path, catalog):
+    root = slim_root("0.20.0", tmp_path)
     p = root / GEMMA4
     text = p.read_text()
     anchor = 'if "moe.gate_up_proj" in name and weight.dim() == 3:'
     assert text.count(anchor) == 1
     p.write_text(text.replace(anchor, 'if "moe.gate_up_proj" in name and weight.ndim == 3:'))
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
+    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
     assert rc == 1
     [o] = json.loads(out)["overlays"]
     assert o["status"] == "drift" and "anchor not found" in o["targets"][0]["detail"]
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1 and "drift" in err
 
 
-def test_cli_superseded_is_not_a_failure_unless_named(vllm_root, catalog):
-    root = vllm_root("0.31.0")
-    rc, _, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root))
+def test_cli_superseded_is_not_a_failure_unless_named(tmp_path, catalog):
+    root = slim_root("0.31.0", tmp_path)
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root))
     assert rc == 0, err
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert "skipped" in err and PR40886 in err
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
     assert rc == 1 and "superseded" in err
