@@ -279,15 +279,19 @@ def _overlay_dict_cache(fn=None, *, maxsize=None):
     import functools as _functools
 
     _cache = {}
+    _kwargs_mark = object()  # keeps f(x=1) apart from f((), (("x", 1),)), as functools does
 
     @_functools.wraps(fn)
     def _wrapper(*args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        key = args + (_kwargs_mark, *sorted(kwargs.items())) if kwargs else args
         if key in _cache:
             return _cache[key]
         value = fn(*args, **kwargs)
-        if maxsize is not None and len(_cache) >= maxsize:
-            _cache.pop(next(iter(_cache)))
+        if maxsize is not None:
+            if maxsize <= 0:  # lru_cache(maxsize=0) caches nothing
+                return value
+            if len(_cache) >= maxsize:
+                _cache.pop(next(iter(_cache)))
         _cache[key] = value
         return value
 
