@@ -57,7 +57,9 @@ def test_sm70_runs_float16_with_the_kv_dtype_and_builds_its_kernel_overlay(ctx) 
     a = _args(plan)
     assert a["--dtype"] == "float16" and a["--kv-cache-dtype"] == "float16"
     assert plan.serve_args[0] == "/models/gemma-4-26B-A4B-it-NVFP4"
-    assert "sm70-d512-attention" in plan.kernel_overlays and "sm70-d512-attention" not in plan.overlays
+    # its routing edits are applied like any overlay; its kernels are compiled by `overlay build`
+    assert "sm70-d512-attention" in plan.kernel_overlays and "sm70-d512-attention" in plan.overlays
+    assert "dynamo-dict-caches" in plan.overlays and "dynamo-dict-caches" not in plan.kernel_overlays
 
 
 def test_drafter_becomes_a_speculative_config_below_the_models_mount(ctx) -> None:
@@ -75,7 +77,7 @@ def test_weights_without_a_repo_id_need_model_dir(ctx, tmp_path) -> None:
         "gpus": 2, "tp": 2, "ctx": 4096, "port": 9000}}}, tmp_path / "d.yaml")
     report = SimpleNamespace(verdict="fits", constraints=[], overlays=[])
     with pytest.raises(ComposeError, match="not a repo id or relative path; set model_dir"):
-        plan_deployment(reg.get("x"), profiles, catalog, report=report, kernel_ids=set())
+        plan_deployment(reg.get("x"), profiles, catalog, report=report, kinds={})
 
 
 def test_unknown_engine_names_the_registry_key(ctx, tmp_path) -> None:
@@ -84,4 +86,4 @@ def test_unknown_engine_names_the_registry_key(ctx, tmp_path) -> None:
         "model": "gemma-4-12b", "engine": "vllm-9.9", "hardware": "rtx-3090",
         "gpus": 1, "tp": 1, "ctx": 4096, "port": 9000}}}, tmp_path / "d.yaml")
     with pytest.raises(ComposeError, match=r"deployments\.x\.engine: no engine profile 'vllm-9\.9'"):
-        plan_deployment(reg.get("x"), profiles, catalog, report=SimpleNamespace(overlays=[]), kernel_ids=set())
+        plan_deployment(reg.get("x"), profiles, catalog, report=SimpleNamespace(overlays=[]), kinds={})

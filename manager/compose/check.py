@@ -87,7 +87,7 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
             else:
                 out.append(Finding(slug, "fits", False, f"status {dep.status} but fits() fails {', '.join(plan.failing)}"))
         else:
-            out.append(Finding(slug, "fits", True, f"verdict {plan.verdict or 'ok'}; overlays: {' '.join(plan.overlays + plan.kernel_overlays) or 'none'}"))
+            out.append(Finding(slug, "fits", True, f"verdict {plan.verdict or 'ok'}; overlays: {' '.join(dict.fromkeys(plan.overlays + plan.kernel_overlays)) or 'none'}"))
         # generated file exists and is current
         try:
             current = path.read_text()

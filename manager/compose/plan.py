@@ -55,17 +55,21 @@ def _weights(model: Any, weights_id: str | None, slug: str) -> Any:
     return None
 
 
-def kernel_overlay_ids(catalog: Catalog) -> set[str]:
-    """Ids of overlays that carry a `kernels:` section (they go to `overlay build`, not `apply`)."""
+def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
+    """id -> (has edits: goes to `overlay apply`, has a `kernels:` section: goes to `overlay build`).
+
+    A kernel overlay usually has both: edits that route vLLM to the kernels (applied like any
+    overlay) and the kernel sources `overlay build` compiles into the cache.
+    """
     try:
-        from ..overlays import load_overlays  # type: ignore[attr-defined]
-    except ImportError:
-        return set()
-    out = set()
+        from ..overlays import load_overlays
+    except ImportError:  # pragma: no cover - the overlay engine ships with the package
+        return {}
+    out: dict[str, tuple[bool, bool]] = {}
     for ov in load_overlays(catalog):
         manifest = getattr(ov, "manifest", ov)
-        if getattr(manifest, "kernels", None):
-            out.add(getattr(manifest, "id", getattr(ov, "id", None)))
+        oid = str(getattr(ov, "id", None) or getattr(manifest, "id"))
+        out[oid] = (bool(getattr(manifest, "edits", None)), bool(getattr(manifest, "kernels", None)))
     return out
 
 
@@ -144,7 +148,7 @@ def failing_constraints(report: Any) -> tuple[str, ...]:
 
 
 def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: Any = None,
-                    kernel_ids: set[str] | None = None) -> ServicePlan:
+                    kinds: dict[str, tuple[bool, bool]] | None = None) -> ServicePlan:
     engine = _lookup(profiles.engines, dep.engine, "engine", dep.slug)
     model = _lookup(profiles.models, dep.model, "model", dep.slug)
     hardware = _lookup(profiles.hardware, dep.hardware, "hardware", dep.slug)
@@ -155,15 +159,15 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
         raise ComposeError(f"engine profile {dep.engine!r} has no image pin")
     if report is None:
         report = fit_report(profiles, dep, catalog)
-    if kernel_ids is None:
-        kernel_ids = kernel_overlay_ids(catalog)
+    if kinds is None:
+        kinds = overlay_kinds(catalog)
     needed = [str(i) for i in (_get(report, "overlays", default=()) or ())]
     return ServicePlan(
         slug=dep.slug,
         image=str(image),
         serve_args=serve_args(dep, model, weights, hardware, drafter),
-        overlays=tuple(i for i in needed if i not in kernel_ids),
-        kernel_overlays=tuple(i for i in needed if i in kernel_ids),
+        overlays=tuple(i for i in needed if kinds.get(i, (True, False))[0]),
+        kernel_overlays=tuple(i for i in needed if kinds.get(i, (True, False))[1]),
         gpus=dep.gpus,
         tp=dep.tp,
         port=dep.port,
@@ -188,8 +192,8 @@ def load_profiles(catalog: Catalog) -> Any:
 
 def plan_all(registry: Registry, catalog: Catalog, profiles: Any = None) -> dict[str, ServicePlan]:
     profiles = profiles if profiles is not None else load_profiles(catalog)
-    kernel_ids = kernel_overlay_ids(catalog)
+    kinds = overlay_kinds(catalog)
     return {
-        slug: plan_deployment(dep, profiles, catalog, kernel_ids=kernel_ids)
+        slug: plan_deployment(dep, profiles, catalog, kinds=kinds)
         for slug, dep in sorted(registry.deployments.items())
     }
