@@ -66,11 +66,12 @@ def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping
 SNIPPET_REVISION_LINE = "_overlay_snippet_revision = 2"
 
 
-def bump_version(version: int = 2, snippet_line: str = SNIPPET_REVISION_LINE) -> Mutator:
-    """Mutator: set sentinel_version and put `snippet_line` first in every insert snippet."""
+def bump_version(version: int | None = None, snippet_line: str = SNIPPET_REVISION_LINE) -> Mutator:
+    """Mutator: set sentinel_version (default: the shipped one + 1) and put `snippet_line`
+    first in every insert snippet."""
 
     def mutate(raw: dict, odir: Path) -> None:
-        raw["sentinel_version"] = version
+        raw["sentinel_version"] = version if version is not None else int(raw["sentinel_version"]) + 1
         for edit in raw.get("edits", []):
             if edit.get("kind") == "insert":
                 snippet = odir / edit["code"]

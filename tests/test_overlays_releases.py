@@ -84,7 +84,7 @@ def overlays(catalog):
 
 @pytest.fixture(scope="module")
 def catalog_v2(tmp_path_factory):
-    return make_catalog(tmp_path_factory.mktemp("catalog-v2"), variants={i: bump_version(2) for i in OVERLAY_IDS})
+    return make_catalog(tmp_path_factory.mktemp("catalog-v2"), variants={i: bump_version() for i in OVERLAY_IDS})
 
 
 # --- facts read from the release sources, independently of the engine -----------------------
@@ -254,13 +254,14 @@ def test_apply_twice_is_byte_identical(applied, overlays):
         ledger.write_bytes(saved)
 
 
-def test_every_patched_file_compiles_and_carries_our_sentinels(applied):
+def test_every_patched_file_compiles_and_carries_our_sentinels(applied, overlays):
     v = applied["version"]
+    version_of = {o.id: o.manifest.sentinel_version for o in overlays}
     for rel in _pending_targets(v):
         text = applied["after_first"][rel].decode()
         compile(text, rel, "exec", dont_inherit=True)
         owner = next(o for o, t in TARGET.items() if t == rel)
-        assert f"# overlay:{owner} v1 " in text
+        assert f"# overlay:{owner} v{version_of[owner]} " in text
     # the inserted branches sit above the float branch they must precede
     if EXPECTED_BEFORE[v][PR40886] == "pending":
         text = applied["after_first"][GEMMA4].decode()
@@ -325,37 +326,38 @@ def test_v1_to_v2_sentinel_upgrade_replaces_the_block(version, tmp_path, overlay
     apply(overlays, root)
     v1 = {rel: (root / rel).read_text() for rel in _pending_targets(version)}
     overlays_v2 = load_overlays(catalog_v2)
-    assert {o.manifest.sentinel_version for o in overlays_v2} == {2}
+    old = {o.id: o.manifest.sentinel_version for o in overlays}
+    new = {o.id: o.manifest.sentinel_version for o in overlays_v2}
+    assert all(new[i] == old[i] + 1 for i in OVERLAY_IDS)
 
     before = status(overlays_v2, root)
-    assert _statuses(before) == EXPECTED_BEFORE[version]  # a v1 block under a v2 catalog: work pending
+    assert _statuses(before) == EXPECTED_BEFORE[version]  # an older block under a newer catalog: work pending
     result = apply(overlays_v2, root)
     assert sorted(c.path for c in result.changes) == _pending_targets(version)
     assert _statuses(result.statuses) == _after(EXPECTED_BEFORE[version])
 
     pending = [o for o, st in EXPECTED_BEFORE[version].items() if st == "pending"]
     for oid in pending:
-        text = (root / TARGET[oid]).read_text()
+        text, was = (root / TARGET[oid]).read_text(), v1[TARGET[oid]]
         compile(text, TARGET[oid], "exec", dont_inherit=True)
-        assert f"overlay:{oid} v1 " not in text
+        assert f"overlay:{oid} v{old[oid]} " not in text
         manifest = next(o for o in overlays_v2 if o.id == oid).manifest
         for edit in manifest.edits:
             if edit.kind == "insert":
-                # exactly one block per edit, the v2 snippet, the old block gone (not duplicated)
-                assert len(re.findall(rf"# overlay:{oid} v2 {edit.name} ", text)) == 1
+                # exactly one block per edit, the new snippet, the old block gone (not duplicated)
+                assert len(re.findall(rf"# overlay:{oid} v{new[oid]} {edit.name} ", text)) == 1
                 first_code = next(
-                    line.strip() for line in v1[TARGET[oid]].split(f"overlay:{oid} v1 {edit.name} ", 1)[1].splitlines()[1:]
+                    line.strip() for line in was.split(f"overlay:{oid} v{old[oid]} {edit.name} ", 1)[1].splitlines()[1:]
                     if line.strip() and not line.strip().startswith("#")
                 )
-                assert text.count(first_code) == v1[TARGET[oid]].count(first_code)
+                assert text.count(first_code) == was.count(first_code)
         inserts = sum(1 for e in manifest.edits if e.kind == "insert")
         assert text.count(SNIPPET_REVISION_LINE) == inserts
         if oid == DYNAMO:
-            old = v1[CUDA_PY]
-            assert text.count("# overlay:dynamo-dict-caches v2 dict-caches-helper ") == 1
+            assert text.count(f"# overlay:{DYNAMO} v{new[oid]} dict-caches-helper ") == 1
             assert text.count("def _overlay_dict_cache(") == 1
-            assert text.count("# overlay:dynamo-dict-caches v2 dict-caches ") == old.count(
-                "# overlay:dynamo-dict-caches v1 dict-caches "
+            assert text.count(f"# overlay:{DYNAMO} v{new[oid]} dict-caches ") == was.count(
+                f"# overlay:{DYNAMO} v{old[oid]} dict-caches "
             ) > 0
 
     again = apply(overlays_v2, root)
