@@ -425,3 +425,28 @@ def test_dict_cache_with_maxsize_zero_caches_nothing_like_lru_cache(dict_cache):
     f, ref = dict_cache(maxsize=0)(raw), functools.lru_cache(maxsize=0)(ref_raw)
     assert [f(1), f(1)] == [ref(1), ref(1)] == [2, 2]
     assert len(raw.calls) == len(ref_raw.calls) == 2
+
+
+ASSETS_PY = "vllm/assets/base.py"  # 0.20.0: a bare `@lru_cache` (functools' default bound: 128)
+
+
+def test_dict_cache_keeps_the_default_bound_of_a_bare_lru_cache(tmp_path, dict_cache):
+    """The targets list is data: the same edit on another real file. A bare @lru_cache is
+    bounded at 128 entries by functools; the dict cache must keep that bound, not drop it."""
+
+    def add_target(raw, odir):
+        raw["targets"] = [CUDA_PY, ASSETS_PY]
+
+    cat = make_catalog(tmp_path / "cat", ids=[DYNAMO], variants={DYNAMO: add_target})
+    root = slim_root("0.20.0", tmp_path / "site", rels=[CUDA_PY, ASSETS_PY])
+    before = (root / ASSETS_PY).read_text()
+    assert _decorators(before)["get_vllm_public_assets"] == ["lru_cache"]
+    result = apply(load_overlays(cat), root)
+    assert sorted(c.path for c in result.changes) == sorted([CUDA_PY, ASSETS_PY])
+    [dec] = _decorators((root / ASSETS_PY).read_text())["get_vllm_public_assets"]
+    raw, ref_raw = _counted(lambda name: name.upper()), _counted(lambda name: name.upper())
+    f = eval(dec, {"_overlay_dict_cache": dict_cache})(raw)
+    ref = functools.lru_cache(ref_raw)
+    for k in range(300):
+        assert f(f"file{k}") == ref(f"file{k}")
+    assert f.cache_size() == ref.cache_info().currsize == 128
