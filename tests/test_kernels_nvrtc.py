@@ -91,3 +91,17 @@ def test_missing_explicit_library_is_reported(tmp_path):
 def test_directory_holding_the_library_is_accepted():
     nv = nvrtc.find_nvrtc(str(nvrtc12_lib().parent.parent.parent))
     assert nv.version[0] == 12
+
+
+def test_sources_need_only_the_cuda_runtime_headers(nv):
+    """vLLM images have nvidia-cuda-runtime-cu12 (a torch dependency) but not necessarily cccl."""
+    import dataclasses
+
+    only_runtime = dataclasses.replace(nv, include_dirs=tuple(d for d in nv.include_dirs if "cuda_runtime" in d))
+    assert only_runtime.include_dirs
+    spec = load_kernels_spec(D512)
+    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
+    for src in spec.sources:
+        out = nvrtc.compile_source(only_runtime, (D512 / src.path).read_text(), src.path, "compute_70",
+                                   spec.options, headers)
+        assert out.kind == "ptx"
