@@ -207,3 +207,13 @@ def test_markdown_report_is_stable_offline_and_lists_every_pair(gh, upstream, tm
     assert "**drop**: `new`<br>**waiting**: `old`, `side` |" in first
     assert " ago" not in first  # no wall-clock-relative text in the document
     assert first.count("- `old` (pin `v1.0.0`)") == 4
+
+
+def test_not_applicable_probe_drops_only_inside_the_overlay_versions(gh, upstream, tmp_path):
+    ovs = [OverlayInfo("old-only", REPO, 1, "open", versions="<2.0"), OverlayInfo("any", None, None)]
+    table = {("new", "old-only"): "not-applicable", ("new", "any"): "not-applicable"}
+    client = GitHubClient(FactCache(tmp_path / "gh"), api_url=gh.url)
+    report = evaluate(ovs, [EngineInfo("new", "2.0.0", "v2.0.0", REPO)], client, prober=prober(table))
+    v = verdicts(report)
+    assert v[("old-only", "new")] == "keep"  # outside versions: says nothing about upstream
+    assert v[("any", "new")] == "drop"  # in range and nothing left to do

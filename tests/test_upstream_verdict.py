@@ -92,10 +92,23 @@ def test_overlay_without_upstream_pr_is_keep():
     assert v.verdict == "keep" and "no upstream PR recorded" in v.evidence[-1]
 
 
-def test_not_applicable_probe_does_not_decide():
+def test_not_applicable_outside_the_overlay_versions_does_not_decide():
     v = decide(has_upstream=True, pr=pr("open"), ancestry=None,
-               probe=ProbeFacts("not-applicable", ("probe: not-applicable",)))
+               probe=ProbeFacts("not-applicable", ("probe: not-applicable",)), in_versions=False)
     assert v.verdict == "keep" and "not decisive" in v.evidence[-1]
+    assert any("outside the overlay's `versions`" in e for e in v.evidence)
+
+
+def test_not_applicable_inside_versions_means_nothing_left_to_do_so_drop():
+    v = decide(has_upstream=False, pr=None, ancestry=None,
+               probe=ProbeFacts("not-applicable", ("probe: not-applicable [cuda.py: no functools cache decorators]",)),
+               in_versions=True)
+    assert v.verdict == "drop" and "nothing to do at the pin" in v.evidence[-1]
+
+
+def test_missing_target_file_is_superseded():
+    v = decide(has_upstream=True, pr=pr("open"), ancestry=None, probe=ProbeFacts("missing-target", ("probe",)))
+    assert v.verdict == "superseded" and "does not exist at the pin" in v.evidence[-1]
 
 
 def test_merged_manifest_without_ancestry_suggests_waiting_only_when_probe_finds_no_native_fix():
@@ -132,15 +145,16 @@ _probes = st.one_of(st.none(), st.sampled_from(
 
 
 @given(has_upstream=st.booleans(), pr_=_prs, ancestry=_ancestries, probe=_probes,
-       manifest_state=st.sampled_from([None, "open", "closed", "merged"]))
+       manifest_state=st.sampled_from([None, "open", "closed", "merged"]), in_versions=st.sampled_from([None, True, False]))
 def test_every_input_gives_one_known_verdict_explained_by_its_last_evidence_line(
-        has_upstream, pr_, ancestry, probe, manifest_state):
-    v = decide(has_upstream=has_upstream, pr=pr_, ancestry=ancestry, probe=probe, manifest_state=manifest_state)
+        has_upstream, pr_, ancestry, probe, manifest_state, in_versions):
+    v = decide(has_upstream=has_upstream, pr=pr_, ancestry=ancestry, probe=probe, manifest_state=manifest_state,
+               in_versions=in_versions)
     assert v.verdict in VERDICTS
     assert v.evidence[-1].startswith(f"verdict {v.verdict}:")
     assert (v.provisional is None) or (v.verdict == "unknown" and v.provisional in VERDICTS)
     if probe is not None and probe.status in ("superseded", "drift"):
         assert v.verdict == probe.status
-    if v.verdict == "drop":  # a drop always rests on a native-fix probe or a contained merge
-        assert (probe is not None and probe.status == "upstream") or (
+    if v.verdict == "drop":  # a drop always rests on a native-fix/no-op probe or a contained merge
+        assert (probe is not None and probe.status in ("upstream", "not-applicable")) or (
             isinstance(pr_, PRFacts) and pr_.state == "merged" and ancestry is YES)

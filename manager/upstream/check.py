@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion
+
 from ..errors import UpstreamError
 from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, is_sha
 from .facts import PRFacts, PRUnavailable, pr_facts
@@ -174,6 +177,7 @@ def evaluate(
                 ancestry = ancestry_memo[key]
             v: Verdict = decide(
                 has_upstream=ov.has_upstream, pr=pr, ancestry=ancestry, probe=facts, manifest_state=ov.state,
+                in_versions=_in_versions(ov.versions, eng.vllm_version),
             )
             evidence = v.evidence
             if probe.pin_commit and ancestry is not None and not _same_commit(probe.pin_commit, eng.upstream_ref):
@@ -183,6 +187,15 @@ def evaluate(
                 pr.state if isinstance(pr, PRFacts) else None,
             ))
     return CheckReport(tuple(results), tuple(rows), tuple(engines), client.offline)
+
+
+def _in_versions(spec: str, version: str) -> bool | None:
+    if not spec:
+        return True
+    try:
+        return SpecifierSet(spec).contains(version, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion, TypeError):
+        return None
 
 
 def _same_commit(a: str, b: str) -> bool:

@@ -1,8 +1,9 @@
 """The verdict for one overlay on one engine, from plain inputs (no catalog, no network).
 
-    superseded  the probe says the overlay's target scope no longer exists at the pin
+    superseded  the probe says the overlay's target scope (or target file) no longer exists at the pin
     drift       the probe says the scope exists but the anchor does not (re-anchor needed)
-    drop        the probe says the fix is native at the pin, or the PR merged and the pin contains it
+    drop        the probe says the fix is native at the pin (or the overlay has nothing left to do
+                there although the version is in its range), or the PR merged and the pin contains it
     waiting     the PR merged but the pin does not contain the merge commit
     keep        the PR is open or closed unmerged (or there is none) and nothing shows a native fix
     unknown     the facts needed are missing (offline with no cache, PR not found, ancestry unknown)
@@ -26,6 +27,9 @@ _DECISIVE = {
     "superseded": ("superseded", "the target scope no longer exists at the pin"),
     "drift": ("drift", "the scope exists but the anchor does not: re-anchor needed"),
     "upstream": ("drop", "the fix is native at the pin"),
+    "missing-target": ("superseded", "a target file of the overlay does not exist at the pin"),
+    # inside the overlay's `versions`: the edits find nothing to do (e.g. no functools caches left)
+    "not-applicable": ("drop", "the overlay has nothing to do at the pin (not-applicable)"),
 }
 # Statuses meaning "the overlay's anchor is there and no native fix was detected".
 NOT_NATIVE = ("pending", "applied")
@@ -53,7 +57,11 @@ def decide(
     ancestry: Ancestry | None,
     probe: ProbeFacts | None,
     manifest_state: str | None = None,
+    in_versions: bool | None = None,
 ) -> Verdict:
+    """`in_versions`: whether the engine's vLLM version is inside the overlay's `versions`
+    (None: unknown). Outside it, a `not-applicable` probe only says the overlay is not meant
+    for this engine, which decides nothing about upstream."""
     ev: list[str] = []
     if pr is not None:
         ev.append(pr.evidence)
@@ -62,7 +70,11 @@ def decide(
     if probe is not None:
         ev.extend(probe.evidence)
 
-    if probe is not None and probe.status in _DECISIVE:
+    decisive = probe is not None and probe.status in _DECISIVE
+    if decisive and probe is not None and probe.status == "not-applicable" and in_versions is False:
+        decisive = False
+        ev.append("note: the engine's vLLM version is outside the overlay's `versions`: not-applicable by design")
+    if decisive and probe is not None and probe.status is not None:
         verdict, why = _DECISIVE[probe.status]
         if verdict == "drop" and isinstance(pr, PRFacts) and pr.state in ("open", "closed"):
             ev.append(f"note: PR #{pr.number} is {pr.state} unmerged, so the fix reached the pin another way")
