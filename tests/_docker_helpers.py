@@ -17,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import sys
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import zipfile
