@@ -397,11 +397,9 @@ class DictCache(PythonEdit):
         info = _cache_decorator(dec)
         if info is None:
             return "<not a cache decorator>"
-        kind, maxsize, _ = info
+        _, maxsize, _ = info
         if maxsize is not None:
             return f"{HELPER_NAME}(maxsize={module.code_for_node(maxsize.value).strip()})"
-        if kind == "lru_cache":  # bare @lru_cache / lru_cache(): functools' default bound
-            return f"{HELPER_NAME}(maxsize=128)"
         return HELPER_NAME
 
     def inspect(self, module: cst.Module) -> Inspection:
