@@ -59,6 +59,12 @@ def test_probe_superseded_wins_over_pr_state():
     assert v.verdict == "superseded" and "scope no longer exists" in v.evidence[-1]
 
 
+@pytest.mark.parametrize("status", ["drift", "superseded", "missing-target"])
+def test_merge_contained_in_pin_is_drop_even_when_the_probe_lost_the_anchor(status):
+    v = decide(has_upstream=True, pr=pr("merged", "a" * 40), ancestry=YES, probe=ProbeFacts(status, ("probe",)))
+    assert v.verdict == "drop" and f"the probe reports {status}" in v.evidence[-2]
+
+
 def test_probe_drift_is_drift():
     v = decide(has_upstream=True, pr=pr("open"), ancestry=None, probe=ProbeFacts("drift", ("probe: drift",)))
     assert v.verdict == "drift" and "re-anchor" in v.evidence[-1]
@@ -153,7 +159,8 @@ def test_every_input_gives_one_known_verdict_explained_by_its_last_evidence_line
     assert v.verdict in VERDICTS
     assert v.evidence[-1].startswith(f"verdict {v.verdict}:")
     assert (v.provisional is None) or (v.verdict == "unknown" and v.provisional in VERDICTS)
-    if probe is not None and probe.status in ("superseded", "drift"):
+    merged_in = isinstance(pr_, PRFacts) and pr_.state == "merged" and ancestry is YES
+    if probe is not None and probe.status in ("superseded", "drift") and not merged_in:
         assert v.verdict == probe.status
     if v.verdict == "drop":  # a drop always rests on a native-fix/no-op probe or a contained merge
         assert (probe is not None and probe.status in ("upstream", "not-applicable")) or (

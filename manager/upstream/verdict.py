@@ -8,9 +8,11 @@
     keep        the PR is open or closed unmerged (or there is none) and nothing shows a native fix
     unknown     the facts needed are missing (offline with no cache, PR not found, ancestry unknown)
 
-Source probes come first: they read the engine's actual sources, so they catch a fix that
-landed another way (a PR closed unmerged but fixed by a different one) and a scope deleted
-by a refactor, which PR state alone cannot.
+A verified merge in the pin decides first (drop, even when the probe then reports drift:
+the merge itself often rewrites the overlay's anchor). Otherwise source probes come first:
+they read the engine's actual sources, so they catch a fix that landed another way (a PR
+closed unmerged but fixed by a different one) and a scope deleted by a refactor, which PR
+state alone cannot.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def decide(
     if probe is not None:
         ev.extend(probe.evidence)
 
+    merged_in_pin = (isinstance(pr, PRFacts) and pr.state == "merged" and ancestry is not None
+                     and ancestry.contains is True)
+    if merged_in_pin and probe is not None and probe.status in ("drift", "superseded", "missing-target"):
+        # The merge itself usually rewrites the code the overlay anchors on: re-anchoring an
+        # overlay whose fix is in the pin would be wasted work.
+        ev.append(f"note: the probe reports {probe.status}, expected once the fix's own change is in the pin")
+        ev.append(f"verdict drop: PR merged and the pin contains the merge ({ancestry.method})")
+        return Verdict("drop", tuple(ev))
     decisive = probe is not None and probe.status in _DECISIVE
     if decisive and probe is not None and probe.status == "not-applicable" and in_versions is False:
         decisive = False
