@@ -1,0 +1,342 @@
+"""Benchmark of `overlay apply` / `status` on a real vLLM release tree, against a regex patcher.
+
+    .venv/bin/python benchmarks/apply.py [--version 0.20.0] [--runs 7] [--json OUT]
+
+Ours (the overlay engine, the three Python overlays of issue 2 in a temporary catalog):
+  * cold apply, in-process (libcst already imported): load_overlays + apply on a fresh copy;
+  * first apply in a fresh process (imports included, interpreter start-up not);
+  * warm no-op apply (everything applied: the ledger fast path);
+  * status (ledger fast path on the applied tree; from sources on a fresh tree);
+  * the same as whole processes through the CLI (`python -m manager ...`).
+Baseline: the way the bash/regex scripts patch: read the file, look for the sentinel
+substring, regex-find the anchor line, insert the #40886 branches with the captured
+indent, write the file; its cold insertion and its no-op run, in-process and as a
+`python -c` process. Ours is also timed for #40886 alone (the like-for-like ratio).
+
+Every figure is the median of --runs runs (>= 5). Targets (issue 2): cold apply of the
+whole set < 0.5 s and <= 3x the baseline; warm no-op <= 1.0x the baseline's no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from manager.releases import copy_release, pristine_tree  # noqa: E402
+
+THREE = ("dynamo-dict-caches", "gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys")
+PR = "vllm-pr40886-gemma4-awq-moe-keys"
+GEMMA4 = "vllm/model_executor/models/gemma4.py"
+SNIPPET = ROOT / "overlays" / PR / "snippets" / "awq_moe_branches.py"
+
+# The baseline: what the regex scripts do (python3 + re + a sentinel substring).
+BASELINE = r'''
+import re, sys
+def patch(path, snippet_path):
+    text = open(path).read()
+    if "# overlay-regex:pr40886" in text:
+        return "already"
+    m = re.search(r'^([ \t]*)if "moe\.gate_up_proj" in name and weight\.dim\(\) == 3:[ \t]*$', text, re.M)
+    if m is None:
+        raise SystemExit("anchor not found")
+    indent = m.group(1)
+    block = "".join(indent + l if l.strip() else l for l in open(snippet_path).read().splitlines(True))
+    text = text[: m.start()] + indent + "# overlay-regex:pr40886\n" + block + text[m.start():]
+    with open(path, "w") as fh:
+        fh.write(text)
+    return "patched"
+'''
+_ns: dict = {}
+exec(BASELINE, _ns)
+baseline_patch = _ns["patch"]
+
+# A PROTOTYPE (not the product) of the proposed stdlib-only warm no-op check that would run
+# before click/rich/pydantic/yaml/libcst are imported: the same decision as the engine's
+# ledger fast path (package version, no journal, every catalog overlay's directory digest
+# and recorded status, every observed target hash), from the ledger and the files alone.
+PROTO_FASTPATH = r'''
+import hashlib, json, os, sys
+def noop(catalog, root):
+    state = os.path.join(root, ".overlay-manager")
+    if os.path.exists(os.path.join(state, "journal.json")):
+        return False
+    try:
+        with open(os.path.join(state, "ledger.json"), "rb") as fh:
+            led = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    version = None
+    for name in sorted(os.listdir(root)):
+        if name.startswith("vllm-") and name.endswith(".dist-info"):
+            with open(os.path.join(root, name, "METADATA")) as fh:
+                for line in fh:
+                    if line.startswith("Version:"):
+                        version = line.split(":", 1)[1].strip()
+                        break
+            break
+    if version is None or led.get("package_version") != version:
+        return False
+    base = os.path.join(catalog, "overlays")
+    for oid in sorted(os.listdir(base)):
+        d = os.path.join(base, oid)
+        if oid.startswith((".", "_")) or not os.path.isfile(os.path.join(d, "overlay.yaml")):
+            continue
+        rec = led.get("overlays", {}).get(oid)
+        if not rec or rec.get("status") not in ("applied", "upstream", "not-applicable", "superseded", "missing-target"):
+            return False
+        h = hashlib.sha256()
+        files = []
+        for dp, dn, fn in os.walk(d, followlinks=True):
+            if "__pycache__" in dp.split(os.sep):
+                continue
+            files += [os.path.join(dp, f) for f in fn]
+        for p in sorted(files, key=lambda p: tuple(os.path.relpath(p, d).split(os.sep))):
+            h.update(os.path.relpath(p, d).encode() + b"\0")
+            with open(p, "rb") as fh:
+                h.update(fh.read() + b"\0")
+        if h.hexdigest() != rec.get("digest"):
+            return False
+        for t in rec["targets"]:
+            try:
+                with open(os.path.join(root, t["path"]), "rb") as fh:
+                    now = hashlib.sha256(fh.read()).hexdigest()
+            except FileNotFoundError:
+                now = "absent"
+            if led.get("observed", {}).get(t["path"]) != now:
+                return False
+    return True
+'''
+_ns2: dict = {}
+exec(PROTO_FASTPATH, _ns2)
+proto_noop = _ns2["noop"]
+
+
+def median_of(fn, runs: int) -> float:
+    return statistics.median(fn() for _ in range(runs))
+
+
+CPU: list[float] = []  # process CPU seconds of the last _timed call (load-independent view)
+
+
+def _timed(fn) -> float:
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    CPU[:] = [time.process_time() - c0]
+    return dt
+
+
+def _proc(args: list[str], env: dict | None = None) -> float:
+    full = dict(os.environ)
+    full.update(env or {})
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=full, cwd=ROOT)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--version", default="0.20.0")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    a = ap.parse_args(argv)
+    runs = max(5, a.runs)
+
+    work = Path(tempfile.mkdtemp(prefix="overlay-bench-"))
+    try:
+        return _bench(work, a.version, runs, a.json)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
+    pristine_tree(version)  # download/extract once, outside every timing
+    cat = work / "catalog"
+    (cat / "overlays").mkdir(parents=True)
+    for i in THREE:
+        os.symlink(ROOT / "overlays" / i, cat / "overlays" / i)
+    cat_pr = work / "catalog-pr"
+    (cat_pr / "overlays").mkdir(parents=True)
+    os.symlink(ROOT / "overlays" / PR, cat_pr / "overlays" / PR)
+    counter = iter(range(10**6))
+
+    def fresh() -> Path:
+        return copy_release(version, work / f"tree-{next(counter)}")
+
+    py = sys.executable
+    cli = [py, "-m", "manager"]
+    fig: dict[str, float] = {}
+
+    # --- first apply in a fresh process (imports included, interpreter start-up not) ---
+    first_script = (
+        "import time; t0 = time.perf_counter()\n"
+        "import sys; from pathlib import Path\n"
+        "from manager.catalog import Catalog\n"
+        "from manager.overlays import apply, find_root, load_overlays\n"
+        "r = apply(load_overlays(Catalog(Path(sys.argv[1]))), find_root(sys.argv[2]))\n"
+        "assert r.changes\n"
+        "print(time.perf_counter() - t0)\n"
+    )
+    firsts = []
+    for _ in range(runs):
+        root = fresh()
+        out = subprocess.run([py, "-c", first_script, str(cat), str(root)], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode:
+            raise SystemExit(out.stderr)
+        firsts.append(float(out.stdout.strip().splitlines()[-1]))
+    fig["ours_first_apply_in_process_s"] = statistics.median(firsts)
+
+    # --- in-process, libcst and the engine already imported ---
+    import libcst  # noqa: F401
+
+    from manager.catalog import Catalog
+    from manager.overlays import apply, find_root, load_overlays, status
+
+    def ours_cold(catalog: Path) -> float:
+        root = fresh()
+
+        def run() -> None:
+            r = apply(load_overlays(Catalog(catalog)), find_root(str(root)))
+            assert r.changes and not r.fast_path
+
+        return _timed(run)
+
+    ours_cold(cat)  # warm-up: imports, first parse
+    cpu: list[float] = []
+
+    def ours_cold_cpu() -> float:
+        dt = ours_cold(cat)
+        cpu.append(CPU[0])
+        return dt
+
+    fig["ours_cold_apply_s"] = median_of(ours_cold_cpu, runs)
+    fig["ours_cold_apply_cpu_s"] = statistics.median(cpu)
+    fig["ours_cold_apply_pr40886_only_s"] = median_of(lambda: ours_cold(cat_pr), runs)
+
+    applied = fresh()
+    apply(load_overlays(Catalog(cat)), applied)
+
+    def ours_noop() -> float:
+        def run() -> None:
+            r = apply(load_overlays(Catalog(cat)), find_root(str(applied)))
+            assert r.fast_path and not r.changes
+
+        return _timed(run)
+
+    fig["ours_warm_noop_apply_s"] = median_of(ours_noop, max(runs, 21))
+
+    def ours_status_ledger() -> float:
+        return _timed(lambda: status(load_overlays(Catalog(cat)), find_root(str(applied))))
+
+    fig["ours_status_ledger_s"] = median_of(ours_status_ledger, max(runs, 21))
+    ov_loaded = load_overlays(Catalog(cat))
+    fig["ours_warm_noop_apply_overlays_preloaded_s"] = median_of(
+        lambda: _timed(lambda: apply(ov_loaded, applied)), max(runs, 21)
+    )
+    fig["ours_load_overlays_s"] = median_of(lambda: _timed(lambda: load_overlays(Catalog(cat))), max(runs, 21))
+    assert proto_noop(str(cat), str(applied)) and not proto_noop(str(cat), str(fresh()))
+    fig["proto_stdlib_noop_check_s"] = median_of(
+        lambda: _timed(lambda: proto_noop(str(cat), str(applied))), max(runs, 21)
+    )
+    unpatched = fresh()
+    fig["ours_status_sources_s"] = median_of(
+        lambda: _timed(lambda: status(load_overlays(Catalog(cat)), unpatched, use_ledger=False)), runs
+    )
+
+    # --- baseline, in-process ---
+    def base_cold() -> float:
+        root = fresh()
+        t = _timed(lambda: baseline_patch(str(root / GEMMA4), str(SNIPPET)))
+        text = (root / GEMMA4).read_text()
+        compile(text, GEMMA4, "exec")
+        assert text.count("# overlay-regex:pr40886") == 1
+        return t
+
+    base_cold()
+    fig["baseline_cold_insert_s"] = median_of(base_cold, runs)
+    base_tree = fresh()
+    baseline_patch(str(base_tree / GEMMA4), str(SNIPPET))
+    fig["baseline_noop_s"] = median_of(
+        lambda: _timed(lambda: baseline_patch(str(base_tree / GEMMA4), str(SNIPPET))), max(runs, 21)
+    )
+
+    # --- whole processes ---
+    def ours_cold_proc() -> float:
+        root = fresh()
+        return _proc(cli + ["--catalog", str(cat), "apply", "--root", str(root)])
+
+    fig["proc_ours_cold_apply_s"] = median_of(ours_cold_proc, runs)
+    fig["proc_ours_warm_noop_apply_s"] = median_of(
+        lambda: _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)]), runs
+    )
+    fig["proc_ours_status_s"] = median_of(
+        lambda: _proc(cli + ["--catalog", str(cat), "status", "--root", str(applied)]), runs
+    )
+    base_cmd = BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"
+
+    def base_cold_proc() -> float:
+        root = fresh()
+        return _proc([py, "-c", base_cmd, str(root / GEMMA4), str(SNIPPET)])
+
+    fig["proc_baseline_cold_insert_s"] = median_of(base_cold_proc, runs)
+    fig["proc_baseline_noop_s"] = median_of(
+        lambda: _proc([py, "-c", base_cmd, str(base_tree / GEMMA4), str(SNIPPET)]), runs
+    )
+    proto_cmd = PROTO_FASTPATH + "\nsys.exit(0 if noop(sys.argv[1], sys.argv[2]) else 2)\n"
+    fig["proc_proto_stdlib_noop_check_s"] = median_of(
+        lambda: _proc([py, "-c", proto_cmd, str(cat), str(applied)]), runs
+    )
+    fig["proc_python_startup_s"] = median_of(lambda: _proc([py, "-c", "pass"]), runs)
+
+    ratios = {
+        "cold_apply_set_vs_baseline": fig["ours_cold_apply_s"] / fig["baseline_cold_insert_s"],
+        "cold_apply_pr40886_vs_baseline": fig["ours_cold_apply_pr40886_only_s"] / fig["baseline_cold_insert_s"],
+        "warm_noop_vs_baseline_noop": fig["ours_warm_noop_apply_s"] / fig["baseline_noop_s"],
+        "proc_cold_apply_vs_baseline": fig["proc_ours_cold_apply_s"] / fig["proc_baseline_cold_insert_s"],
+        "proc_warm_noop_vs_baseline_noop": fig["proc_ours_warm_noop_apply_s"] / fig["proc_baseline_noop_s"],
+        "proto_noop_vs_baseline_noop": fig["proto_stdlib_noop_check_s"] / fig["baseline_noop_s"],
+        "proc_proto_noop_vs_baseline_noop": fig["proc_proto_stdlib_noop_check_s"] / fig["proc_baseline_noop_s"],
+    }
+    targets = {
+        "cold apply of the set < 0.5 s (in-process)": fig["ours_cold_apply_s"] < 0.5,
+        "cold apply of the set < 0.5 s (first in a process)": fig["ours_first_apply_in_process_s"] < 0.5,
+        "cold apply <= 3x baseline (in-process, set)": ratios["cold_apply_set_vs_baseline"] <= 3,
+        "cold apply <= 3x baseline (in-process, #40886 only)": ratios["cold_apply_pr40886_vs_baseline"] <= 3,
+        "cold apply <= 3x baseline (processes)": ratios["proc_cold_apply_vs_baseline"] <= 3,
+        "warm no-op <= 1.0x baseline no-op (in-process)": ratios["warm_noop_vs_baseline_noop"] <= 1.0,
+        "warm no-op <= 1.0x baseline no-op (processes)": ratios["proc_warm_noop_vs_baseline_noop"] <= 1.0,
+    }
+
+    load = os.getloadavg()
+    print(f"vLLM {version}, {runs} runs per figure (no-op/status in-process: {max(runs, 21)}), median, "
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f}")
+    fig_meta = {"loadavg_1m_end": load[0], "loadavg_5m_end": load[1], "cpus": os.cpu_count()}
+    for k, v in fig.items():
+        print(f"  {k:40s} {v * 1000:10.2f} ms")
+    for k, v in ratios.items():
+        print(f"  {k:40s} {v:10.2f} x")
+    for k, ok in targets.items():
+        print(f"  {'MET ' if ok else 'MISS'} {k}")
+    if json_out:
+        json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios, "machine": fig_meta,
+                                        "targets_met": targets}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
