@@ -441,3 +441,40 @@ def test_cli_superseded_is_not_a_failure_unless_named(tmp_path, catalog):
     assert "skipped" in err and PR40886 in err
     rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
     assert rc == 1 and "superseded" in err
+
+
+def test_revert_of_one_overlay_leaves_the_others_applied(tmp_path, overlays):
+    root = slim_root("0.20.0", tmp_path)
+    original = file_hashes(root, TARGET.values())
+    apply(overlays, root)
+    applied_bytes = file_hashes(root, TARGET.values())
+    conv = [o for o in overlays if o.id == CONVERTOR]
+    result = revert(conv, overlays, root)
+    assert [c.path for c in result.changes] == [CONVERTOR_PY]
+    now = file_hashes(root, TARGET.values())
+    assert now[CONVERTOR_PY] == original[CONVERTOR_PY]
+    assert now[GEMMA4] == applied_bytes[GEMMA4] and now[CUDA_PY] == applied_bytes[CUDA_PY]
+    assert _statuses(status(overlays, root)) == {PR40886: "applied", CONVERTOR: "pending", DYNAMO: "applied"}
+    # re-apply brings back the same bytes; a full revert then restores every original
+    apply(overlays, root)
+    assert file_hashes(root, TARGET.values()) == applied_bytes
+    revert(overlays, overlays, root)
+    assert file_hashes(root, TARGET.values()) == original
+
+
+def test_apply_keeps_file_modes_and_drops_stale_bytecode(tmp_path, overlays):
+    import py_compile
+    import stat
+
+    root = slim_root("0.20.0", tmp_path)
+    pycs = {}
+    for rel in TARGET.values():
+        (root / rel).chmod(0o640)
+        pycs[rel] = Path(py_compile.compile(str(root / rel), doraise=True))
+        assert pycs[rel].exists()
+    untouched = Path(py_compile.compile(str(root / GEMMA4), cfile=str(root / "vllm/model_executor/models/__pycache__/other.cpython-311.pyc")))
+    apply(overlays, root)
+    for rel in TARGET.values():
+        assert stat.S_IMODE((root / rel).stat().st_mode) == 0o640, rel
+        assert not pycs[rel].exists(), rel  # stale bytecode of a patched module is gone
+    assert untouched.exists()  # other modules' bytecode stays
