@@ -48,6 +48,8 @@ DECODE_GRID = [
     (64, 1024, 16, 2, 16, 0, False, None),
     (3, 300, 32, 2, 16, 0, False, None),   # group of 16 (one full WMMA tile)
     (2, 700, 32, 1, 16, 100, False, None),  # group of 32 (two tiles per KV head)
+    (1, 262144, 16, 2, 16, 0, False, None),  # Gemma-4's longest context
+    (2, 262144, 16, 2, 32, 0, True, None),
 ]
 
 # (query lens, context lens before the queries, q heads, kv heads, block size, causal, window, kv_shared)
@@ -63,6 +65,7 @@ PREFILL_GRID = [
     ([128], [32640], 16, 2, 32, True, 4096, False),
     ([8192], [0], 8, 1, 16, True, 0, False),
     ([33, 65, 97, 1, 2, 3, 4, 5] * 8, [0] * 64, 8, 2, 16, True, 0, False),  # batch 64
+    ([48], [262096], 16, 2, 16, True, 0, False),      # chunked prefill at 256K context
 ]
 
 
@@ -70,12 +73,14 @@ def _err(out, ref) -> float:
     return float((out.float() - ref).abs().max().item())
 
 
-def correctness(attn, device: str, quick: bool = False) -> list[dict]:
+def correctness(attn, device: str, quick: bool = False, only: str | None = None) -> list[dict]:
     import torch
 
     rows = []
     scale = 1.0 / math.sqrt(512)
     for i, (batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(DECODE_GRID if not quick else DECODE_GRID[:4]):
+        if only and only not in str(DECODE_GRID[i]):
+            continue
         g = torch.Generator().manual_seed(100 + i)
         lens = [ctx] + [int(x) for x in torch.randint(1, ctx + 1, (batch - 1,), generator=g)]
         case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=i)
@@ -92,6 +97,8 @@ def correctness(attn, device: str, quick: bool = False) -> list[dict]:
         print(f"decode {rows[-1]}", flush=True)
         del case, q, out, ref
     for i, (qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(PREFILL_GRID if not quick else PREFILL_GRID[:3]):
+        if only and only not in str(PREFILL_GRID[i]):
+            continue
         g = torch.Generator().manual_seed(200 + i)
         lens = [a + c for a, c in zip(qlens, ctxs)]
         case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i)
@@ -295,6 +302,7 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--only", default=None, help="substring of a grid row's shape to run (e.g. 262144)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     if a.dry_run:
@@ -331,7 +339,7 @@ def main() -> int:
             attn = d512.load(cache=cache, prefer=prefer, overlay_dir=ROOT / "overlays" / "sm70-d512-attention")
             v["objects"] = [o.__dict__ for o in attn.k.objects]
             v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
-            v["correctness"] = correctness(attn, "cuda", quick=a.quick or extra)
+            v["correctness"] = correctness(attn, "cuda", quick=a.quick or extra, only=a.only)
             if not a.no_bench:
                 v["decode"] = bench_decode(attn, "cuda", peak)
                 if not extra:
