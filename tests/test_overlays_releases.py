@@ -478,3 +478,20 @@ def test_apply_keeps_file_modes_and_drops_stale_bytecode(tmp_path, overlays):
         assert stat.S_IMODE((root / rel).stat().st_mode) == 0o640, rel
         assert not pycs[rel].exists(), rel  # stale bytecode of a patched module is gone
     assert untouched.exists()  # other modules' bytecode stays
+
+
+def test_dict_cache_helper_is_defined_before_its_first_use(applied):
+    """Decorators run at import time: the helper must be bound above every decorated def."""
+    tree = ast.parse(applied["after_first"][CUDA_PY].decode())
+    [helper] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_overlay_dict_cache"]
+    uses = [
+        d.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for d in n.decorator_list
+        if "_overlay_dict_cache" in ast.unparse(d)
+    ]
+    assert uses and helper.end_lineno < min(uses)
+    # module level, after the imports it follows
+    first_def = next(i for i, n in enumerate(tree.body) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    assert tree.body[first_def] is helper
