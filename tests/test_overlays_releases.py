@@ -495,3 +495,22 @@ def test_dict_cache_helper_is_defined_before_its_first_use(applied):
     # module level, after the imports it follows
     first_def = next(i for i, n in enumerate(tree.body) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
     assert tree.body[first_def] is helper
+
+
+def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
+    """`overlay diff` applied with `git apply` to a second pristine copy gives apply's bytes."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    a, b = slim_root("0.20.0", tmp_path / "a"), slim_root("0.20.0", tmp_path / "b")
+    rc, diff_text, err = invoke_cli("--catalog", str(catalog.root), "diff", "--root", str(a))
+    assert rc == 0, err
+    assert diff_text.count("\n+++ b/") + diff_text.startswith("+++ b/") == 3
+    assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())  # diff wrote nothing
+    (tmp_path / "p.diff").write_text(diff_text)
+    subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=b, check=True, capture_output=True)
+    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(a))
+    assert rc == 0, err
+    assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())
