@@ -2,7 +2,8 @@
 
 - `make_catalog(dest, ids, variants)`: a catalog dir holding only the named shipped
   overlays (symlinks), or mutated copies of them (`variants`: id -> mutator).
-- `bump_version(n, snippet_line)`: a mutator for a v1 -> vN sentinel upgrade.
+- `bump_version(n, snippet_line)`, `set_edit_field(edit, key, value)`: mutators (sentinel
+  upgrade; e.g. position: after).
 - `file_hashes(root, rels)`, `targets_of(overlays)`: byte-level checks.
 - `extract_def(source, "Class.method._nested")`: the dedented source of a definition.
 - `edit_one_char_after_sentinel(text, overlay_id)`: a hand edit inside our block.

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from manager.overlays import apply, load_overlays, select
+from manager.overlays import apply, load_overlays
 
 from _overlay_helpers import (
     CONVERTOR,
