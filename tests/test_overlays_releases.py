@@ -514,3 +514,25 @@ def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
     rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(a))
     assert rc == 0, err
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())
+
+
+def test_a_deleted_block_is_partial_and_apply_repairs_it_to_the_same_bytes(tmp_path, catalog, overlays):
+    root = slim_root("0.20.0", tmp_path)
+    original = file_hashes(root, TARGET.values())
+    apply(overlays, root)
+    p = root / CONVERTOR_PY
+    good = p.read_text()
+    # remove the kv-heads method block (sentinel line and method) by hand
+    marker = re.search(rf"^[ \t]*# overlay:{CONVERTOR} v\d+ kv-heads-compat .*\n", good, re.M)
+    assert marker is not None
+    end = good.index("return super().get_total_num_kv_heads()\n", marker.end()) + len("return super().get_total_num_kv_heads()\n")
+    p.write_text(good[: marker.start()] + good[end:])
+    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    assert rc == 1
+    st = {o["id"]: o for o in json.loads(out)["overlays"]}[CONVERTOR]
+    assert st["status"] == "partial" and "kv-heads-compat: anchor found once" in st["targets"][0]["detail"]
+    result = apply(overlays, root)
+    assert [c.path for c in result.changes] == [CONVERTOR_PY]
+    assert p.read_text() == good
+    revert(overlays, overlays, root)
+    assert file_hashes(root, TARGET.values()) == original
