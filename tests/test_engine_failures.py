@@ -90,6 +90,7 @@ def test_one_failing_overlay_in_a_set_changes_no_file(tmp_path, vllm_root, overl
     assert overlay_id in msg and target in msg and reason in msg
     after = tree_hashes(root)
     assert {k: v for k, v in after.items() if not k.startswith(".overlay-manager/")} == before
+    assert set(after) - set(before) <= {".overlay-manager/lock"}  # only the lock file; no originals, no ledger
     assert not (root / ".overlay-manager" / "ledger.json").exists()
     assert not (root / ".overlay-manager" / "journal.json").exists()
     # through the CLI: exit 1, one line naming overlay and target, still nothing changed
