@@ -430,11 +430,6 @@ def test_dict_cache_with_maxsize_zero_caches_nothing_like_lru_cache(dict_cache):
 ASSETS_PY = "vllm/assets/base.py"  # 0.20.0: a bare `@lru_cache` (functools' default bound: 128)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: DictCache._new_decorator_code maps a bare @lru_cache / lru_cache() to an unbounded "
-    "_overlay_dict_cache (tests/test_edits.py asserts that today); functools bounds them at 128",
-)
 def test_dict_cache_keeps_the_default_bound_of_a_bare_lru_cache(tmp_path, dict_cache):
     """The targets list is data: the same edit on another real file. A bare @lru_cache is
     bounded at 128 entries by functools; the dict cache must keep that bound, not drop it."""

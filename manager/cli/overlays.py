@@ -129,7 +129,8 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     for oid, why in result.skipped:
         say("skipped", f"{oid}: {why}", "magenta")
     for c in result.changes:
-        say(("would " if dry_run else "") + c.verb, f"{c.path}  ({', '.join(c.overlays)})", "green")
+        verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
+        say(verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "green")
     for o in result.statuses.overlays:
         if o.status in ("applied", "upstream", "not-applicable") and not dry_run:
             say(o.status, o.id, _STYLE.get(o.status, "cyan"))

@@ -397,9 +397,11 @@ class DictCache(PythonEdit):
         info = _cache_decorator(dec)
         if info is None:
             return "<not a cache decorator>"
-        _, maxsize, _ = info
+        kind, maxsize, _ = info
         if maxsize is not None:
             return f"{HELPER_NAME}(maxsize={module.code_for_node(maxsize.value).strip()})"
+        if kind == "lru_cache":  # a bare lru_cache / lru_cache() is bounded at 128 by functools
+            return f"{HELPER_NAME}(maxsize=128)"
         return HELPER_NAME
 
     def inspect(self, module: cst.Module) -> Inspection:
