@@ -1,4 +1,4 @@
-from manager.cli import main
+from manager.fastpath import main
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,27 @@
-"""The overlay engine (see docs/overlays.md)."""
+"""The overlay engine (see docs/overlays.md).
 
-from .engine import Overlay, apply, diff, load_overlays, revert, select, status, status_on_release, unified_diff
-from .manifest import Manifest, load_manifest
-from .model import ApplyResult, FileChange, OverlayStatus, RevertResult, StatusReport, TargetStatus
-from .root import find_root, package_version
+Names load lazily (PEP 562): the container-restart path (`manager.fastpath`) reads
+`manager.overlays.root` without importing pydantic, yaml or libcst.
+"""
 
-__all__ = [
-    "Overlay", "apply", "diff", "load_overlays", "revert", "select", "status", "status_on_release",
-    "unified_diff", "Manifest", "load_manifest", "ApplyResult", "FileChange", "OverlayStatus",
-    "RevertResult", "StatusReport", "TargetStatus", "find_root", "package_version",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Overlay": "engine", "apply": "engine", "diff": "engine", "load_overlays": "engine", "revert": "engine",
+    "select": "engine", "status": "engine", "status_on_release": "engine", "unified_diff": "engine",
+    "Manifest": "manifest", "load_manifest": "manifest",
+    "ApplyResult": "model", "FileChange": "model", "OverlayStatus": "model", "RevertResult": "model",
+    "StatusReport": "model", "TargetStatus": "model",
+    "find_root": "root", "package_version": "root",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -168,6 +168,14 @@ class _Tree:
         data = self.read(rel)
         return ABSENT if data is None else sha256_bytes(data)
 
+    def replace(self, rel: str, data: bytes | None, module: object | None) -> None:
+        """Record bytes just written (and their module, when the plan built it)."""
+        self._bytes[rel] = data
+        if module is not None:
+            self._modules[rel] = module
+        else:
+            self._modules.pop(rel, None)
+
 
 # --- status --------------------------------------------------------------------------------
 
@@ -329,13 +337,15 @@ class _Plan:
     root: Path
     version: str | None
     report: StatusReport
+    tree: "_Tree | None" = None  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
+    modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
     overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
-    """Apply one overlay's edits for `rel` on `text`; returns the new text."""
+    """Apply one overlay's edits for `rel` on `text`; returns (new text, its libcst module or None)."""
     import libcst as cst
 
     from .edits import EditFailed, PythonEdit
@@ -358,7 +368,7 @@ def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None)
             raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
     if module is not None:
         text = module.code
-    return text
+    return text, module
 
 
 def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
@@ -376,7 +386,7 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
     tree = _Tree(root)
     version = package_version(root)
     report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
-    plan = _Plan(root, version, report)
+    plan = _Plan(root, version, report, tree)
     for o, st in zip(overlays, report.overlays):
         if st.status in _SKIP:
             continue
@@ -390,9 +400,12 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
         for t in st.targets:
             if t.status not in ("pending", "partial"):
                 continue
-            current = plan.texts[t.path] if t.path in plan.texts else tree.text(t.path)
-            module = tree.module(t.path) if t.path not in plan.texts and t.path.endswith(".py") and current is not None else None
-            plan.texts[t.path] = _apply_edits(o, t.path, current, module)
+            if t.path in plan.texts:
+                current, module = plan.texts[t.path], plan.modules.get(t.path)
+            else:
+                current = tree.text(t.path)
+                module = tree.module(t.path) if t.path.endswith(".py") and current is not None else None
+            plan.texts[t.path], plan.modules[t.path] = _apply_edits(o, t.path, current, module)
             plan.overlays_by_file.setdefault(t.path, []).append(o.id)
     for rel, text in plan.texts.items():
         _check_compiles(rel, text, plan.overlays_by_file[rel])
@@ -452,14 +465,16 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger) -> None:
         _drop_bytecode(root, c.path)
 
 
-def _record(led: Ledger, overlays: Sequence[Overlay], root: Path) -> StatusReport:
-    """Recompute status after writing and store it (with every target's hash) in the ledger."""
-    tree = _Tree(root)
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "_Tree") -> StatusReport:
+    """Recompute status after writing and store it (with every target's hash) in the ledger.
+
+    `tree` holds the bytes (and parsed modules) just written, so nothing is parsed twice."""
     version = package_version(root)
     report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
     for o, st in zip(overlays, report.overlays):
         led.overlays[o.id] = {
             "version": o.manifest.sentinel_version,
+            "requires": list(o.manifest.requires),
             "digest": o.digest,
             "status": st.status,
             "targets": [{"path": t.path, "status": t.status, "detail": t.detail} for t in st.targets],
@@ -476,8 +491,7 @@ def apply(
     version = package_version(root)
     if dry_run:
         plan = _plan(overlays, root, explicit)
-        tree = _Tree(root)
-        changes = _changes(plan, tree.read)
+        changes = _changes(plan, plan.tree.read)
         return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
     with _lock(root):
         led = Ledger.load(root)
@@ -489,7 +503,7 @@ def apply(
                 skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
                 return ApplyResult(str(root), version, (), fast, skipped, fast_path=True)
         plan = _plan(overlays, root, explicit)
-        tree = _Tree(root)
+        tree = plan.tree
         changes = _changes(plan, tree.read)
         if changes:
             journal = {}
@@ -508,7 +522,9 @@ def apply(
             _write(root, changes, led)
             for rel, e in journal.items():
                 led.files[rel] = {k: e[k] for k in ("base_sha256", "post_sha256", "overlays")}
-        report = _record(led, overlays, root)
+            for c in changes:  # the tree now holds what was written (no second read or parse)
+                tree.replace(c.path, c.after, plan.modules.get(c.path))
+        report = _record(led, overlays, root, tree)
         led.save(version)
         led.clear_journal()
         return ApplyResult(str(root), version, tuple(changes), report, tuple(plan.skipped), tuple(notes))
@@ -558,7 +574,9 @@ def revert(overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: P
             if not mine:
                 continue
             now = tree.sha(rel)
-            if now != rec["post_sha256"]:
+            if now == rec["base_sha256"] and now != rec["post_sha256"]:
+                notes.append(f"{rel}: already has its original bytes (reinstalled?)")
+            elif now != rec["post_sha256"]:
                 raise OverlayError(
                     f"revert refused: {rel} changed since overlay apply (sha256 {now[:12]} != recorded "
                     f"{rec['post_sha256'][:12]}); reinstall the package or restore the file first"
@@ -570,7 +588,7 @@ def revert(overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: P
                     continue
                 if i not in by_id:
                     raise OverlayError(f"revert refused: {rel} also carries overlay {i!r}, which is not in the catalog")
-                text = _apply_edits(by_id[i], rel, text)
+                text, _ = _apply_edits(by_id[i], rel, text)
             texts[rel] = text
             owners[rel] = mine
         # files not in the ledger that carry our sentinels

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import textwrap
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -257,11 +258,47 @@ def _collect(module: cst.Module, block: cst.CSTNode, overlay: str, edit: str, ou
         out.append(MarkedBlock(block, i, s, n, intact))
 
 
+_SUITE_HOLDERS = (cst.BaseSuite, cst.BaseCompoundStatement, cst.Else, cst.Finally, cst.ExceptHandler)
+if hasattr(cst, "MatchCase"):
+    _SUITE_HOLDERS = _SUITE_HOLDERS + (cst.MatchCase, cst.ExceptStarHandler)  # type: ignore[attr-defined]
+
+
+def _path_to(node: cst.CSTNode, target: cst.CSTNode) -> list[tuple[cst.CSTNode, str, int | None]] | None:
+    """(parent, field, index) steps from `node` down to `target`, walking statement structure only."""
+    if node is target:
+        return []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, _SUITE_HOLDERS):
+            sub = _path_to(value, target)
+            if sub is not None:
+                return [(node, f.name, None), *sub]
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, _SUITE_HOLDERS):
+                    sub = _path_to(item, target)
+                    if sub is not None:
+                        return [(node, f.name, i), *sub]
+    return None
+
+
 def replace_body(module: cst.Module, owner: cst.CSTNode, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
+    """Give `owner` (the Module or an IndentedBlock in it) a new body, rebuilding only the
+    nodes on the path from the module down to it (not the whole tree, as deep_replace does)."""
     if owner is module:
         return module.with_changes(body=tuple(new_body))
-    new_owner = owner.with_changes(body=tuple(new_body))  # type: ignore[call-arg]
-    return module.deep_replace(owner, new_owner)  # type: ignore[return-value]
+    path = _path_to(module, owner)
+    if path is None:  # not reachable through statements: fall back to the general replace
+        return module.deep_replace(owner, owner.with_changes(body=tuple(new_body)))  # type: ignore[return-value]
+    node: cst.CSTNode = owner.with_changes(body=tuple(new_body))  # type: ignore[call-arg]
+    for parent, name, index in reversed(path):
+        if index is None:
+            node = parent.with_changes(**{name: node})
+        else:
+            items = list(getattr(parent, name))
+            items[index] = node
+            node = parent.with_changes(**{name: tuple(items)})
+    return node  # type: ignore[return-value]
 
 
 def remove_block(module: cst.Module, mb: MarkedBlock) -> cst.Module:

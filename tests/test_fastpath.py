@@ -1,0 +1,92 @@
+"""The stdlib-only container-restart path of `overlay apply` (manager/fastpath.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manager import fastpath
+from manager.overlays import apply, load_overlays
+
+from _overlay_helpers import CUDA_PY, PR40886, make_catalog
+
+
+@pytest.fixture
+def applied(tmp_path, vllm_root):
+    cat = make_catalog(tmp_path / "cat")
+    root = vllm_root("0.20.0")
+    apply(load_overlays(cat), root)
+    return cat.root, root
+
+
+def _argv(cat: Path, root: Path, *extra: str) -> list[str]:
+    return ["--catalog", str(cat), "apply", *extra, "--root", str(root)]
+
+
+def test_fastpath_answers_a_warm_apply_from_the_ledger(applied):
+    cat, root = applied
+    done = fastpath.nothing_to_do(_argv(cat, root))
+    assert done is not None and sorted(s for _, s in done) == ["applied"] * 3
+
+
+def test_fastpath_follows_named_ids_and_their_recorded_requires(applied):
+    cat, root = applied
+    assert fastpath.nothing_to_do(_argv(cat, root, PR40886)) == [(PR40886, "applied")]
+    assert fastpath.nothing_to_do(_argv(cat, root, "no-such-overlay")) is None
+
+
+def test_fastpath_declines_when_a_target_changed(applied):
+    cat, root = applied
+    p = root / CUDA_PY
+    p.write_text(p.read_text() + "\n# touched\n")
+    assert fastpath.nothing_to_do(_argv(cat, root)) is None
+
+
+def test_fastpath_declines_when_an_overlay_directory_changed(applied, tmp_path):
+    cat, root = applied
+    # the catalog holds symlinks: replace one overlay by an edited copy
+    import shutil
+
+    link = cat / "overlays" / PR40886
+    src = link.resolve()
+    link.unlink()
+    shutil.copytree(src, link)
+    (link / "overlay.yaml").write_text((link / "overlay.yaml").read_text() + "\n# edited\n")
+    assert fastpath.nothing_to_do(_argv(cat, root)) is None
+
+
+def test_fastpath_declines_after_an_interrupted_apply_and_for_other_commands(applied):
+    cat, root = applied
+    assert fastpath.nothing_to_do(_argv(cat, root, "--dry-run")) is None
+    assert fastpath.nothing_to_do(["--catalog", str(cat), "status", "--root", str(root)]) is None
+    (root / ".overlay-manager" / "journal.json").write_text("{}")
+    assert fastpath.nothing_to_do(_argv(cat, root)) is None
+
+
+def test_fastpath_declines_when_the_package_version_changed(applied):
+    cat, root = applied
+    meta = next(root.glob("vllm-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("0.20.0", "0.20.1"))
+    assert fastpath.nothing_to_do(_argv(cat, root)) is None
+
+
+def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
+    cat, root = applied
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['overlay'] + {json.dumps(_argv(cat, root))}\n"
+        "try:\n"
+        "    runpy.run_module('manager', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('click', 'rich', 'pydantic', 'libcst', 'yaml') if m in sys.modules)\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout
+    assert "nothing to do (ledger hashes match)" in proc.stderr
