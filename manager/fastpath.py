@@ -11,12 +11,21 @@ module decides that case before the CLI is imported; anything else falls through
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import json
 import os
+import re
 import sys
-from pathlib import Path
+
+try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # Python <= 3.11
+except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        from hashlib import sha256 as _sha256  # type: ignore[assignment]
+
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 # apply skips these: the overlay needs nothing written (when its ids were named, a
 # superseded/missing-target overlay is an error, so the full CLI must report it)
@@ -24,19 +33,51 @@ _QUIET = {"applied", "upstream", "not-applicable"}
 _QUIET_UNNAMED = _QUIET | {"superseded", "missing-target"}
 
 
-def overlay_digest(overlay_dir: Path) -> str:
+def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
     """sha256 over an overlay directory: the manifest and every file it may read."""
-    h = hashlib.sha256()
-    for p in sorted(overlay_dir.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(overlay_dir)).encode() + b"\0")
-            h.update(p.read_bytes() + b"\0")
+    base = os.fspath(overlay_dir)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        files.extend(os.path.join(dirpath, f) for f in filenames)
+    h = _sha256()
+    for path in sorted(files, key=lambda f: os.path.relpath(f, base).split(os.sep)):
+        h.update(os.path.relpath(path, base).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as fh:
+            h.update(fh.read() + b"\0")
     return h.hexdigest()
 
 
-def _file_sha(path: Path) -> str:
+def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> str | None:
+    """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
+    root = os.fspath(root)
+    prefix = package.replace("-", "_") + "-"
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        infos = sorted(n for n in os.listdir(root) if n.startswith(prefix) and n.endswith(".dist-info"))
+    except OSError:
+        infos = []
+    for info in infos:
+        try:
+            with open(os.path.join(root, info, "METADATA"), errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break
+        except OSError:
+            continue
+    try:
+        with open(os.path.join(root, package, "_version.py"), errors="replace") as fh:
+            m = _VERSION_RE.search(fh.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _file_sha(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return _sha256(fh.read()).hexdigest()
     except (FileNotFoundError, IsADirectoryError):
         return "absent"
 
@@ -67,22 +108,22 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]] | None:
     return catalog, root, ids
 
 
-def _catalog_dir(arg: str | None) -> Path | None:
+def _catalog_dir(arg: str | None) -> str | None:
     raw = arg or os.environ.get("OVERLAY_CATALOG")
     if raw:
-        return Path(raw).expanduser().resolve()
+        return os.path.realpath(os.path.expanduser(raw))
     from .catalog import default_catalog_dir
 
-    return default_catalog_dir()
+    return os.fspath(default_catalog_dir())
 
 
-def _root(arg: str | None) -> Path | None:
+def _root(arg: str | None) -> str | None:
     if arg:
-        return Path(arg).expanduser().resolve()
+        return os.path.realpath(os.path.expanduser(arg))
     spec = importlib.machinery.PathFinder.find_spec("vllm", sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))
 
 
 def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
@@ -94,21 +135,20 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     catalog, root = _catalog_dir(catalog_arg), _root(root_arg)
     if catalog is None or root is None:
         return None
-    state = root / ".overlay-manager"
+    state = os.path.join(root, ".overlay-manager")
     try:
-        ledger = json.loads((state / "ledger.json").read_text())
+        with open(os.path.join(state, "ledger.json")) as fh:
+            ledger = json.load(fh)
     except (OSError, ValueError):
         return None
-    if (state / "journal.json").exists():
+    if os.path.exists(os.path.join(state, "journal.json")):
         return None
-    from .overlays.root import package_version
-
     if ledger.get("package_version") != package_version(root):
         return None
-    overlays_dir = catalog / "overlays"
+    overlays_dir = os.path.join(catalog, "overlays")
     try:
-        every = sorted(p.name for p in overlays_dir.iterdir() if (p / "overlay.yaml").is_file()
-                       and not p.name.startswith((".", "_")))
+        every = sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
+                       and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
     except OSError:
         return None
     records = ledger.get("overlays", {})
@@ -126,11 +166,11 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     out = []
     for oid in wanted:
         rec = records[oid]
-        if rec.get("status") not in quiet or rec.get("digest") != overlay_digest(overlays_dir / oid):
+        if rec.get("status") not in quiet or rec.get("digest") != overlay_digest(os.path.join(overlays_dir, oid)):
             return None
         for t in rec.get("targets", []):
             want = observed.get(t["path"])
-            if want is None or _file_sha(root / t["path"]) != want:
+            if want is None or _file_sha(os.path.join(root, t["path"])) != want:
                 return None
         out.append((oid, rec["status"]))
     return out

@@ -7,7 +7,6 @@ Names load lazily (PEP 562): the container-restart path (`manager.fastpath`) rea
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 _EXPORTS = {
     "Overlay": "engine", "apply": "engine", "diff": "engine", "load_overlays": "engine", "revert": "engine",
@@ -21,7 +20,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

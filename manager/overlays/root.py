@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import importlib.machinery
-import re
 import sys
 from pathlib import Path
 
 from ..errors import OverlayError
-
-_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+from ..fastpath import package_version as _package_version
 
 
 def find_root(root_arg: str | Path | None, package: str = "vllm") -> Path:
@@ -32,18 +30,4 @@ def find_root(root_arg: str | Path | None, package: str = "vllm") -> Path:
 
 def package_version(root: Path, package: str = "vllm") -> str | None:
     """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
-    norm = package.replace("-", "_")
-    for info in sorted(root.glob(f"{norm}-*.dist-info")):
-        meta = info / "METADATA"
-        if meta.exists():
-            for line in meta.read_text(errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-                if not line.strip():
-                    break
-    vfile = root / package / "_version.py"
-    if vfile.exists():
-        m = _VERSION_RE.search(vfile.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    return None
+    return _package_version(root, package)
