@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import socket
-import subprocess
 import urllib.request
 from pathlib import Path
 

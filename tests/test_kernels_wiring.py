@@ -6,7 +6,6 @@ import importlib.util
 import logging
 import sys
 import types
-from pathlib import Path
 
 import pytest
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import BuildError
+from ..schema import Strict
 
 ParamType = Literal["ptr", "i32", "i64", "f32"]
 _ARCH = re.compile(r"^(compute|sm)_(\d{2,3})[af]?$")
@@ -33,8 +34,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_OPTS = ("--gpu-architecture", "-arch", "--include-path", "-I")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict
 
 
 class Param(_Strict):

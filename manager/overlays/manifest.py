@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from packaging.specifiers import SpecifierSet
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
 from ..fastpath import overlay_digest
+from ..schema import Strict, check_specifier
 from ..kernels.spec import KernelsSpec
 
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
@@ -24,8 +25,7 @@ ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 EDIT_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict
 
 
 class Upstream(_Strict):
@@ -66,12 +66,7 @@ class NeededWhen(_Strict):
     @field_validator("transformers")
     @classmethod
     def _spec(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                SpecifierSet(v)
-            except InvalidSpecifier as exc:
-                raise ValueError(f"not a PEP 440 specifier: {v!r}") from exc
-        return v
+        return v if v is None else check_specifier(v)
 
 
 class Probe(_Strict):
@@ -176,11 +171,7 @@ class Manifest(_Strict):
     @field_validator("versions")
     @classmethod
     def _versions(cls, v: str) -> str:
-        try:
-            SpecifierSet(v)
-        except InvalidSpecifier as exc:
-            raise ValueError(f"not a PEP 440 specifier: {v!r}") from exc
-        return v
+        return check_specifier(v)
 
     @field_validator("targets")
     @classmethod

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from ..schema import Strict, check_specifier, check_version
 
 LayerKind = Literal["sliding", "full", "linear"]
 KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -23,8 +23,7 @@ ComputeDtype = Literal["bfloat16", "float16", "float32"]
 KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict
 
 
 class _Documented(_Strict):
@@ -32,20 +31,10 @@ class _Documented(_Strict):
     unverified: list[str] = Field(default_factory=list)
 
 
-def _check_version(value: str) -> str:
-    try:
-        Version(value)
-    except InvalidVersion as exc:
-        raise ValueError(f"not a PEP 440 version: {value!r}") from exc
-    return value
+_check_version = check_version
 
 
-def _check_specifier(value: str) -> str:
-    try:
-        SpecifierSet(value)
-    except InvalidSpecifier as exc:
-        raise ValueError(f"not a PEP 440 specifier: {value!r}") from exc
-    return value
+_check_specifier = check_specifier
 
 
 # --------------------------------------------------------------------------- model

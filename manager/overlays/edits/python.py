@@ -8,7 +8,6 @@ inside a scope path and must match exactly once.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
