@@ -36,6 +36,20 @@ def _cache_strides(k_cache: Any, v_cache: Any) -> tuple[int, int, int]:
     return sb, st, sh
 
 
+
+def _check_shapes(kind: str, q, k_cache) -> tuple[int, int, int, int]:
+    """(tokens or sequences, query heads, block size, KV heads), or BuildError naming the problem."""
+    import torch
+
+    n, num_q_heads, d = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if d != HEAD_DIM or q.dtype != torch.float16 or k_cache.dtype != torch.float16:
+        raise BuildError(f"{kind}: q and caches must be fp16 with head_dim 512")
+    if num_q_heads % num_kv_heads:
+        raise BuildError(f"{kind}: {num_q_heads} query heads do not group over {num_kv_heads} KV heads")
+    return n, num_q_heads, block_size, num_kv_heads
+
+
 class D512Attention:
     def __init__(self, kernels: KernelSet, num_sms: int, decode_blocks_per_sm: int = 1):
         self.k = kernels
@@ -64,12 +78,7 @@ class D512Attention:
                window: int = 0, kv_shared: bool = False, num_splits: int | None = None, out=None):
         import torch
 
-        num_seqs, num_q_heads, d = q.shape
-        _, block_size, num_kv_heads, _ = k_cache.shape
-        if d != HEAD_DIM or q.dtype != torch.float16 or k_cache.dtype != torch.float16:
-            raise BuildError("decode: q and caches must be fp16 with head_dim 512")
-        if num_q_heads % num_kv_heads:
-            raise BuildError(f"decode: {num_q_heads} query heads do not group over {num_kv_heads} KV heads")
+        num_seqs, num_q_heads, block_size, num_kv_heads = _check_shapes("decode", q, k_cache)
         q = q.contiguous()
         sb, st, sh = _cache_strides(k_cache, v_cache)
         group = num_q_heads // num_kv_heads
@@ -96,12 +105,7 @@ class D512Attention:
                 scale: float, causal: bool = True, window: int = 0, kv_shared: bool = False, out=None):
         import torch
 
-        total, num_q_heads, d = q.shape
-        _, block_size, num_kv_heads, _ = k_cache.shape
-        if d != HEAD_DIM or q.dtype != torch.float16 or k_cache.dtype != torch.float16:
-            raise BuildError("prefill: q and caches must be fp16 with head_dim 512")
-        if num_q_heads % num_kv_heads:
-            raise BuildError(f"prefill: {num_q_heads} query heads do not group over {num_kv_heads} KV heads")
+        total, num_q_heads, block_size, num_kv_heads = _check_shapes("prefill", q, k_cache)
         q = q.contiguous()
         sb, st, sh = _cache_strides(k_cache, v_cache)
         out = torch.empty_like(q) if out is None else out
