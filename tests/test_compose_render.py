@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manager.compose.render import (
+    BUNDLE_MOUNT,
     RenderOptions,
     ServicePlan,
     environment,
@@ -235,3 +236,13 @@ def test_service_has_init_healthcheck_restart_offline_env_and_overridable_mounts
 def test_fewer_gpus_than_tp_is_refused() -> None:
     with pytest.raises(ComposeError, match="tp=2 needs at least 2 GPUs"):
         render_compose(dataclasses.replace(PLAN, gpus=1))
+
+
+def test_kernel_deployments_point_the_serving_process_at_the_bundled_manager() -> None:
+    """The routed vLLM code imports manager.kernels to launch the kernels: the serve process
+    must find the bundle's site/ (where `overlay bundle` installs `manager`)."""
+    with_kernels = service(render_compose(dataclasses.replace(PLAN, kernel_overlays=("sm70-d512-attention",))))
+    assert with_kernels["environment"]["OVERLAY_MANAGER_HOME"] == f"{BUNDLE_MOUNT}/site"
+    assert f"{BUNDLE_MOUNT}:ro" in " ".join(with_kernels["volumes"])
+    without = service(render_compose(PLAN))
+    assert "OVERLAY_MANAGER_HOME" not in without["environment"]

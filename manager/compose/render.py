@@ -217,6 +217,9 @@ def _env_items(plan: ServicePlan) -> list[tuple[str, str]]:
     }
     if plan.tp > 1:
         base.update(NCCL_IB_DISABLE="1", VLLM_WORKER_MULTIPROC_METHOD="spawn")
+    if plan.kernel_overlays:
+        # the routed vLLM code imports manager.kernels from the bundle to launch the kernels
+        base["OVERLAY_MANAGER_HOME"] = f"{BUNDLE_MOUNT}/site"
     base.update(plan.env)
     for k in base:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
