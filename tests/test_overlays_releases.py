@@ -516,7 +516,13 @@ def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())
 
 
-def test_a_deleted_block_is_partial_and_apply_repairs_it_to_the_same_bytes(tmp_path, catalog, overlays):
+def _reinstall(root, pristine, rel):
+    (root / rel).write_bytes((pristine / rel).read_bytes())
+
+
+def test_a_deleted_block_is_modified_and_apply_refuses_until_the_file_is_reinstalled(
+    tmp_path, catalog, overlays, pristine_release
+):
     root = slim_root("0.20.0", tmp_path)
     original = file_hashes(root, TARGET.values())
     apply(overlays, root)
@@ -527,12 +533,37 @@ def test_a_deleted_block_is_partial_and_apply_repairs_it_to_the_same_bytes(tmp_p
     assert marker is not None
     end = good.index("return super().get_total_num_kv_heads()\n", marker.end()) + len("return super().get_total_num_kv_heads()\n")
     p.write_text(good[: marker.start()] + good[end:])
+    edited = file_hashes(root, TARGET.values())
     rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     st = {o["id"]: o for o in json.loads(out)["overlays"]}[CONVERTOR]
-    assert st["status"] == "partial" and "kv-heads-compat: anchor found once" in st["targets"][0]["detail"]
+    assert st["status"] == "modified" and "changed since" in st["targets"][0]["detail"]
+    assert "kv-heads-compat: anchor found once" in st["targets"][0]["detail"]
+    with pytest.raises(OverlayError, match="modified"):
+        apply(overlays, root)
+    assert file_hashes(root, TARGET.values()) == edited  # nothing written
+    # the user reinstalls the file: the ledger's original bytes again -> pending -> same bytes as before
+    _reinstall(root, pristine_release("0.20.0"), CONVERTOR_PY)
     result = apply(overlays, root)
     assert [c.path for c in result.changes] == [CONVERTOR_PY]
     assert p.read_text() == good
     revert(overlays, overlays, root)
     assert file_hashes(root, TARGET.values()) == original
+
+
+def test_a_deleted_sentinel_line_never_leads_to_a_second_copy_of_the_block(
+    tmp_path, catalog, overlays, pristine_release
+):
+    root = slim_root("0.20.0", tmp_path)
+    apply(overlays, root)
+    p = root / GEMMA4
+    patched = p.read_text()
+    stripped = re.sub(rf"^[ \t]*# overlay:{PR40886} v\d+ .*\n", "", patched, flags=re.M)
+    assert stripped != patched
+    p.write_text(stripped)
+    report = status(overlays, root)
+    assert report.by_id(PR40886).status == "modified"
+    with pytest.raises(OverlayError, match="changed since"):
+        apply(overlays, root)
+    assert p.read_text() == stripped
+    assert p.read_text().count('if "moe.gate_up_proj_packed" in name') == 1

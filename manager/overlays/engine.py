@@ -242,7 +242,29 @@ def _target_status(states: list, details: list[str]) -> tuple[str, str]:
     return "pending", detail
 
 
-def _overlay_status(overlay: Overlay, tree: _Tree, version: str | None) -> OverlayStatus:
+def _edited_since_apply(root: Path, tree: _Tree, version: str | None) -> dict[str, dict]:
+    """Files the ledger recorded for this package version whose bytes are now neither the
+    original nor what we wrote: somebody edited them after `overlay apply`."""
+    try:
+        led = Ledger.load(root)
+    except OverlayError:
+        return {}
+    if not led.data or led.data.get("package_version") != version:
+        return {}
+    out = {}
+    for rel, rec in led.files.items():
+        now = tree.sha(rel)
+        if now not in (rec["post_sha256"], rec["base_sha256"]):
+            out[rel] = {"overlays": rec["overlays"], "now": now, "post": rec["post_sha256"]}
+    return out
+
+
+def _overlay_status(
+    overlay: Overlay, tree: _Tree, version: str | None, edited: dict[str, dict] | None = None
+) -> OverlayStatus:
+    """`edited`: files changed by hand since apply (from the ledger). Where the ledger says this
+    overlay was applied and its blocks are now incomplete, the target is `modified`: applying
+    again could insert a second copy next to code whose sentinel was removed."""
     m = overlay.manifest
     marker = f"overlay:{overlay.id} v"
     targets: list[TargetStatus] = []
@@ -273,6 +295,13 @@ def _overlay_status(overlay: Overlay, tree: _Tree, version: str | None) -> Overl
                 states.append(res.state)
                 details.append(res.detail)
             status, detail = _target_status(states, details)
+            hand = (edited or {}).get(t)
+            if hand and overlay.id in hand["overlays"] and status in ("pending", "partial"):
+                status, detail = "modified", (
+                    f"the ledger records {overlay.id} applied to {t}, which changed since (sha256 "
+                    f"{hand['now'][:12]}, wrote {hand['post'][:12]}) and lost some of its blocks; reinstall "
+                    f"the file before applying again ({detail})"
+                )
         except (EditFailed, OverlayError, UnicodeDecodeError) as exc:
             status, detail = "error", str(exc)
         targets.append(TargetStatus(t, status, detail))
@@ -318,7 +347,8 @@ def status(overlays: Sequence[Overlay], root: Path, *, use_ledger: bool = True) 
         if fast is not None:
             return fast
     tree = _Tree(root)
-    return StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+    edited = _edited_since_apply(root, tree, version) if use_ledger else {}
+    return StatusReport(str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays))
 
 
 def status_on_release(version: str, catalog: Catalog, ids: Iterable[str] | None = None) -> StatusReport:
@@ -385,7 +415,8 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
 def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
     tree = _Tree(root)
     version = package_version(root)
-    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+    edited = _edited_since_apply(root, tree, version)
+    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays))
     plan = _Plan(root, version, report, tree)
     for o, st in zip(overlays, report.overlays):
         if st.status in _SKIP:
