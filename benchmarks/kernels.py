@@ -66,6 +66,7 @@ PREFILL_GRID = [
     ([8192], [0], 8, 1, 16, True, 0, False),
     ([33, 65, 97, 1, 2, 3, 4, 5] * 8, [0] * 64, 8, 2, 16, True, 0, False),  # batch 64
     ([48], [262096], 16, 2, 16, True, 0, False),      # chunked prefill at 256K context
+    ([300, 77], [0, 40], 16, 2, 24, True, 0, False),   # block 24: not a power of two (division path)
 ]
 
 
@@ -73,12 +74,13 @@ def _err(out, ref) -> float:
     return float((out.float() - ref).abs().max().item())
 
 
-def correctness(attn, device: str, quick: bool = False, only: str | None = None) -> list[dict]:
+def correctness(attn, device: str, quick: bool = False, only: str | None = None, decode: bool = True) -> list[dict]:
     import torch
 
     rows = []
     scale = 1.0 / math.sqrt(512)
-    for i, (batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(DECODE_GRID if not quick else DECODE_GRID[:4]):
+    dgrid = (DECODE_GRID if not quick else DECODE_GRID[:4]) if decode else []
+    for i, (batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(dgrid):
         if only and only not in str(DECODE_GRID[i]):
             continue
         g = torch.Generator().manual_seed(100 + i)
@@ -210,7 +212,11 @@ def _sdpa_best(q, k, v):
     return best, results
 
 
-def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sdpa: bool = True) -> list[dict]:
+def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sdpa: bool = True,
+                  repeats: int = 1) -> list[dict]:
+    """Times are the median over `repeats` measurements, each the mean of 5 launches after 2 warm-ups."""
+    import statistics
+
     import torch
 
     rows = []
@@ -220,9 +226,10 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
         q = torch.randn((batch * L, hq, 512), device=device).to(torch.float16)
         cu = torch.arange(0, batch * L + 1, L, dtype=torch.int32, device=device)
         fn = lambda: attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu, case.seq_lens, L, scale)  # noqa: E731
-        t = _time(fn, iters=5, warmup=2)
+        t = statistics.median(_time(fn, iters=5, warmup=2) for _ in range(max(1, repeats)))
         flops = 4 * 512 * hq * batch * L * (L + 1) / 2
-        row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, ours_ms=t * 1e3, ours_tflops=flops / t / 1e12)
+        row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, repeats=repeats, ours_ms=t * 1e3,
+                   ours_tflops=flops / t / 1e12)
         if sdpa:
             from manager.kernels.d512_reference import gather
 
@@ -230,6 +237,16 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
             v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
             qs = q.view(batch, L, hq, 512).transpose(1, 2).contiguous()
             best, res = _sdpa_best(qs, k, v)
+            if best and repeats > 1:  # the chosen backend again, median like ours
+                import torch.nn.functional as F
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                be, tag = best.split("/")
+                kk, vv = (k, v) if tag == "gqa" else (k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1))
+                with sdpa_kernel([getattr(SDPBackend, be)]):
+                    f2 = lambda: F.scaled_dot_product_attention(qs, kk, vv, is_causal=True, enable_gqa=(tag == "gqa"))  # noqa: E731
+                    res[best] = statistics.median(_time(f2, iters=5, warmup=1) for _ in range(repeats))
+                del kk, vv
             row["sdpa_backends"] = {n: (r * 1e3 if isinstance(r, float) else r) for n, r in res.items()}
             if best:
                 row["sdpa_best"] = best
@@ -302,6 +319,11 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--bench", default="all", choices=("all", "decode", "prefill"),
+                    help="which benchmarks to run (default all)")
+    ap.add_argument("--repeats", type=int, default=1, help="prefill timings: median over this many measurements")
+    ap.add_argument("--variant-full", action="store_true",
+                    help="--variant builds get the full prefill correctness grid and the prefill benchmark (no SDPA)")
     ap.add_argument("--only", default=None, help="substring of a grid row's shape to run (e.g. 262144)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
@@ -336,14 +358,18 @@ def main() -> int:
         res["variants"][label] = v
         try:
             d512._loaded.clear()
-            attn = d512.load(cache=cache, prefer=prefer, overlay_dir=ROOT / "overlays" / "sm70-d512-attention")
+            # --variant builds use the entry specs recorded in their own index (their shared_bytes may differ)
+            attn = d512.load(cache=cache, prefer=prefer, overlay_dir=None if extra else ROOT / "overlays" / "sm70-d512-attention")
             v["objects"] = [o.__dict__ for o in attn.k.objects]
             v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
-            v["correctness"] = correctness(attn, "cuda", quick=a.quick or extra, only=a.only)
+            full = extra and a.variant_full
+            v["correctness"] = correctness(attn, "cuda", quick=(a.quick or extra) and not full, only=a.only,
+                                           decode=not full)
             if not a.no_bench:
-                v["decode"] = bench_decode(attn, "cuda", peak)
-                if not extra:
-                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin"))
+                if a.bench in ("all", "decode"):
+                    v["decode"] = bench_decode(attn, "cuda", peak)
+                if a.bench in ("all", "prefill") and (not extra or a.variant_full):
+                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats)
         except Exception as exc:  # noqa: BLE001
             v["error"] = f"{type(exc).__name__}: {exc}"
             print(traceback.format_exc(), flush=True)

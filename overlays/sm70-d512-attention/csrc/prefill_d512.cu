@@ -18,8 +18,35 @@
 //
 // Shared memory (bytes): Q 32x520 halves 33280, K/V 33280 (both reused as
 // the fp32 32x520 output staging), S partials 4x32x36 floats 18432,
-// P 32x40 halves 2560, row stats 256 = 87808 (< 96 KB).
+// P 32x40 halves 2560, row stats 256 = 87808 (< 96 KB).  Every WMMA access to
+// shared memory uses the .shared state space (below).
 #include "d512_common.cuh"
+
+// Shared-memory WMMA accesses name the .shared state space explicitly (32-bit
+// shared addresses) instead of generic addresses: the fragment loads are the
+// kernel's hottest instructions, and this alone made it 12-15 % faster on the
+// H200 (compute_70 PTX; docs/kernels.md).  Plain PTX wmma from sm_70 on.
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+#define WMMA_LOAD_AB_S(NAME, OP)                                                                \
+  __device__ __forceinline__ void NAME(frag_ab& f, const half* p, int ld) {                     \
+    asm volatile(OP " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                      \
+                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]),          \
+                   "=r"(f.x[5]), "=r"(f.x[6]), "=r"(f.x[7])                                      \
+                 : "r"(smem_u32(p)), "r"(ld)                                                     \
+                 : "memory");                                                                    \
+  }
+WMMA_LOAD_AB_S(sload_a_row, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
+WMMA_LOAD_AB_S(sload_b_col, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
+WMMA_LOAD_AB_S(sload_b_row, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
+__device__ __forceinline__ void sstore_acc_row(float* p, const acc_frag& f, int ld) {
+  asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+               :: "r"(smem_u32(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
+                  "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
+}
 
 #define NTHREADS 512
 #define BM 32
@@ -112,11 +139,11 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const int k0 = (kq * 8 + kk) * 16;
-        load_a_row(a, Qs + mt * 16 * LDS + k0, LDS);
-        load_b_col(bk, KVs + nt * 16 * LDS + k0, LDS);
+        sload_a_row(a, Qs + mt * 16 * LDS + k0, LDS);
+        sload_b_col(bk, KVs + nt * 16 * LDS + k0, LDS);
         mma_row_col(s, a, bk);
       }
-      store_acc_row(Sp + kq * BM * SLD + mt * 16 * SLD + nt * 16, s, SLD);
+      sstore_acc_row(Sp + kq * BM * SLD + mt * 16 * SLD + nt * 16, s, SLD);
     }
     __syncthreads();
 
@@ -164,11 +191,11 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
       frag_ab a[2], bv;
 #pragma unroll
       for (int ks = 0; ks < CHUNK / 16; ++ks) {
-        load_a_row(a[0], Ps + ks * 16, PLD);
-        load_a_row(a[1], Ps + 16 * PLD + ks * 16, PLD);
+        sload_a_row(a[0], Ps + ks * 16, PLD);
+        sload_a_row(a[1], Ps + 16 * PLD + ks * 16, PLD);
 #pragma unroll
         for (int f = 0; f < 2; ++f) {
-          load_b_row(bv, KVs + ks * 16 * LDS + warp * 32 + f * 16, LDS);
+          sload_b_row(bv, KVs + ks * 16 * LDS + warp * 32 + f * 16, LDS);
           mma_row_row(o[0][f], a[0], bv);
           mma_row_row(o[1][f], a[1], bv);
         }
@@ -183,7 +210,7 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int f = 0; f < 2; ++f)
-      store_acc_row(Os + mt * 16 * LDS + warp * 32 + f * 16, o[mt][f], LDS);
+      sstore_acc_row(Os + mt * 16 * LDS + warp * 32 + f * 16, o[mt][f], LDS);
   __syncthreads();
   for (int i = tid; i < rows * (HD / 4); i += NTHREADS) {
     const int r = i / (HD / 4), c = (i % (HD / 4)) * 4;
