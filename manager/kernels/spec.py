@@ -142,9 +142,11 @@ class KernelsSpec(_Strict):
 def load_kernels_spec(overlay_dir: Path) -> KernelsSpec | None:
     """Read `overlay.yaml`'s `kernels:` section through this schema (None when absent).
 
-    Used until the overlay engine's manifest carries the field itself; the
-    engine's manifest, once it declares `kernels: KernelsSpec | None`, yields
-    the same object.
+    The overlay engine's manifest (`Manifest.kernels`) validates the same section
+    with the same model; this reader takes the section alone, so `overlay build`
+    and the routed vLLM code in the serving process do not depend on the rest of
+    the manifest (or on the engine's imports), and it also checks that the listed
+    sources and headers exist.
     """
     manifest = Path(overlay_dir) / "overlay.yaml"
     try:
