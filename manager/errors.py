@@ -39,3 +39,7 @@ class BuildError(ManagerError):
 
 class ReleaseError(ManagerError):
     """A vLLM release's sources could not be downloaded or extracted."""
+
+
+class InspectError(ManagerError):
+    """A checkpoint (config.json, index, safetensors headers) is unreadable or malformed."""
