@@ -23,6 +23,7 @@ from .tensors import RULES, Placement, classify, rank_bytes
 
 INDEX = "model.safetensors.index.json"
 TP_CANDIDATES = (1, 2, 4, 8, 16)
+_K_PROJ = re.compile(r"layers\.(\d+)\.self_attn\.k_proj\.")
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ def _shard_files(source: Source) -> tuple[list[str], dict[str, str] | None]:
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm:
             raise InspectError(f"{source.where(INDEX)}: weight_map: missing or empty")
-        for k, v in wm.items():
-            check_name(v, f"{source.where(INDEX)}: weight_map[{k!r}]")
+        for v in set(wm.values()):
+            check_name(v, f"{source.where(INDEX)}: weight_map")
         return sorted(set(wm.values())), {str(k): str(v) for k, v in wm.items()}
     files = source.list_safetensors()
     if not files:
@@ -162,18 +163,30 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
 
     total = sum(t.nbytes for t in tensors)
     by_dtype: dict[str, int] = {}
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for t, p in zip(tensors, places):
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
-        g = groups.setdefault((p.cls, p.rule), {"n": 0, "b": 0, "params": set(), "dims": set(), "why": p.why})
+        g = groups.setdefault(p.cls, {"n": 0, "b": 0, "rep": 0, "params": set(), "dims": set(), "rule": p.rule, "why": p.why})
         g["n"] += 1
         g["b"] += t.nbytes
         g["params"].add(p.param)
         if p.dim is not None:
             g["dims"].add(p.dim)
-    by_class = tuple(sorted((ClassBytes(c, r, g["n"], g["b"], tuple(sorted(g["params"])), tuple(sorted(g["dims"])), g["why"])
-                             for (c, r), g in groups.items()), key=lambda c: -c.bytes))
+            if g["rule"] == "replicated":
+                g["rule"], g["why"] = p.rule, ""
+        else:
+            g["rep"] += t.nbytes
+            if len(t.shape) >= 2 and g["rule"] == "replicated":
+                g["why"] = p.why
+    by_class = tuple(sorted((ClassBytes(c, g["rule"], g["n"], g["b"], tuple(sorted(g["params"])), tuple(sorted(g["dims"])),
+                                        g["why"] if g["rule"] == "replicated" else
+                                        (f"{g['rep']:,} B of per-tensor metadata replicated" if g["rep"] else ""))
+                             for c, g in groups.items()), key=lambda c: (-c.bytes, c.cls)))
     heads_ok = valid_tps(model)
+    k_layers = []
+    for t in tensors:
+        m = _K_PROJ.search(t.name)
+        k_layers.append(bool(m) and int(m.group(1)) in k_eq_v_layers)
     splits = []
     for tp in TP_CANDIDATES:
         if tp not in heads_ok:
@@ -181,7 +194,7 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
         rank = 0
         sharded = replicated = dup = 0
         bad: dict[str, str] = {}
-        for t, p in zip(tensors, places):
+        for t, p, kl in zip(tensors, places, k_layers):
             b = rank_bytes(t, p, tp)
             if b is None:
                 bad.setdefault(p.cls, f"{p.cls}: {t.name.rsplit('.', 1)[-1]} dim {p.dim} = {t.shape[p.dim]} not divisible by TP {tp}")
@@ -191,8 +204,7 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
                 replicated += t.nbytes
             else:
                 sharded += t.nbytes
-            m = re.search(r"layers\.(\d+)\.self_attn\.k_proj\.", t.name)
-            if m and int(m.group(1)) in k_eq_v_layers:
+            if kl:
                 dup += b
         problems = tuple(bad.values())
         splits.append(TpSplit(tp, () if problems else tuple([rank] * tp), sharded, replicated, dup, problems))
@@ -243,10 +255,6 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
                                + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
         if extra:
             notes.append(f"{len(extra)} tensors in the shards are not in {INDEX} (e.g. {extra[0]}); vLLM loads them anyway")
-    for s in shards:
-        if s.truncated:
-            notes.append(f"{s.file}: file is {s.file_size} bytes, its header describes {s.data_start + s.data_bytes} "
-                         "(truncated or header-only: the engine would fail reading it; sizes come from the header)")
     total = sum(t.nbytes for t in tensors)
     mid = _model_id(src, str(target))
     where = src.where("config.json")

@@ -156,11 +156,34 @@ def _catalog(profiles, catalog):
     return None
 
 
-def engine_checks(findings: list[Finding], cfg: dict[str, Any], model, profiles, catalog=None) -> list[EngineCheck]:
-    from ..fits.overlays import EXPECTED, build_index
+def _overlay_infos(cat, ids: tuple[str, ...]) -> dict[str, Any]:
+    """The few manifests the layout rules name: present? their `versions` range (C YAML loader: fast)."""
+    import yaml
 
-    cat = _catalog(profiles, catalog)
-    infos = build_index(cat, use_releases=False).overlays if cat is not None else {}
+    from ..fits.overlays import OverlayInfo
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    out: dict[str, Any] = {}
+    if cat is None:
+        return out
+    for oid in ids:
+        mf = cat.overlays_dir / oid / "overlay.yaml"
+        if not mf.is_file():
+            continue
+        try:
+            raw = yaml.load(mf.read_text(), Loader=loader)
+        except (OSError, yaml.YAMLError) as exc:
+            out[oid] = OverlayInfo(oid, {}, invalid=f"unreadable: {str(exc).splitlines()[0]}")
+            continue
+        raw = raw if isinstance(raw, dict) else {}
+        out[oid] = OverlayInfo(oid, dict(raw.get("needed_when") or {}), versions=str(raw.get("versions") or ""))
+    return out
+
+
+def engine_checks(findings: list[Finding], cfg: dict[str, Any], model, profiles, catalog=None) -> list[EngineCheck]:
+    from ..fits.overlays import EXPECTED
+
+    infos = _overlay_infos(_catalog(profiles, catalog), (PR40886, CONVERTOR))
     ids = {f.id: f for f in findings}
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     archs = list(cfg.get("architectures") or text.get("architectures") or [model.architecture])

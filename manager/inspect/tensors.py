@@ -34,6 +34,8 @@ VOCAB = {"embed_tokens", "embed_tokens_per_layer", "lm_head"}
 REPLICATED_LINEAR = {"per_layer_input_gate", "per_layer_projection"}
 FUSED_EXPERT = re.compile(r"^(?P<mod>.*\bexperts)\.(?P<proj>gate_up_proj|down_proj)(?:_(?P<part>packed|scale|zero_point|shape))?$")
 
+_INDEX = re.compile(r"\.\d+\.")
+
 RULES = {
     "column": "split by output rows (column-parallel: QKVParallelLinear / MergedColumnParallelLinear / ColumnParallelLinear)",
     "row": "split by input columns (row-parallel: RowParallelLinear)",
@@ -63,7 +65,7 @@ def strip_prefix(name: str) -> str:
 def classify(t: TensorEntry) -> Placement:
     local = strip_prefix(t.name)
     top = local.split(".", 1)[0]
-    generic = re.sub(r"\.\d+\.", ".*.", "." + local + ".")[1:-1]
+    generic = _INDEX.sub(".*.", "." + local + ".")[1:-1]
     m = FUSED_EXPERT.match(generic)
     if m:
         cls = f"{m['mod']}.{m['proj']}"
