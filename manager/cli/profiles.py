@@ -19,6 +19,17 @@ def _profiles(ctx: click.Context):
     return load_profiles(ctx.obj.catalog)
 
 
+def _checkpoint(ctx: click.Context, profiles, model: str | None, checkpoint: str | None):
+    """--model XOR --checkpoint; the checkpoint is inspected (headers only) here."""
+    if (model is None) == (checkpoint is None):
+        raise ProfileError("give exactly one of --model (a profile id) or --checkpoint (a checkpoint dir, URL or repo id)")
+    if checkpoint is None:
+        return None
+    from ..inspect import inspect_checkpoint
+
+    return inspect_checkpoint(checkpoint, profiles=profiles, catalog=ctx.obj.catalog)
+
+
 def _bar(used: dict[str, int], total: int, width: int = 40) -> str:
     out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow", "kv_needed": "green"}
     for key, col in style.items():
@@ -46,7 +57,7 @@ def _print_report(report) -> None:
     pc = report.memory.per_card
     gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
     err.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
-              f"(weights {gb(pc['weights'])}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
+              f"(weights {gb(pc['weights'])} {report.memory.weights_source}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
               f"KV {gb(pc['kv_needed'])})")
     err.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
               f"max ctx {report.memory.max_ctx}, capacity {report.memory.kv_capacity_tokens} tokens/card")
@@ -127,7 +138,8 @@ def register(cli: click.Group) -> None:
             status(write_if_changed(output, text.encode()), str(output))
 
     @cli.command("fits")
-    @click.option("--model", required=True)
+    @click.option("--model", default=None, help="Model profile id (or give --checkpoint).")
+    @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
     @click.option("--weights", default=None)
     @click.option("--hardware", required=True)
     @click.option("--gpus", type=int, default=1, show_default=True)
@@ -139,14 +151,16 @@ def register(cli: click.Group) -> None:
     @click.option("--max-seqs", type=int, default=None)
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
-    def fits_cmd(ctx: click.Context, model, weights, hardware, gpus, tp, engine, drafter, ctx_len,
+    def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
                  kv_dtype, max_seqs, as_json) -> None:
         """Check whether a deployment fits; exit 0 for fits/tight, 1 for fails."""
         from ..fits import fits
 
-        report = fits(_profiles(ctx), model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
+        profiles = _profiles(ctx)
+        insp = _checkpoint(ctx, profiles, model, checkpoint)
+        report = fits(profiles, model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
                       engine=engine, drafter=drafter, ctx=ctx_len, kv_dtype=kv_dtype,
-                      max_seqs=max_seqs, catalog=ctx.obj.catalog)
+                      max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
         if as_json:
             print_json(report.to_json())
         else:
@@ -154,7 +168,8 @@ def register(cli: click.Group) -> None:
         ctx.exit(0 if report.ok else 1)
 
     @cli.command("plan")
-    @click.option("--model", required=True)
+    @click.option("--model", default=None, help="Model profile id (or give --checkpoint).")
+    @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id (overlay inspect).")
     @click.option("--hardware", required=True)
     @click.option("--gpus", type=int, default=1, show_default=True)
     @click.option("--ctx", "ctx_len", type=int, default=None)
@@ -162,12 +177,15 @@ def register(cli: click.Group) -> None:
     @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
-    def plan_cmd(ctx: click.Context, model, hardware, gpus, ctx_len, max_seqs, limit, as_json) -> None:
+    def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, as_json) -> None:
         """List the deployments that fit, best first, and why the others were rejected."""
         from ..fits import plan
 
-        pl = plan(_profiles(ctx), model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
-                  max_seqs=max_seqs, catalog=ctx.obj.catalog)
+        profiles = _profiles(ctx)
+        insp = _checkpoint(ctx, profiles, model, checkpoint)
+        pl = plan(profiles, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
+                  max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
+        model = pl.model
         if as_json:
             print_json(pl.to_json())
             ctx.exit(0 if pl.options else 1)

@@ -317,7 +317,7 @@ def c_context(c: _Ctx) -> Constraint:
 
 def c_memory(c: _Ctx, mm: mem.Memory) -> Constraint:
     pc = mm.per_card
-    head = (f"per card: weights {_gb(pc['weights'])} + drafter {_gb(pc['drafter'])} + overhead {_gb(pc['overhead'])} + "
+    head = (f"per card: weights {_gb(pc['weights'])} ({mm.weights_source}) + drafter {_gb(pc['drafter'])} + overhead {_gb(pc['overhead'])} + "
             f"activations {_gb(pc['activations'])} of budget {_gb(pc['budget'])} -> KV {_gb(pc['kv_available'])}")
     if pc["kv_available"] <= 0:
         over = pc["weights"] + pc["drafter"] + pc["overhead"] + pc["activations"] - pc["budget"]
@@ -373,7 +373,7 @@ def _catalog_for(profiles: Profiles, catalog: Catalog | None) -> Catalog | None:
 def fits(
     profiles: Profiles,
     *,
-    model: str,
+    model: str | None = None,
     hardware: str,
     gpus: int = 1,
     tp: int | None = None,
@@ -385,8 +385,17 @@ def fits(
     max_seqs: int | None = None,
     catalog: Catalog | None = None,
     overlay_index: OverlayIndex | None = None,
+    checkpoint: Any = None,
 ) -> FitReport:
-    """Check one deployment against every constraint; see docs/profiles.md."""
+    """Check one deployment against every constraint; see docs/profiles.md.
+
+    `checkpoint` (a manager.inspect.Inspection) replaces `model`/`weights` with the checkpoint's
+    own config and its exact per-rank weight bytes from the safetensors headers."""
+    measured: dict[int, tuple[int, int]] = {}
+    if checkpoint is not None:
+        from ..inspect.fitting import with_checkpoint
+
+        profiles, model, weights, measured = with_checkpoint(profiles, checkpoint)
     m: ModelProfile = profiles.get("models", model)
     hw: HardwareProfile = profiles.get("hardware", hardware)
     vid = weights or m.default_weights
@@ -401,7 +410,7 @@ def fits(
         overlay_index = index_for(cat) if cat is not None else None
     c = _Ctx(profiles, m, vid, m.weights[vid], hw, e, d, gpus, max(tp_, 1), ctx, kvd, max_seqs, overlay_index)
     mm = mem.compute(m, c.w, hw, e, tp=c.tp, kv_dtype=kvd, ctx=ctx, max_seqs=max_seqs,
-                     drafter_gb=d.size_gb if d else 0.0)
+                     drafter_gb=d.size_gb if d else 0.0, measured=measured.get(c.tp))
     ov, needed = c_overlays(c)
     cons = [
         c_gpu_count(c), c_tp_heads(c), c_engine_family(c), c_weight_format(c), c_engine_sm(c), c_dtype(c),

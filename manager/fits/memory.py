@@ -50,6 +50,9 @@ class Memory:
     kv_copies_k_eq_v: int
     replicated: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # "measured from headers" (overlay fits --checkpoint: exact per-rank bytes from safetensors headers)
+    # or "estimated" (the profile's size_gb, split as (size - replicated) / TP + replicated)
+    weights_source: str = "estimated"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,7 @@ class Memory:
             "kv_copies_k_eq_v": self.kv_copies_k_eq_v,
             "replicated": list(self.replicated),
             "notes": list(self.notes),
+            "weights_source": self.weights_source,
         }
 
 
@@ -118,7 +122,8 @@ def activation_bytes(model: ModelProfile, tp: int, max_seqs: int | None) -> int:
 
 def compute(model: ModelProfile, variant: WeightVariant, hw: HardwareProfile, engine: EngineProfile | None,
             *, tp: int, kv_dtype: str, ctx: int | None, max_seqs: int | None,
-            drafter_gb: float = 0.0) -> Memory:
+            drafter_gb: float = 0.0, measured: tuple[int, int] | None = None) -> Memory:
+    """`measured`: (bytes one rank holds, of which replicated) from the checkpoint's headers, for this TP."""
     notes: list[str] = []
     kvd = effective_kv_dtype(kv_dtype, model, hw)
     dbytes = KV_DTYPE_BYTES.get(kvd, 2)
@@ -128,6 +133,9 @@ def compute(model: ModelProfile, variant: WeightVariant, hw: HardwareProfile, en
     replicated_b = int(variant.replicated_gb * 1e9)
     sharded_b = int(variant.size_gb * 1e9) - replicated_b
     weights_sharded = -(-sharded_b // tp)
+    if measured is not None:
+        replicated_b = measured[1]
+        weights_sharded = measured[0] - measured[1]
     drafter_b = int(drafter_gb * 1e9) // tp if drafter_gb else 0
     overhead = CUDA_CONTEXT_BYTES + CUDA_GRAPH_BYTES + (NCCL_BYTES if tp > 1 else 0)
     act = activation_bytes(model, tp, max_seqs)
@@ -188,4 +196,5 @@ def compute(model: ModelProfile, variant: WeightVariant, hw: HardwareProfile, en
         kv_copies_k_eq_v=copies,
         replicated=replicated,
         notes=notes,
+        weights_source="measured from headers" if measured is not None else "estimated",
     )

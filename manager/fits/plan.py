@@ -51,7 +51,7 @@ def _bits(profiles: Profiles, model: str, vid: str) -> int:
 def plan(
     profiles: Profiles,
     *,
-    model: str,
+    model: str | None = None,
     hardware: str,
     gpus: int = 1,
     engines: list[str] | None = None,
@@ -59,7 +59,13 @@ def plan(
     max_seqs: int | None = None,
     catalog: Catalog | None = None,
     overlay_index: OverlayIndex | None = None,
+    checkpoint: Any = None,
 ) -> Plan:
+    """`checkpoint` (manager.inspect.Inspection): plan for that checkpoint (its config, measured bytes)."""
+    if checkpoint is not None:
+        from ..inspect.fitting import with_checkpoint
+
+        profiles, model, _, _ = with_checkpoint(profiles, checkpoint)
     m = profiles.get("models", model)
     profiles.get("hardware", hardware)
     tps = [t for t in (1, 2, 4, 8, 16) if t <= gpus]
@@ -75,7 +81,7 @@ def plan(
                     for dr in [None, *m.drafters]:
                         r = fits(profiles, model=model, hardware=hardware, gpus=gpus, tp=tp, weights=vid,
                                  engine=eid, drafter=dr, ctx=ctx, kv_dtype=kv, max_seqs=max_seqs,
-                                 catalog=catalog, overlay_index=overlay_index)
+                                 catalog=catalog, overlay_index=overlay_index, checkpoint=checkpoint)
                         if r.verdict != "fails":
                             options.append(r)
                         elif kv == "auto" and dr is None:

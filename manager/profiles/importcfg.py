@@ -120,6 +120,14 @@ def _groups(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _ct_nvfp4(q: dict[str, Any]) -> bool:
+    if "nvfp4" in str(q.get("format", "")).lower():
+        return True
+    groups = q.get("config_groups") or {}
+    w = (next(iter(groups.values()), None) or {}).get("weights") or {} if isinstance(groups, dict) and groups else {}
+    return w.get("type") == "float" and int(w.get("num_bits") or 0) == 4
+
+
 def _variant(t: dict[str, Any], size_gb: float | None, hf_repo: str, params: int) -> tuple[str, dict[str, Any]]:
     q = t.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
@@ -129,6 +137,10 @@ def _variant(t: dict[str, Any], size_gb: float | None, hf_repo: str, params: int
         dtype = str(t.get("dtype") or t.get("torch_dtype") or "bfloat16")
         vid = "bf16" if "bfloat16" in dtype else "fp16"
         v["format"] = vid
+    elif method == "compressed-tensors" and _ct_nvfp4(q):
+        # compressed-tensors NVFP4 (format nvfp4-pack-quantized: float4 weights, group 16)
+        v.update(format="nvfp4", quant_method="nvfp4", bits=4, group_size=16)
+        bits, vid = 4.5, "nvfp4"
     elif method == "compressed-tensors":
         v["format"] = "compressed-tensors"
         groups = q.get("config_groups") or {}
