@@ -1,0 +1,500 @@
+"""overlay inspect: config.json + safetensors headers only; exact bytes; per-rank splits; key-layout findings.
+
+Cases are checkpoint directories built by helpers (tests/_checkpoint_shapes.py for header-only sets
+with the public checkpoints' names/dtypes/shapes; `_tiny_real` below for small real safetensors
+files). A case from the tiny-checkpoint factory (manager/testing/checkpoints.py, branch `engine`)
+fits the same tests: they only need a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import _checkpoint_shapes as shapes
+from manager.catalog import Catalog
+from manager.cli import cli
+from manager.errors import InspectError
+from manager.inspect import LocalSource, header_bytes, inspect_checkpoint
+from manager.profiles import load_profiles
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _main(argv: list[str]) -> int:
+    """The real entry point with its error handler (exit 1 + one line for user errors)."""
+    from manager.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog(REPO)
+
+
+@pytest.fixture(scope="module")
+def profiles(catalog):
+    return load_profiles(catalog)
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    base = tmp_path_factory.mktemp("headers")
+    out = {}
+    for name, model, quant in [("26b-awq", "26b-a4b", "w4a16"), ("26b-bf16", "26b-a4b", None), ("31b", "31b", None),
+                               ("12b", "12b", None), ("e2b-nvfp4", "e2b", "nvfp4")]:
+        out[name] = (base / name, shapes.write(base / name, model, quant))
+    return out
+
+
+def _ranges(d: Path) -> tuple[int, int, dict[str, tuple[str, list[int], int, int]]]:
+    """Independent reading of every header in d: (sum of end - begin, sum of 8 + N, name -> entry)."""
+    total = hdr = 0
+    entries = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            obj = json.loads(fh.read(n))
+        hdr += 8 + n
+        for k, v in obj.items():
+            if k != "__metadata__":
+                b, e = v["data_offsets"]
+                total += e - b
+                entries[k] = (v["dtype"], v["shape"], b, e)
+    return total, hdr, entries
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+@pytest.mark.parametrize("name", ["26b-awq", "26b-bf16", "31b", "12b", "e2b-nvfp4"])
+def test_weight_bytes_equal_the_sum_of_header_byte_ranges(sets, name):
+    d, info = sets[name]
+    r = inspect_checkpoint(d)
+    total, _, entries = _ranges(d)
+    assert r.weights.total == total == info["total"]
+    assert r.weights.tensors == len(entries) == info["tensors"]
+    assert sum(c.bytes for c in r.weights.by_class) == total
+    assert r.profile["weights"][r.profile["default_weights"]]["size_gb"] == round(total / 1e9, 3)
+
+
+def test_header_only_shards_are_read_without_touching_the_data_region(sets):
+    """The shards hold only their headers (data region absent); every read stays inside 8 + N."""
+    d, _ = sets["26b-awq"]
+    reads: list[tuple[str, int, int]] = []
+
+    class Recording(LocalSource):
+        def read(self, name, start, length):
+            reads.append((name, start, length))
+            return super().read(name, start, length)
+
+    r = inspect_checkpoint(d, source=Recording(d))
+    _, hdr, _ = _ranges(d)
+    limits = {}
+    for f in d.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            limits[f.name] = 8 + struct.unpack("<Q", fh.read(8))[0]
+    for name, start, length in reads:
+        if name.endswith(".safetensors"):
+            assert start + length <= limits[name], (name, start, length)
+    json_bytes = sum((d / n).stat().st_size for n in ("config.json", "model.safetensors.index.json"))
+    assert r.bytes_read == hdr + json_bytes
+    assert all(s.truncated for s in r.shards)
+    assert any(f.id == "truncated-shards" for f in r.findings)
+    assert r.weights.total > 15e9 and r.bytes_read < 400_000  # 15.6 GB described by < 0.4 MB read
+
+
+def test_unreadable_data_region_is_never_opened(tmp_path):
+    """A shard whose data region is a hole in a sparse file bigger than the disk would hold; plus a read guard."""
+    d = tmp_path / "ck"
+    shapes.write(d, "31b", None, sparse=True)
+    guard = {}
+    for f in d.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            guard[f.name] = 8 + struct.unpack("<Q", fh.read(8))[0]
+
+    class Guard(LocalSource):
+        def read(self, name, start, length):
+            if name in guard and start + length > guard[name]:
+                raise AssertionError(f"read into the data region of {name}")
+            return super().read(name, start, length)
+
+    r = inspect_checkpoint(d, source=Guard(d))
+    assert not any(s.truncated for s in r.shards)
+    assert not any(f.id == "truncated-shards" for f in r.findings)
+
+
+def test_memory_does_not_grow_with_the_bytes_a_header_describes(tmp_path):
+    small, big = tmp_path / "small", tmp_path / "big"
+    shapes.write(small, "31b", None)
+    shapes.write(big, "31b", None)
+    # same keys, every shape's first dimension x 1000 (one shard: the header says ~62 TB)
+    names = sorted(big.glob("*.safetensors"))
+    for f in names:
+        raw = f.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        obj = json.loads(raw[8:8 + n])
+        meta = obj.pop("__metadata__", None)
+        off, new = 0, {}
+        for k, v in sorted(obj.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            shape = [v["shape"][0] * 1000] + v["shape"][1:]
+            size = (v["data_offsets"][1] - v["data_offsets"][0]) * 1000
+            new[k] = {"dtype": v["dtype"], "shape": shape, "data_offsets": [off, off + size]}
+            off += size
+        f.write_bytes(header_bytes(new, meta))
+    peaks = []
+    for d in (small, big):
+        inspect_checkpoint(d)  # warm imports
+        tracemalloc.start()
+        r = inspect_checkpoint(d)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        peaks.append(r.weights.total)
+    assert peaks[3] > 900 * peaks[1]  # the big set describes ~1000x the bytes
+    assert peaks[2] < 1.2 * peaks[0], peaks  # ... with the same memory
+
+
+# ----------------------------------------------------------------------------- per rank
+
+
+def test_per_rank_bytes_equal_an_explicit_split_of_the_31b_header_set(sets):
+    """TP 1/2/4 per-rank figures recomputed here from the shapes with the rule table stated in the test."""
+    d, _ = sets["31b"]
+    r = inspect_checkpoint(d)
+    _, _, entries = _ranges(d)
+    assert r.weights.head_valid_tps == (1, 2, 4)
+    col = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    for tp in (1, 2, 4):
+        rank = 0
+        for name, (dtype, shape, b, e) in entries.items():
+            nb = e - b
+            leaf = name.rsplit(".", 2)[-2]
+            if "vision_tower" in name or "embed_vision" in name or len(shape) == 1:
+                rank += nb  # replicated
+            elif name.endswith("embed_tokens.weight") or leaf in col or leaf == "o_proj" or leaf == "down_proj":
+                assert (shape[0] if leaf != "o_proj" and leaf != "down_proj" else shape[1]) % tp == 0
+                rank += nb // tp
+            else:
+                raise AssertionError(f"unexpected tensor {name}")
+        split = r.weights.split(tp)
+        assert split is not None and split.valid and split.ranks == (rank,) * tp
+
+
+def test_sharding_rules_per_tensor_class(sets):
+    d, _ = sets["26b-awq"]
+    r = inspect_checkpoint(d)
+    rule = {c.cls: (c.rule, c.dims) for c in r.weights.by_class}
+    assert rule["layers.*.self_attn.q_proj"] == ("column", (0,))
+    assert rule["layers.*.self_attn.o_proj"] == ("row", (1,))
+    assert rule["layers.*.mlp.down_proj"] == ("row", (1,))
+    assert rule["layers.*.experts.gate_up_proj"] == ("experts", (1,))
+    assert rule["layers.*.experts.down_proj"] == ("experts", (2,))
+    assert rule["embed_tokens"] == ("vocab", (0,))
+    assert rule["layers.*.router.proj"][0] == "replicated"
+    assert rule["layers.*.input_layernorm"][0] == "replicated"
+    assert rule["vision_tower"][0] == "replicated"
+    # 26B: heads allow TP 1, 2 (2 global KV heads); per rank at TP 2 = sharded / 2 + replicated
+    s2 = r.weights.split(2)
+    assert r.weights.head_valid_tps == (1, 2)
+    assert s2.ranks[0] == s2.sharded // 2 + s2.replicated and s2.sharded + s2.replicated == r.weights.total
+    assert s2.k_eq_v_copy > 0  # 5 K=V layers: vLLM loads k_proj into the V slot too
+
+
+def _tiny_real(d: Path, *, quant: bool) -> dict:
+    """A small real Gemma-4-shaped checkpoint written with the safetensors package (random data)."""
+    np = pytest.importorskip("numpy")
+    st = pytest.importorskip("safetensors.numpy")
+    cfg = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               num_global_key_value_heads=2, head_dim=32, global_head_dim=64, sliding_window=32, attention_k_eq_v=True,
+               enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64, intermediate_size=128,
+               max_position_embeddings=4096, vocab_size=512, layer_types=["sliding_attention", "full_attention"],
+               model_type="gemma4_text")
+    config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": cfg,
+              "dtype": "bfloat16"}
+    if quant:
+        config["quantization_config"] = shapes.CT_W4A16 | {"config_groups": {"group_0": {
+            "targets": ["Linear"], "input_activations": None,
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}}}}
+    rng = np.random.default_rng(0)
+    H, E, I = 128, 4, 64
+    t = {}
+    lm = "model.language_model"
+    t[f"{lm}.embed_tokens.weight"] = rng.standard_normal((512, H)).astype(np.float16)
+    t[f"{lm}.norm.weight"] = np.ones(H, np.float16)
+    for i, full in enumerate((False, True)):
+        p = f"{lm}.layers.{i}"
+        d_, kv = (64, 2) if full else (32, 2)
+
+        def lin(name, o, n):
+            if quant:
+                t[f"{name}.weight_packed"] = rng.integers(0, 2**31, (o, n // 8), dtype=np.int32)
+                t[f"{name}.weight_scale"] = rng.standard_normal((o, n // 32)).astype(np.float16)
+                t[f"{name}.weight_shape"] = np.array([o, n], np.int64)
+            else:
+                t[f"{name}.weight"] = rng.standard_normal((o, n)).astype(np.float16)
+        lin(f"{p}.self_attn.q_proj", 4 * d_, H)
+        lin(f"{p}.self_attn.k_proj", kv * d_, H)
+        if not full:
+            lin(f"{p}.self_attn.v_proj", kv * d_, H)
+        lin(f"{p}.self_attn.o_proj", H, 4 * d_)
+        lin(f"{p}.mlp.gate_proj", 128, H)
+        lin(f"{p}.mlp.up_proj", 128, H)
+        lin(f"{p}.mlp.down_proj", H, 128)
+        t[f"{p}.input_layernorm.weight"] = np.ones(H, np.float16)
+        t[f"{p}.router.proj.weight"] = rng.standard_normal((E, H)).astype(np.float16)
+        t[f"{p}.router.per_expert_scale"] = np.ones(E, np.float16)
+        if quant:
+            t[f"{p}.experts.gate_up_proj_packed"] = rng.integers(0, 2**31, (E, 2 * I, H // 8), dtype=np.int32)
+            t[f"{p}.experts.gate_up_proj_scale"] = rng.standard_normal((E, 2 * I, H // 32)).astype(np.float16)
+            t[f"{p}.experts.down_proj_packed"] = rng.integers(0, 2**31, (E, H, I // 8), dtype=np.int32)
+            t[f"{p}.experts.down_proj_scale"] = rng.standard_normal((E, H, I // 32)).astype(np.float16)
+        else:
+            t[f"{p}.experts.gate_up_proj"] = rng.standard_normal((E, 2 * I, H)).astype(np.float16)
+            t[f"{p}.experts.down_proj"] = rng.standard_normal((E, H, I)).astype(np.float16)
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(config))
+    names = sorted(t)
+    half = len(names) // 2
+    wm = {}
+    for k, part in enumerate((names[:half], names[half:])):
+        f = f"model-0000{k + 1}-of-00002.safetensors"
+        st.save_file({n: t[n] for n in part}, str(d / f))
+        wm.update({n: f for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return t
+
+
+# the split an engine makes, written out per tensor name (independent of manager.inspect.tensors)
+def _explicit_dim(name: str, arr) -> int | None:
+    if arr.ndim <= 1 or "router" in name:
+        return None
+    if ".experts.gate_up_proj" in name:
+        return 1
+    if ".experts.down_proj" in name:
+        return 2
+    if any(f".{x}." in name for x in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")) or "embed_tokens" in name:
+        return 0
+    if any(f".{x}." in name for x in ("o_proj", "down_proj")):
+        return 1
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["fp16-moe", "w4a16-moe"])
+def test_per_rank_bytes_equal_an_explicit_split_of_real_tensors(tmp_path, quant):
+    np = pytest.importorskip("numpy")
+    t = _tiny_real(tmp_path / "ck", quant=quant)
+    r = inspect_checkpoint(tmp_path / "ck")
+    assert r.weights.total == sum(a.nbytes for a in t.values())
+    assert r.weights.head_valid_tps == (1, 2)
+    for tp in (1, 2):
+        ranks = [0] * tp
+        for name, arr in t.items():
+            dim = _explicit_dim(name, arr)
+            parts = [arr] * tp if dim is None else np.split(arr, tp, axis=dim)
+            for k, part in enumerate(parts):
+                ranks[k] += part.nbytes
+        assert r.weights.split(tp).ranks == tuple(ranks)
+    if quant:
+        f = next(f for f in r.findings if f.id == "fused-moe-quantized-experts")
+        assert "KeyError: 'layers.0.moe.experts.0.down_proj_packed'" in f.message
+
+
+def test_headers_agree_with_the_safetensors_library(tmp_path):
+    st = pytest.importorskip("safetensors")
+    _tiny_real(tmp_path / "ck", quant=True)
+    r = inspect_checkpoint(tmp_path / "ck")
+    from manager.inspect import read_shard
+
+    src = LocalSource(tmp_path / "ck")
+    for s in r.shards:
+        ours = {t.name: (t.dtype, list(t.shape)) for t in read_shard(src, s.file).tensors}
+        with st.safe_open(str(tmp_path / "ck" / s.file), "np") as fh:
+            lib = {k: (fh.get_slice(k).get_dtype(), list(fh.get_slice(k).get_shape())) for k in fh.keys()}
+        assert ours == lib
+
+
+# ----------------------------------------------------------------------------- findings per engine
+
+
+def test_26b_awq_needs_pr40886_below_0_22_and_predicts_the_keyerror_without_it(sets, profiles, catalog, tmp_path):
+    d, _ = sets["26b-awq"]
+    r = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    assert r.quant.method == "compressed-tensors" and r.quant.format == "pack-quantized"
+    assert (r.quant.bits, r.quant.group_size, r.quant.symmetric) == (4, 32, True)
+    assert "lm_head" in r.quant.ignore and dict(r.quant.quantized_classes)["layers.*.experts.down_proj"] == 30
+    eng = {e.engine: e for e in r.engines}
+    assert eng["vllm-0.20.0"].result == "overlays" and eng["vllm-0.20.0"].overlays == ("vllm-pr40886-gemma4-awq-moe-keys",)
+    assert eng["vllm-0.22.0"].result == "loads"
+    assert eng["vllm-0.27.1"].overlays == ("gemma4-convertor-per-layer",)  # transformers 5.15.0 in that image
+    assert eng["vllm-0.28.0"].result == "loads"
+    # a catalog without the overlay: the boot failure is predicted with its message and source
+    cat2 = tmp_path / "cat"
+    shutil.copytree(REPO / "profiles", cat2 / "profiles")
+    (cat2 / "overlays").mkdir()
+    shutil.copytree(REPO / "overlays" / "gemma4-convertor-per-layer", cat2 / "overlays" / "gemma4-convertor-per-layer")
+    c2 = Catalog(cat2)
+    r2 = inspect_checkpoint(d, profiles=load_profiles(c2), catalog=c2)
+    e20 = next(e for e in r2.engines if e.engine == "vllm-0.20.0")
+    assert e20.result == "fails"
+    assert e20.failures[0].message == "KeyError: 'layers.0.moe.experts.0.down_proj_packed'"
+    assert "real-engine.md" in e20.failures[0].source and "not in the catalog" in e20.failures[0].source
+
+
+def test_e2b_nvfp4_predicts_the_per_layer_embedding_keyerror_on_every_engine(sets, profiles, catalog):
+    d, _ = sets["e2b-nvfp4"]
+    r = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    assert r.quant.scheme == "nvfp4" and r.quant.group_size == 16 and r.quant.format == "nvfp4-pack-quantized"
+    assert r.profile["default_weights"] == "nvfp4"
+    groups = {g["kind"]: g for g in r.profile["layer_groups"]}
+    assert groups["full"]["kv_heads"] == 1 and groups["full"]["head_dim"] == 512
+    assert groups["sliding"]["kv_shared"] + groups["full"]["kv_shared"] == 20
+    assert r.weights.head_valid_tps == (1,)
+    f = next(f for f in r.findings if f.id == "quantized-per-layer-embedding")
+    assert f.severity == "error"
+    for e in r.engines:
+        assert e.result == "fails"
+        assert any(x.message == "KeyError: 'embed_tokens_per_layer.weight_packed'" and "seed 000" in x.source
+                   for x in e.failures)
+
+
+def test_12b_unified_architecture_fails_before_0_24(sets, profiles, catalog):
+    d, _ = sets["12b"]
+    r = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    eng = {e.engine: e for e in r.engines}
+    msg = eng["vllm-0.20.0"].failures[0].message
+    assert msg.startswith("ValueError: Model architectures ['Gemma4UnifiedForConditionalGeneration'] are not supported for now.")
+    assert eng["vllm-0.26.0"].result == "loads"
+    assert r.weights.head_valid_tps == (1,)  # one global KV head
+
+
+def test_31b_bf16_has_no_key_layout_findings(sets, profiles, catalog):
+    d, _ = sets["31b"]
+    r = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    assert {f.id for f in r.findings} == {"gemma4-heterogeneous-config", "truncated-shards"}
+    assert r.quant.method == "none" and r.quant.scheme == "bf16"
+    assert {e.engine: e.result for e in r.engines}["vllm-0.20.0"] == "loads"
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _one_shard(d: Path, raw: bytes) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(shapes.config("31b")))
+    (d / "model.safetensors").write_bytes(raw)
+    return d
+
+
+@pytest.mark.parametrize("raw, expect", [
+    (b"\x01\x02", "2 bytes: not a safetensors file"),
+    (struct.pack("<Q", 10**6) + b"{}", "header length 1000000: the file has only"),
+    (struct.pack("<Q", 4) + b"{no}", "header: malformed JSON"),
+    (header_bytes({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 6]}}),
+     "a.data_offsets: [0, 6]: 6 bytes, but BF16 x [2, 2] needs 8"),
+    (header_bytes({"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}), "a.dtype: 'Q9': unknown safetensors dtype"),
+    (header_bytes({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                   "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}}),
+     "b.data_offsets: [1, 3]: overlaps the previous tensor"),
+    (header_bytes({"a": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]}}), "a.data_offsets: [4, 6]: leaves a hole of 4 bytes"),
+])
+def test_bad_headers_are_one_line_errors_naming_file_and_key(tmp_path, raw, expect, capsys):
+    d = _one_shard(tmp_path / "ck", raw)
+    before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())
+    with pytest.raises(InspectError) as ei:
+        inspect_checkpoint(d)
+    assert expect in str(ei.value) and "model.safetensors" in str(ei.value) and "\n" not in str(ei.value)
+    capsys.readouterr()
+    assert _main(["inspect", str(d)]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and expect in cap.err
+    assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()) == before
+
+
+def test_index_entries_may_not_leave_the_checkpoint(tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(shapes.config("31b")))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../outside.safetensors"}}))
+    (tmp_path / "outside.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    with pytest.raises(InspectError, match=r"'\.\./outside\.safetensors': file name outside the checkpoint"):
+        inspect_checkpoint(d)
+
+
+def test_missing_config_and_not_a_directory(tmp_path):
+    with pytest.raises(InspectError, match="config.json: missing"):
+        inspect_checkpoint(tmp_path)
+    with pytest.raises(InspectError, match="no such directory"):
+        inspect_checkpoint(str(tmp_path / "nope"))
+
+
+def test_index_naming_a_tensor_its_shard_lacks(sets, tmp_path):
+    d = tmp_path / "ck"
+    shutil.copytree(sets["12b"][0], d)
+    idx = json.loads((d / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.language_model.ghost.weight"] = "model-00001-of-00005.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(InspectError, match=r"weight_map\['model.language_model.ghost.weight'\].*not in that shard's header"):
+        inspect_checkpoint(d)
+
+
+# ----------------------------------------------------------------------------- CLI, fits --checkpoint
+
+
+def test_cli_inspect_json_and_text_go_to_stdout(sets):
+    d, info = sets["26b-awq"]
+    res = CliRunner().invoke(cli, ["inspect", str(d), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["weights"]["total"] == info["total"]
+    assert [s["tp"] for s in data["weights"]["tp"]] == [1, 2]
+    res = CliRunner().invoke(cli, ["inspect", str(d)])
+    assert res.exit_code == 0
+    assert "KeyError: 'layers.0.moe.experts.0.down_proj_packed'" in res.stdout
+    assert f"{info['total']:,} B" in res.stdout
+
+
+def test_fits_checkpoint_uses_measured_per_rank_bytes(sets, profiles, catalog):
+    from manager.fits import fits
+
+    d, _ = sets["26b-awq"]
+    insp = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    rep = fits(profiles, hardware="rtx-3090", gpus=2, tp=2, engine="vllm-0.20.0", checkpoint=insp, catalog=catalog)
+    s2 = insp.weights.split(2)
+    assert rep.memory.per_card["weights"] == s2.ranks[0] + s2.k_eq_v_copy
+    assert rep.memory.weights_source == "measured from headers"
+    assert "(measured from headers)" in rep.constraint("memory").message
+    assert rep.overlays == ["vllm-pr40886-gemma4-awq-moe-keys"]
+    typed = fits(profiles, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, tp=2, engine="vllm-0.20.0", catalog=catalog)
+    assert "(estimated)" in typed.constraint("memory").message
+
+
+def test_fits_checkpoint_fails_e2b_nvfp4_with_the_predicted_keyerror(sets, profiles, catalog):
+    from manager.fits import fits
+
+    insp = inspect_checkpoint(sets["e2b-nvfp4"][0], profiles=profiles, catalog=catalog)
+    rep = fits(profiles, hardware="rtx-4090", engine="vllm-0.33.0", checkpoint=insp, catalog=catalog)
+    assert rep.verdict == "fails"
+    assert "KeyError: 'embed_tokens_per_layer.weight_packed'" in rep.constraint("weight-format").message
+
+
+def test_cli_fits_and_plan_take_checkpoint(sets):
+    d, _ = sets["26b-awq"]
+    res = CliRunner().invoke(cli, ["fits", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2",
+                                   "--engine", "vllm-0.22.0", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["memory"]["weights_source"] == "measured from headers"
+    res = CliRunner().invoke(cli, ["plan", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["options"]
+
+def test_cli_fits_needs_model_or_checkpoint(capsys):
+    assert _main(["fits", "--hardware", "rtx-3090"]) == 1
+    assert "exactly one of --model" in capsys.readouterr().err
