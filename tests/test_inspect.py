@@ -498,3 +498,89 @@ def test_cli_fits_and_plan_take_checkpoint(sets):
 def test_cli_fits_needs_model_or_checkpoint(capsys):
     assert _main(["fits", "--hardware", "rtx-3090"]) == 1
     assert "exactly one of --model" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- remote (HTTP range requests)
+
+
+@pytest.fixture
+def range_server(tmp_path):
+    """A local HTTP server with Range support over tmp_path/www; records every byte range it served."""
+    import functools
+    import http.server
+    import os
+    import re
+    import threading
+
+    www = tmp_path / "www"
+    www.mkdir()
+    served: list[tuple[str, int, int]] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server naming
+            path = self.translate_path(self.path)
+            if not os.path.isfile(path):
+                self.send_error(404)
+                return
+            size = os.path.getsize(path)
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            start, end = (int(m.group(1)), min(int(m.group(2) or size - 1), size - 1)) if m else (0, size - 1)
+            if start >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.end_headers()
+                return
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(end - start + 1)
+            served.append((os.path.basename(path), start, end + 1))
+            self.send_response(206 if m else 200)
+            if m:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(www)))
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield www, f"http://127.0.0.1:{srv.server_address[1]}", served
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_remote_repo_is_read_with_range_requests_of_headers_only(range_server, tmp_path):
+    www, url, served = range_server
+    repo = www / "someone" / "tiny-awq" / "resolve" / "main"
+    t = _tiny_real(repo, quant=True)
+    local = inspect_checkpoint(repo)
+    remote = inspect_checkpoint("someone/tiny-awq", endpoint=url)
+    assert remote.source == "someone/tiny-awq@main"
+    assert remote.weights.to_json() == local.weights.to_json()
+    assert remote.weights.total == sum(a.nbytes for a in t.values())
+    assert [f.id for f in remote.findings] == [f.id for f in local.findings]
+    limits = {}
+    for f in repo.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            limits[f.name] = 8 + struct.unpack("<Q", fh.read(8))[0]
+    shard_reads = [(n, a, b) for n, a, b in served if n.endswith(".safetensors")]
+    assert shard_reads and all(b <= limits[n] for n, a, b in shard_reads)
+    assert sum(limits.values()) < sum((repo / n).stat().st_size for n in limits)  # data regions exist, unread
+
+
+def test_remote_url_of_a_checkpoint_directory(range_server):
+    www, url, _ = range_server
+    _tiny_real(www / "ck", quant=False)
+    r = inspect_checkpoint(f"{url}/ck")
+    assert r.weights.split(2).valid and r.quant.method == "none"
+
+
+def test_offline_remote_read_is_one_clear_line(capsys):
+    with pytest.raises(InspectError, match=r"cannot reach .*offline\?") as ei:
+        inspect_checkpoint("someone/model", endpoint="http://127.0.0.1:9")
+    assert "\n" not in str(ei.value)
+    assert _main(["inspect", "someone/model", "--endpoint", "http://127.0.0.1:9"]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
