@@ -185,7 +185,7 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
     heads_ok = valid_tps(model)
     k_layers = []
     for t in tensors:
-        m = _K_PROJ.search(t.name)
+        m = _K_PROJ.search(t.name) if k_eq_v_layers and "k_proj." in t.name else None
         k_layers.append(bool(m) and int(m.group(1)) in k_eq_v_layers)
     splits = []
     for tp in TP_CANDIDATES:
@@ -216,8 +216,9 @@ def _k_eq_v_layers(tensors: list[TensorEntry], cfg_text: dict[str, Any]) -> set[
     if not cfg_text.get("attention_k_eq_v"):
         return set()
     k, v = set(), set()
+    pat = re.compile(r"layers\.(\d+)\.self_attn\.([kv])_proj\.")
     for t in tensors:
-        m = re.search(r"layers\.(\d+)\.self_attn\.([kv])_proj\.", t.name)
+        m = pat.search(t.name) if "_proj." in t.name else None
         if m:
             (k if m.group(2) == "k" else v).add(int(m.group(1)))
     return k - v

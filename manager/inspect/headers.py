@@ -36,10 +36,7 @@ class TensorEntry:
     begin: int  # offset in the data region
     end: int
     file: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.begin
+    nbytes: int = 0  # end - begin (set by parse_header)
 
     @property
     def numel(self) -> int:
@@ -87,7 +84,7 @@ def parse_header(file: str, raw: bytes, *, where: str, file_size: int | None = N
         dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in DTYPE_BITS:
             raise InspectError(f"{where}: {name}.dtype: {dtype!r}: unknown safetensors dtype")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
             raise InspectError(f"{where}: {name}.shape: {shape!r}: must be a list of non-negative integers")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
                 or offs[0] < 0 or offs[1] < offs[0]):
@@ -96,7 +93,7 @@ def parse_header(file: str, raw: bytes, *, where: str, file_size: int | None = N
         if offs[1] - offs[0] != need:
             raise InspectError(f"{where}: {name}.data_offsets: {offs}: {offs[1] - offs[0]} bytes, "
                                f"but {dtype} x {shape} needs {need}")
-        tensors.append(TensorEntry(name, dtype, tuple(shape), offs[0], offs[1], file))
+        tensors.append(TensorEntry(name, dtype, tuple(shape), offs[0], offs[1], file, offs[1] - offs[0]))
     tensors.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:

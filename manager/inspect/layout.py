@@ -168,7 +168,13 @@ def _overlay_infos(cat, ids: tuple[str, ...]) -> dict[str, Any]:
         return out
     for oid in ids:
         mf = cat.overlays_dir / oid / "overlay.yaml"
-        if not mf.is_file():
+        try:
+            st = mf.stat()
+        except OSError:
+            continue
+        key = (str(mf), st.st_mtime_ns, st.st_size)
+        if key in _MANIFESTS:
+            out[oid] = _MANIFESTS[key]
             continue
         try:
             raw = yaml.load(mf.read_text(), Loader=loader)
@@ -176,8 +182,11 @@ def _overlay_infos(cat, ids: tuple[str, ...]) -> dict[str, Any]:
             out[oid] = OverlayInfo(oid, {}, invalid=f"unreadable: {str(exc).splitlines()[0]}")
             continue
         raw = raw if isinstance(raw, dict) else {}
-        out[oid] = OverlayInfo(oid, dict(raw.get("needed_when") or {}), versions=str(raw.get("versions") or ""))
+        out[oid] = _MANIFESTS[key] = OverlayInfo(oid, dict(raw.get("needed_when") or {}), versions=str(raw.get("versions") or ""))
     return out
+
+
+_MANIFESTS: dict[tuple[str, int, int], Any] = {}  # (path, mtime, size) -> OverlayInfo
 
 
 def engine_checks(findings: list[Finding], cfg: dict[str, Any], model, profiles, catalog=None) -> list[EngineCheck]:

@@ -68,13 +68,17 @@ class LocalSource(Source):
         self.label = str(self.root)
         self.bytes_read = 0
         self._resolved = self.root.resolve()
+        self._ok: dict[str, Path] = {}
 
     def _path(self, name: str) -> Path:
-        p = (self.root / name)
-        try:
-            p.resolve().relative_to(self._resolved)
-        except ValueError as exc:
-            raise InspectError(f"{self.where(name)}: resolves outside the checkpoint directory") from exc
+        p = self._ok.get(name)
+        if p is None:
+            p = self.root / name
+            try:
+                p.resolve().relative_to(self._resolved)
+            except ValueError as exc:
+                raise InspectError(f"{self.where(name)}: resolves outside the checkpoint directory") from exc
+            self._ok[name] = p
         return p
 
     def exists(self, name: str) -> bool:

@@ -15,6 +15,7 @@ The same layer kinds carry the same names in Llama/Qwen-style checkpoints.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -63,15 +64,19 @@ def strip_prefix(name: str) -> str:
 
 
 def classify(t: TensorEntry) -> Placement:
-    local = strip_prefix(t.name)
-    top = local.split(".", 1)[0]
-    generic = _INDEX.sub(".*.", "." + local + ".")[1:-1]
+    generic = _INDEX.sub(".*.", "." + strip_prefix(t.name) + ".")[1:-1]
+    return _classify(generic, len(t.shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(generic: str, ndim: int) -> Placement:
+    top = generic.split(".", 1)[0]
     m = FUSED_EXPERT.match(generic)
     if m:
         cls = f"{m['mod']}.{m['proj']}"
         param = m["part"] or "weight"
         quant = m["part"] in ("packed", "scale", "zero_point", "shape")
-        if len(t.shape) == 3:
+        if ndim == 3:
             return Placement(cls, param, "experts", 1 if m["proj"] == "gate_up_proj" else 2, quantized=quant)
         return Placement(cls, param, "replicated", None, "expert metadata (shape/scalar)", quant)
     cls, _, param = generic.rpartition(".")
@@ -81,7 +86,7 @@ def classify(t: TensorEntry) -> Placement:
     leaf = cls.rsplit(".", 1)[-1]
     if top in TOWERS:
         return Placement(top, param, "replicated", None, "vision/audio tower or its projection (not TP-sharded)", quant)
-    if param in ("weight_shape", "weight_global_scale", "input_global_scale", "weight_scale_2", "input_scale") or len(t.shape) <= 1:
+    if param in ("weight_shape", "weight_global_scale", "input_global_scale", "weight_scale_2", "input_scale") or ndim <= 1:
         if param == "g_idx" and leaf in ROW:
             return Placement(cls, param, "row", 0, quantized=True)
         return Placement(cls, param, "replicated", None, "1-D or scalar (norm, router scale, per-tensor scale, shape)", quant)
