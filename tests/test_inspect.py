@@ -584,3 +584,56 @@ def test_offline_remote_read_is_one_clear_line(capsys):
     assert "\n" not in str(ei.value)
     assert _main(["inspect", "someone/model", "--endpoint", "http://127.0.0.1:9"]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- other quantization schemes
+
+
+def _write_headers(d: Path, config: dict, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    from manager.inspect.headers import expected_nbytes
+
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(config))
+    off, hdr = 0, {}
+    for name, (dtype, shape) in sorted(tensors.items()):
+        nb = expected_nbytes(dtype, tuple(shape))
+        hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nb]}
+        off += nb
+    (d / "model.safetensors").write_bytes(header_bytes(hdr))
+
+
+def test_autoround_group_128_on_expert_k_704_is_reported(tmp_path):
+    cfg = shapes.config("26b-a4b", {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+                                    "packing_format": "auto_round:auto_gptq"})
+    _write_headers(tmp_path / "ck", cfg, {"model.language_model.norm.weight": ("BF16", [2816])})
+    r = inspect_checkpoint(tmp_path / "ck")
+    assert (r.quant.method, r.quant.bits, r.quant.group_size, r.quant.symmetric) == ("auto-round", 4, 128, True)
+    f = next(f for f in r.findings if f.id == "group-size-vs-expert-k")
+    assert "704 % 128 = 64" in f.message
+
+
+def test_gptq_qweight_layout_splits_the_transposed_dimension(tmp_path):
+    """GPTQ/AWQ store qweight [in/8, out]: column-parallel splits dim 1, row-parallel dim 0."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1024,
+           "max_position_embeddings": 4096, "torch_dtype": "float16",
+           "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}}
+    p = "model.layers.0"
+    _write_headers(tmp_path / "ck", cfg, {
+        f"{p}.self_attn.q_proj.qweight": ("I32", [32, 256]), f"{p}.self_attn.q_proj.scales": ("F16", [2, 256]),
+        f"{p}.self_attn.q_proj.qzeros": ("I32", [2, 32]), f"{p}.self_attn.q_proj.g_idx": ("I32", [256]),
+        f"{p}.mlp.down_proj.qweight": ("I32", [64, 256]), f"{p}.mlp.down_proj.scales": ("F16", [4, 256]),
+        f"{p}.mlp.down_proj.g_idx": ("I32", [512]),
+        "model.embed_tokens.weight": ("F16", [1024, 256]), "lm_head.weight": ("F16", [1024, 256]),
+    })
+    r = inspect_checkpoint(tmp_path / "ck")
+    assert r.quant.method == "gptq" and r.quant.extra["desc_act"] is False
+    rule = {c.cls: (c.rule, c.dims) for c in r.weights.by_class}
+    assert rule["layers.*.self_attn.q_proj"] == ("column", (1,))
+    assert rule["layers.*.mlp.down_proj"] == ("row", (0,))
+    assert rule["lm_head"] == ("vocab", (0,))
+    s2 = r.weights.split(2)
+    q = 32 * 256 * 4 // 2 + 2 * 256 * 2 // 2 + 2 * 32 * 4 // 2 + 256 * 4  # g_idx of a column layer: replicated
+    down = 64 * 256 * 4 // 2 + 4 * 256 * 2 // 2 + 512 * 4 // 2
+    emb = 2 * 1024 * 256 * 2 // 2
+    assert s2.ranks == (q + down + emb,) * 2
