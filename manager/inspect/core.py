@@ -286,7 +286,6 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
     # finish the profile's weight variant: the size is measured, with its source
     vid = prof["default_weights"]
     var = prof["weights"][vid]
-    split1 = weights.split(1)
     rep = max((s.replicated for s in weights.tp if s.tp > 1), default=0)
     var["size_gb"] = round(total / 1e9, 3) or 0.001
     if rep:
@@ -300,7 +299,6 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
     engines: tuple[EngineCheck, ...] = ()
     if profiles is not None:
         engines = tuple(engine_checks(findings, cfg, model, profiles, catalog))
-    del split1
     return Inspection(src.label, mid, prof, tuple(ShardInfo(s.file, len(s.tensors), s.data_start, s.data_bytes, s.file_size,
                                                             s.truncated) for s in shards),
                       scheme, weights, tuple(findings), engines, src.bytes_read, tuple(notes))
