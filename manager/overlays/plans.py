@@ -243,6 +243,21 @@ def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | No
     return {i: overlay_digest(os.path.join(overlays_dir, i)) for i in wanted}, bool(ids)
 
 
+def _read_inputs(root: str, inputs: dict[str, str]) -> dict[str, bytes | None] | None:
+    """The bytes of every input file (None: absent), or None when a hash differs from the plan's."""
+    out: dict[str, bytes | None] = {}
+    for rel, want in inputs.items():
+        try:
+            with open(os.path.join(root, rel), "rb") as fh:
+                data: bytes | None = fh.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            data = None
+        if (ABSENT if data is None else _sha256(data).hexdigest()) != want:
+            return None
+        out[rel] = data
+    return out
+
+
 def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
     """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON)."""
     for d in dirs:
@@ -297,30 +312,25 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         return None
     for rel in plan["inputs"]:
         _inside(root, rel, where)
+    base = _read_inputs(root, plan["inputs"])
+    if base is None:
+        return None  # a hand-edited image or another release: the engine decides
+    new: dict[str, bytes | None] = {}
+    for w in plan["writes"]:  # every result verified before anything is written
+        rel = w["path"]
+        if w["post_sha256"] == ABSENT:
+            new[rel] = None
+            continue
+        data = apply_hunks(base[rel] or b"", w["hunks"], where)
+        if _sha256(data).hexdigest() != w["post_sha256"]:
+            raise PlanRefused(f"{where}: result hash mismatch for {rel} (tampered or corrupt plan)")
+        new[rel] = data
     os.makedirs(state, exist_ok=True)
     with _Lock(state):
         if os.path.exists(ledger_path) or os.path.exists(journal_path):
             return None  # another apply finished first
-        base: dict[str, bytes | None] = {}
-        for rel, want in plan["inputs"].items():
-            try:
-                with open(os.path.join(root, rel), "rb") as fh:
-                    data: bytes | None = fh.read()
-            except (FileNotFoundError, IsADirectoryError):
-                data = None
-            if (ABSENT if data is None else _sha256(data).hexdigest()) != want:
-                return None  # a hand-edited image or another release: the engine decides
-            base[rel] = data
-        new: dict[str, bytes | None] = {}
-        for w in plan["writes"]:
-            rel = w["path"]
-            if w["post_sha256"] == ABSENT:
-                new[rel] = None
-                continue
-            data = apply_hunks(base[rel] or b"", w["hunks"], where)
-            if _sha256(data).hexdigest() != w["post_sha256"]:
-                raise PlanRefused(f"{where}: result hash mismatch for {rel} (tampered or corrupt plan)")
-            new[rel] = data
+        if _read_inputs(root, plan["inputs"]) != base:
+            return None  # changed since read: the engine decides
         led = plan["ledger"]
         journal = {}
         for rel in new:
