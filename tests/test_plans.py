@@ -272,3 +272,27 @@ def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path):
     rc, out, err = invoke_cli("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
     assert rc == 1 and "unknown overlay 'no-such-overlay'" in err
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.network
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a bare system python3")
+def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_path):
+    """The bundle's wrapper sets $OVERLAY_PLANS: a bare python3 (no click, pydantic, libcst) applies
+    a deployment's overlays on its pinned release from the prepared plan."""
+    import _docker_helpers as dh
+    from manager.catalog import Catalog
+    from manager.overlays import select
+
+    bundle = dh.bundle_dir(Catalog.locate())
+    lines = json.loads((bundle / "BUNDLE.json").read_text())["plans"]
+    line = next(ln for ln in lines if ln.endswith(".json") and f"vllm 0.20.0 {PR40886}:" in ln)
+    assert (bundle / "plans" / line.rsplit(" ", 1)[1]).is_file()
+    every = load_overlays(Catalog(bundle / "catalog"))
+    root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
+    apply(select(every, [PR40886]), ref, explicit=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OVERLAY_PYTHON": "/usr/bin/python3"}
+    proc = subprocess.run([str(bundle / "bin" / "overlay"), "apply", PR40886, "--root", str(root)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "prepared plan, hashes verified" in proc.stderr
+    assert _tree(root) == _tree(ref)
