@@ -388,23 +388,41 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None) -> 
     py = sys.executable
     cli = [py, "-c", "import sys; from manager.fastpath import main; sys.argv[0] = 'overlay'; main()"]
     base_cmd = [py, "-c", BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"]
+    # "before" of the import trim, in the same run: the same entry with libcst.matchers imported
+    # first (the edits imported it until issue 14)
+    cli_matchers = [py, "-c", "import sys, libcst.matchers; from manager.fastpath import main; "
+                              "sys.argv[0] = 'overlay'; main()"]
     env_noplan = {"OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": ""}
     samples: dict[str, list[float]] = {k: [] for k in (
         "proc_baseline_cold_insert_s", "proc_baseline_noop_s", "proc_ours_cold_apply_plan_s",
-        "proc_ours_cold_apply_noplan_s", "proc_ours_warm_noop_apply_s", "proc_python_startup_s")}
+        "proc_ours_cold_apply_noplan_s", "proc_ours_cold_apply_noplan_matchers_s", "proc_ours_warm_noop_apply_s",
+        "proc_python_startup_s")}
     applied = fresh()
     _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan)
     base_tree = fresh()
     _proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+    import resource
+
+    def cpu_of(key: str, fn):
+        """Run fn (one process) and also record the child's CPU seconds (user + sys) under key_cpu."""
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        dt = fn()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        samples.setdefault(key + "_cpu", []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        return dt
+
     for _ in range(runs):
-        roots = [fresh() for _ in range(3)]
-        samples["proc_baseline_cold_insert_s"].append(_proc(base_cmd + [str(roots[0] / GEMMA4), str(SNIPPET)]))
-        samples["proc_ours_cold_apply_plan_s"].append(
-            _proc(cli + ["--catalog", str(cat), "apply", "--root", str(roots[1]), "--plans", str(plans)]))
+        roots = [fresh() for _ in range(4)]
+        samples["proc_baseline_cold_insert_s"].append(cpu_of(
+            "proc_baseline_cold_insert", lambda: _proc(base_cmd + [str(roots[0] / GEMMA4), str(SNIPPET)])))
+        samples["proc_ours_cold_apply_plan_s"].append(cpu_of("proc_ours_cold_apply_plan", lambda: _proc(
+            cli + ["--catalog", str(cat), "apply", "--root", str(roots[1]), "--plans", str(plans)])))
         assert (roots[1] / ".overlay-manager" / "ledger.json").is_file()
-        samples["proc_ours_cold_apply_noplan_s"].append(
-            _proc(cli + ["--catalog", str(cat), "apply", "--root", str(roots[2])], env=env_noplan))
+        samples["proc_ours_cold_apply_noplan_s"].append(cpu_of("proc_ours_cold_apply_noplan", lambda: _proc(
+            cli + ["--catalog", str(cat), "apply", "--root", str(roots[2])], env=env_noplan)))
         assert (roots[1] / GEMMA4).read_bytes() == (roots[2] / GEMMA4).read_bytes()
+        samples["proc_ours_cold_apply_noplan_matchers_s"].append(cpu_of("proc_ours_cold_apply_noplan_matchers", lambda: _proc(
+            cli_matchers + ["--catalog", str(cat), "apply", "--root", str(roots[3])], env=env_noplan)))
         samples["proc_baseline_noop_s"].append(_proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)]))
         samples["proc_ours_warm_noop_apply_s"].append(
             _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan))
@@ -415,6 +433,11 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None) -> 
     ratios = {
         "proc_cold_apply_plan_vs_baseline_cold": fig["proc_ours_cold_apply_plan_s"] / fig["proc_baseline_cold_insert_s"],
         "proc_cold_apply_noplan_vs_baseline_cold": fig["proc_ours_cold_apply_noplan_s"] / fig["proc_baseline_cold_insert_s"],
+        "proc_cold_apply_noplan_vs_with_matchers": fig["proc_ours_cold_apply_noplan_s"]
+        / fig["proc_ours_cold_apply_noplan_matchers_s"],
+        "proc_cold_apply_plan_vs_noplan": fig["proc_ours_cold_apply_plan_s"] / fig["proc_ours_cold_apply_noplan_s"],
+        "proc_cold_apply_plan_vs_baseline_cold_cpu": fig["proc_ours_cold_apply_plan_cpu"]
+        / fig["proc_baseline_cold_insert_cpu"],
         "proc_warm_noop_vs_baseline_noop": fig["proc_ours_warm_noop_apply_s"] / fig["proc_baseline_noop_s"],
     }
     targets = {

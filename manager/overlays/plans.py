@@ -243,19 +243,37 @@ def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | No
     return {i: overlay_digest(os.path.join(overlays_dir, i)) for i in wanted}, bool(ids)
 
 
-def _read_inputs(root: str, inputs: dict[str, str]) -> dict[str, bytes | None] | None:
-    """The bytes of every input file (None: absent), or None when a hash differs from the plan's."""
+def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list] | None:
+    """(bytes of every input file (None: absent), their stat signatures), or None when a hash
+    differs from the plan's."""
     out: dict[str, bytes | None] = {}
+    sigs = []
     for rel, want in inputs.items():
+        path = os.path.join(root, rel)
         try:
-            with open(os.path.join(root, rel), "rb") as fh:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
                 data: bytes | None = fh.read()
+            sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             data = None
+            sigs.append(None)
         if (ABSENT if data is None else _sha256(data).hexdigest()) != want:
             return None
         out[rel] = data
-    return out
+    return out, sigs
+
+
+def _signatures(root: str, inputs: dict[str, str]) -> list:
+    sigs = []
+    for rel in inputs:
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except (FileNotFoundError, NotADirectoryError):
+            sigs.append(None)
+            continue
+        sigs.append(None if (st.st_mode & 0o170000) == 0o040000 else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return sigs
 
 
 def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
@@ -312,9 +330,10 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         return None
     for rel in plan["inputs"]:
         _inside(root, rel, where)
-    base = _read_inputs(root, plan["inputs"])
-    if base is None:
+    read = _read_inputs(root, plan["inputs"])
+    if read is None:
         return None  # a hand-edited image or another release: the engine decides
+    base, sigs = read
     new: dict[str, bytes | None] = {}
     for w in plan["writes"]:  # every result verified before anything is written
         rel = w["path"]
@@ -329,8 +348,10 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
     with _Lock(state):
         if os.path.exists(ledger_path) or os.path.exists(journal_path):
             return None  # another apply finished first
-        if _read_inputs(root, plan["inputs"]) != base:
-            return None  # changed since read: the engine decides
+        if _signatures(root, plan["inputs"]) != sigs:  # changed since read (inode, size, times)
+            read = _read_inputs(root, plan["inputs"])
+            if read is None or read[0] != base:
+                return None  # the engine decides
         led = plan["ledger"]
         journal = {}
         for rel in new:
