@@ -1,6 +1,7 @@
 """Benchmark of `overlay apply` / `status` on a real vLLM release tree, against a regex patcher.
 
     .venv/bin/python benchmarks/apply.py [--version 0.20.0] [--runs 7] [--json OUT]
+    .venv/bin/python benchmarks/apply.py --plans [--version 0.20.0] [--runs 15] [--json OUT]
 
 Ours (the overlay engine, the three Python overlays of issue 2 in a temporary catalog):
   * cold apply, in-process (libcst already imported): load_overlays + apply on a fresh copy;
@@ -12,6 +13,11 @@ Baseline: the way the bash/regex scripts patch: read the file, look for the sent
 substring, regex-find the anchor line, insert the #40886 branches with the captured
 indent, write the file; its cold insertion and its no-op run, in-process and as a
 `python -c` process. Ours is also timed for #40886 alone (the like-for-like ratio).
+
+`--plans` (issue 14) runs only the prepared-plan section, every figure a whole process on a
+fresh copy of the release, all in one run: the regex patcher's cold insertion and no-op, our
+first apply with a prepared plan (`overlay apply --plans DIR`), without one (the full
+engine), and our warm no-op.
 
 Every figure is the median of --runs runs (>= 5). Targets (issue 2): cold apply of the
 whole set < 0.5 s and <= 3x the baseline; warm no-op <= 1.0x the baseline's no-op.
@@ -154,11 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", default="0.20.0")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--plans", action="store_true", help="only the prepared-plan section (issue 14), as processes")
     a = ap.parse_args(argv)
     runs = max(5, a.runs)
 
     work = Path(tempfile.mkdtemp(prefix="overlay-bench-"))
     try:
+        if a.plans:
+            return _bench_plans(work, a.version, runs, a.json)
         return _bench(work, a.version, runs, a.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -353,6 +362,104 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
     if json_out:
         json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios, "machine": fig_meta,
                                         "targets_met": targets}, indent=2) + "\n")
+    return 0
+
+
+def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None) -> int:
+    """Issue 14: first container start with a prepared plan, as processes, against the regex patcher.
+
+    Runs are interleaved (one of each kind per round, on its own fresh copy) so the load of the
+    shared machine falls on every figure alike; medians."""
+    pristine_tree(version)
+    cat = work / "catalog"
+    (cat / "overlays").mkdir(parents=True)
+    for i in THREE:
+        os.symlink(ROOT / "overlays" / i, cat / "overlays" / i)
+    plans = work / "plans"
+    prep = subprocess.run([sys.executable, "-m", "manager", "--catalog", str(cat), "prepare", "--vllm", version,
+                           "--out", str(plans)], capture_output=True, text=True, cwd=ROOT)
+    if prep.returncode:
+        raise SystemExit(prep.stderr)
+    counter = iter(range(10**6))
+
+    def fresh() -> Path:
+        return copy_release(version, work / f"tree-{next(counter)}")
+
+    py = sys.executable
+    cli = [py, "-c", "import sys; from manager.fastpath import main; sys.argv[0] = 'overlay'; main()"]
+    base_cmd = [py, "-c", BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"]
+    # "before" of the import trim, in the same run: the same entry with libcst.matchers imported
+    # first (the edits imported it until issue 14)
+    cli_matchers = [py, "-c", "import sys, libcst.matchers; from manager.fastpath import main; "
+                              "sys.argv[0] = 'overlay'; main()"]
+    env_noplan = {"OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": ""}
+    samples: dict[str, list[float]] = {k: [] for k in (
+        "proc_baseline_cold_insert_s", "proc_baseline_noop_s", "proc_ours_cold_apply_plan_s",
+        "proc_ours_cold_apply_noplan_s", "proc_ours_cold_apply_noplan_matchers_s", "proc_ours_warm_noop_apply_s",
+        "proc_python_startup_s")}
+    applied = fresh()
+    _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan)
+    base_tree = fresh()
+    _proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+    import resource
+
+    def cpu_of(key: str, fn):
+        """Run fn (one process) and also record the child's CPU seconds (user + sys) under key_cpu."""
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        dt = fn()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        samples.setdefault(key + "_cpu", []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        return dt
+
+    for _ in range(runs):
+        roots = [fresh() for _ in range(4)]
+        samples["proc_baseline_cold_insert_s"].append(cpu_of(
+            "proc_baseline_cold_insert", lambda: _proc(base_cmd + [str(roots[0] / GEMMA4), str(SNIPPET)])))
+        samples["proc_ours_cold_apply_plan_s"].append(cpu_of("proc_ours_cold_apply_plan", lambda: _proc(
+            cli + ["--catalog", str(cat), "apply", "--root", str(roots[1]), "--plans", str(plans)])))
+        assert (roots[1] / ".overlay-manager" / "ledger.json").is_file()
+        samples["proc_ours_cold_apply_noplan_s"].append(cpu_of("proc_ours_cold_apply_noplan", lambda: _proc(
+            cli + ["--catalog", str(cat), "apply", "--root", str(roots[2])], env=env_noplan)))
+        assert (roots[1] / GEMMA4).read_bytes() == (roots[2] / GEMMA4).read_bytes()
+        samples["proc_ours_cold_apply_noplan_matchers_s"].append(cpu_of("proc_ours_cold_apply_noplan_matchers", lambda: _proc(
+            cli_matchers + ["--catalog", str(cat), "apply", "--root", str(roots[3])], env=env_noplan)))
+        samples["proc_baseline_noop_s"].append(_proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)]))
+        samples["proc_ours_warm_noop_apply_s"].append(
+            _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan))
+        samples["proc_python_startup_s"].append(_proc([py, "-c", "pass"]))
+        for r in roots:
+            shutil.rmtree(r, ignore_errors=True)
+    fig = {k: statistics.median(v) for k, v in samples.items()}
+    ratios = {
+        "proc_cold_apply_plan_vs_baseline_cold": fig["proc_ours_cold_apply_plan_s"] / fig["proc_baseline_cold_insert_s"],
+        "proc_cold_apply_noplan_vs_baseline_cold": fig["proc_ours_cold_apply_noplan_s"] / fig["proc_baseline_cold_insert_s"],
+        "proc_cold_apply_noplan_vs_with_matchers": fig["proc_ours_cold_apply_noplan_s"]
+        / fig["proc_ours_cold_apply_noplan_matchers_s"],
+        "proc_cold_apply_plan_vs_noplan": fig["proc_ours_cold_apply_plan_s"] / fig["proc_ours_cold_apply_noplan_s"],
+        "proc_cold_apply_plan_vs_baseline_cold_cpu": fig["proc_ours_cold_apply_plan_cpu"]
+        / fig["proc_baseline_cold_insert_cpu"],
+        "proc_warm_noop_vs_baseline_noop": fig["proc_ours_warm_noop_apply_s"] / fig["proc_baseline_noop_s"],
+    }
+    targets = {
+        "cold first apply with a plan <= 1.5x regex cold insertion (processes)":
+            ratios["proc_cold_apply_plan_vs_baseline_cold"] <= 1.5,
+        "cold first apply with a plan < 0.1 s": fig["proc_ours_cold_apply_plan_s"] < 0.1,
+        "cold first apply without a plan < 0.8 s": fig["proc_ours_cold_apply_noplan_s"] < 0.8,
+        "warm no-op <= 1.0x regex no-op (processes)": ratios["proc_warm_noop_vs_baseline_noop"] <= 1.0,
+    }
+    load = os.getloadavg()
+    print(f"vLLM {version}, prepared plans, {runs} interleaved rounds, median, python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    for k, v in fig.items():
+        print(f"  {k:40s} {v * 1000:10.2f} ms  (min {min(samples[k]) * 1000:.2f})")
+    for k, v in ratios.items():
+        print(f"  {k:40s} {v:10.2f} x")
+    for k, ok in targets.items():
+        print(f"  {'MET ' if ok else 'MISS'} {k}")
+    if json_out:
+        json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios,
+                                        "samples_s": samples, "targets_met": targets,
+                                        "machine": {"loadavg": load, "cpus": os.cpu_count()}}, indent=2) + "\n")
     return 0
 
 

@@ -82,9 +82,9 @@ def _file_sha(path: str) -> str:
         return "absent"
 
 
-def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]] | None:
-    """`[--catalog DIR] apply [IDS...] [--root DIR]` -> (catalog, root, ids); None otherwise."""
-    catalog = root = None
+def _parse_apply(argv: list[str]) -> tuple[str | None, str | None, list[str], str | None] | None:
+    """`[--catalog DIR] apply [IDS...] [--root DIR] [--plans DIR]` -> (catalog, root, ids, plans); None otherwise."""
+    catalog = root = plans = None
     rest = list(argv)
     if rest[:1] == ["--catalog"] and len(rest) >= 2:
         catalog, rest = rest[1], rest[2:]
@@ -95,17 +95,29 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]] | None:
     ids: list[str] = []
     it = iter(rest[1:])
     for arg in it:
-        if arg == "--root":
-            root = next(it, None)
-            if root is None:
+        if arg in ("--root", "--plans"):
+            value = next(it, None)
+            if value is None:
                 return None
+            if arg == "--root":
+                root = value
+            else:
+                plans = value
         elif arg.startswith("--root="):
             root = arg.split("=", 1)[1]
+        elif arg.startswith("--plans="):
+            plans = arg.split("=", 1)[1]
         elif arg.startswith("-"):
             return None  # --dry-run, --json, --help...: the full CLI
         else:
             ids.append(arg)
-    return catalog, root, ids
+    return catalog, root, ids, plans
+
+
+def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]] | None:
+    """`[--catalog DIR] apply [IDS...] [--root DIR] [--plans DIR]` -> (catalog, root, ids); None otherwise."""
+    parsed = _parse_apply(argv)
+    return None if parsed is None else parsed[:3]
 
 
 def _catalog_dir(arg: str | None) -> str | None:
@@ -176,6 +188,16 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     return out
 
 
+def _from_plan(argv: list[str]) -> dict | None:
+    """A first apply replayed from a prepared plan (manager.overlays.plans), or None."""
+    parsed = _parse_apply(argv)
+    if parsed is None:
+        return None
+    from .overlays.plans import main_apply
+
+    return main_apply(parsed)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     try:
@@ -186,6 +208,20 @@ def main() -> None:
         for oid, st in done:
             sys.stderr.write(f"{st:>12}  {oid}\n")
         sys.stderr.write(f"{'identical':>12}  nothing to do (ledger hashes match)\n")
+        sys.exit(0)
+    try:
+        planned = _from_plan(argv)
+    except Exception:  # noqa: BLE001 - the engine redoes (and recovers) whatever the plan path left
+        planned = None
+    if planned is not None:
+        for oid, why in planned["skipped"]:
+            sys.stderr.write(f"{'skipped':>12}  {oid}: {why}\n")
+        for verb, path, ids in planned["changes"]:
+            sys.stderr.write(f"{verb:>12}  {path}  ({', '.join(ids)})\n")
+        for oid, st in planned["statuses"]:
+            if st in _QUIET:
+                sys.stderr.write(f"{st:>12}  {oid}\n")
+        sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified)\n")
         sys.exit(0)
     from .cli import main as cli_main
 

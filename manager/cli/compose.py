@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from rich.markup import escape
+
 from ..console import err, print_data, print_json, status
 from ..errors import ComposeError
 
@@ -91,19 +93,22 @@ def check_cmd(app, as_json: bool) -> None:
 @click.option("--platform", "platform", default="manylinux_2_28_x86_64", show_default=True,
               help="Wheel platform of the image (glibc >= 2.28: manylinux_2_28_x86_64).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle directory.")
+@click.option("--no-plans", is_flag=True, help="Do not prepare plans for the deployments' pinned releases.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def bundle_cmd(app, python: str, platform: str, output: Path, as_json: bool) -> None:
-    """Build an offline bundle of this tool + dependencies + catalog for an image's Python."""
+def bundle_cmd(app, python: str, platform: str, output: Path, no_plans: bool, as_json: bool) -> None:
+    """Build an offline bundle of this tool + dependencies + catalog (+ prepared plans) for an image's Python."""
     from ..compose.bundle import build_bundle
 
-    res = build_bundle(output, python, platform, app.catalog)
+    res = build_bundle(output, python, platform, app.catalog, plans=not no_plans)
     if as_json:
         print_json({"path": str(res.path), "python": res.python, "platform": res.platform,
-                    "packages": res.packages, "size_bytes": res.size_bytes})
+                    "packages": res.packages, "size_bytes": res.size_bytes, "plans": list(res.plans)})
     else:
         status("bundle", f"{res.path} (python {res.python}, {res.platform}, {len(res.packages)} packages, "
                          f"{res.size_bytes / 1e6:.1f} MB)")
+        for line in res.plans:
+            status("plan", escape(line), "dim")
 
 
 @click.command("verify")

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from rich.markup import escape
+
 from ..console import err, print_data, print_json, status as say
 from .app import Application
 
@@ -114,14 +116,25 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 @click.argument("ids", nargs=-1)
 @root_option
 @click.option("--dry-run", is_flag=True, help="Change nothing; exit 1 when work is pending.")
+@click.option("--plans", "plans", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Prepared plans to use first (also $OVERLAY_PLANS); read by the start-up path before this command.")
 @json_option
 @click.pass_obj
-def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run: bool, as_json: bool) -> int:
-    """Apply overlays transactionally (all or nothing), idempotently."""
-    from ..overlays import apply, find_root
+def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run: bool, plans: str | None,
+              as_json: bool) -> int:
+    """Apply overlays transactionally (all or nothing), idempotently.
+
+    A first apply is recorded as a plan into $OVERLAY_PLAN_CACHE when that is set."""
+    import os
+
+    from ..overlays import find_root
+    from ..overlays.plans import ENV_CACHE
+    from ..overlays.prepare import apply_and_record
 
     _, selected = _selected(app, ids)
-    result = apply(selected, find_root(root), dry_run=dry_run, explicit=bool(ids))
+    recorded = apply_and_record(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), ids=ids,
+                                cache=os.environ.get(ENV_CACHE) or None)
+    result = recorded.result
     if as_json:
         print_json(result.to_json())
     for note in result.notes:
@@ -136,7 +149,34 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
             say(o.status, o.id, _STYLE.get(o.status, "cyan"))
     if not result.changes:
         say("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "dim")
+    if recorded.plan:
+        say("recorded", f"plan {escape(recorded.plan)}", "dim")
+    elif recorded.note:
+        say("note", escape(recorded.note), "yellow")
     return 1 if dry_run and result.changes else 0
+
+
+@click.command("prepare")
+@click.argument("ids", nargs=-1)
+@click.option("--vllm", "versions", multiple=True, required=True,
+              help="Real vLLM release to prepare plans for (repeatable; sources from PyPI, cached).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the plans into (`overlay apply --plans DIR`).")
+@json_option
+@click.pass_obj
+def prepare_cmd(app: Application, ids: tuple[str, ...], versions: tuple[str, ...], out: Path, as_json: bool) -> None:
+    """Prepare plans: the full engine's first apply of IDS (default: all) on each release, recorded."""
+    from ..overlays import load_overlays
+    from ..overlays.prepare import prepare
+
+    made = prepare(load_overlays(app.catalog), versions, ids, out)
+    if as_json:
+        print_json([{"vllm": p.version, "plan": p.path, "writes": list(p.changes),
+                     "statuses": dict(p.statuses)} for p in made])
+        return
+    for p in made:
+        states = ", ".join(f"{i} {s}" for i, s in p.statuses)
+        say("prepared", f"vllm {p.version}: {escape(p.path)} ({len(p.changes)} files; {states})", "green")
 
 
 @click.command("diff")
@@ -200,5 +240,5 @@ def demo_cmd(app: Application, version: str, dest: str | None) -> None:
 
 
 def register(cli: click.Group) -> None:
-    for cmd in (list_cmd, status_cmd, apply_cmd, diff_cmd, revert_cmd, demo_cmd):
+    for cmd in (list_cmd, status_cmd, apply_cmd, prepare_cmd, diff_cmd, revert_cmd, demo_cmd):
         cli.add_command(cmd)

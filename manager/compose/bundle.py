@@ -5,6 +5,8 @@ Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
     bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
     site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`
     catalog/         overlays/, profiles/, compose/
+    plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
+                     (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
     BUNDLE.json      what was bundled (python, platform, versions)
 
 Wheels are downloaded once into `<cache>/bundle-wheels/<python>-<platform>/` and reused offline.
@@ -39,9 +41,12 @@ WRAPPER = """#!/bin/sh
 here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 OVERLAY_CATALOG="${OVERLAY_CATALOG:-$here/catalog}"
+# prepared plans of the first apply; a first apply without one is recorded into the kernel cache volume
+OVERLAY_PLANS="${OVERLAY_PLANS:-$here/plans}"
+OVERLAY_PLAN_CACHE="${OVERLAY_PLAN_CACHE:-${OVERLAY_KERNEL_CACHE:+$OVERLAY_KERNEL_CACHE/plans}}"
 # the bundle is mounted read-only: keep bytecode in a writable place (survives container restarts)
 PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
-export PYTHONPATH OVERLAY_CATALOG PYTHONPYCACHEPREFIX
+export PYTHONPATH OVERLAY_CATALOG PYTHONPYCACHEPREFIX OVERLAY_PLANS OVERLAY_PLAN_CACHE
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
 exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
@@ -55,6 +60,7 @@ class BundleResult:
     packages: dict[str, str]
     size_bytes: int
     wheels_cached: bool
+    plans: tuple[str, ...] = ()  # one line per deployment: its release, overlays and plan (or why none)
 
 
 def platform_tags(platform: str) -> list[str]:
@@ -155,7 +161,39 @@ def _installed_versions(site: Path) -> dict[str, str]:
     return out
 
 
-def build_bundle(out: Path, python: str, platform: str, catalog: Catalog) -> BundleResult:
+def write_plans(dest: Path, catalog: Catalog) -> tuple[str, ...]:
+    """Prepared plans of each deployment's `overlay apply IDS` on its engine's pinned vLLM release.
+
+    A deployment whose release cannot be downloaded or whose overlays do not apply gets no
+    plan (its first start runs the full engine, as without a bundle); the line says why."""
+    from ..compose.plan import plan_all
+    from ..compose.registry import load_registry
+    from ..errors import ManagerError
+    from ..overlays import load_overlays
+    from ..overlays.prepare import prepare
+
+    dest.mkdir(parents=True, exist_ok=True)
+    registry = load_registry(catalog)
+    if not registry.deployments:
+        return ()
+    every = load_overlays(catalog)
+    lines, done = [], {}
+    for slug, plan in plan_all(registry, catalog).items():
+        key = (plan.vllm_version, tuple(plan.overlays))
+        if not plan.overlays or not plan.vllm_version:
+            lines.append(f"{slug}: no overlays to apply")
+            continue
+        if key not in done:
+            try:
+                (made,) = prepare(every, [plan.vllm_version], list(plan.overlays), dest)
+                done[key] = f"plan {Path(made.path).name}"
+            except ManagerError as exc:
+                done[key] = f"no plan ({exc})"
+        lines.append(f"{slug}: vllm {plan.vllm_version} {' '.join(plan.overlays)}: {done[key]}")
+    return tuple(lines)
+
+
+def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans: bool = True) -> BundleResult:
     """Build a bundle directory at `out` (replaced atomically if it is an earlier bundle)."""
     python = _check_python(python)
     out = Path(out).resolve()
@@ -176,6 +214,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog) -> Bun
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
         _copy_catalog(catalog, tmp / "catalog")
+        plan_lines = write_plans(tmp / "plans", Catalog(tmp / "catalog")) if plans else ()
         (tmp / "bin").mkdir()
         wrapper = tmp / "bin" / "overlay"
         wrapper.write_text(WRAPPER)
@@ -187,6 +226,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog) -> Bun
             "python": python,
             "platform": platform,
             "packages": packages,
+            "plans": list(plan_lines),
         }
         (tmp / "BUNDLE.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for p in [tmp, *tmp.rglob("*")]:
@@ -202,4 +242,4 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog) -> Bun
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BundleResult(out, python, platform, packages, _dir_size(out), cached)
+    return BundleResult(out, python, platform, packages, _dir_size(out), cached, tuple(plan_lines))

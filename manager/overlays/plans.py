@@ -1,0 +1,413 @@
+"""Prepared plans: the full engine's first apply, recorded once, replayed at container start.
+
+For a request (`overlay apply [IDS]` on package version V with tool version T) the engine's
+output is a pure function of the bytes of the files it reads (every target and probe
+target: their sha256 are the plan's *inputs*, the base hash H) and of the overlay
+directories (their digests D). A plan stores, for one request, H, D, the exact bytes the
+engine wrote (as hunks against the base bytes, each write with its expected result hash)
+and the ledger the engine left. `apply_plan` (standard library only: it runs in
+`manager.fastpath` before click, rich, pydantic, yaml or libcst load) replays it with the
+engine's transaction: lock, originals stored, journal, atomic replace of each file, ledger
+last, journal removed; `overlay revert` then restores the original bytes exactly.
+
+A plan is used only on a first apply (no ledger, no journal under the root), when every
+input hash and every overlay digest match and each write's result hash verifies. Anything
+else returns None and the caller runs the full engine; a plan that fails its own checks
+(tampered or corrupt) is refused with one line on stderr naming the file and why.
+
+Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` write them
+(`DIR/<key>.json`), `--plans DIR` / `$OVERLAY_PLANS` (os.pathsep-separated) are read, and
+`$OVERLAY_PLAN_CACHE` is read and also filled by a full-engine first apply.
+
+Only the standard library here; recording and `overlay prepare` (the engine) are in
+`manager.overlays.prepare`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .. import __version__
+from ..fastpath import _file_sha, _sha256, overlay_digest, package_version
+
+FORMAT = "overlay-manager-plan/1"
+ENV_PLANS = "OVERLAY_PLANS"
+ENV_CACHE = "OVERLAY_PLAN_CACHE"
+STATE_DIR = ".overlay-manager"  # as manager.overlays.ledger.STATE_DIR (not imported: pydantic-free path)
+ABSENT = "absent"
+
+
+class PlanRefused(Exception):
+    """A plan that does not verify (tampered, corrupt, or naming a path outside the root)."""
+
+
+# --- keys and lookup -------------------------------------------------------------------------
+
+
+def plan_key(package_version_: str | None, explicit: bool, requested: dict[str, str]) -> str:
+    """The file name stem of the plan for a request: tool version, package version, whether
+    the ids were named, and (id, digest) of every requested overlay."""
+    raw = json.dumps([FORMAT, __version__, package_version_, bool(explicit), sorted(requested.items())])
+    return _sha256(raw.encode()).hexdigest()
+
+
+def plan_dirs(arg: str | None = None) -> list[str]:
+    """Where plans are looked up: --plans DIR, then $OVERLAY_PLANS (os.pathsep list), then the cache."""
+    out = []
+    for raw in [arg, *(os.environ.get(ENV_PLANS) or "").split(os.pathsep), os.environ.get(ENV_CACHE)]:
+        if raw:
+            d = os.path.realpath(os.path.expanduser(raw))
+            if d not in out:
+                out.append(d)
+    return out
+
+
+def _check_rel(path: object, where: str) -> str:
+    """A plan's path: relative, '/'-separated, no '.'/'..'/empty parts, not the state directory."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "\0" in path:
+        raise PlanRefused(f"{where}: path {path!r} is not a relative path inside the root")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts) or parts[0] == STATE_DIR:
+        raise PlanRefused(f"{where}: path {path!r} is not a relative path inside the root")
+    return path
+
+
+def _inside(root: str, rel: str, where: str) -> str:
+    """root/rel, refused when it resolves (symlinks included) outside the root."""
+    real_root = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(real_root, rel))
+    if not full.startswith(real_root + os.sep):
+        raise PlanRefused(f"{where}: {rel} resolves outside the root ({full})")
+    return os.path.join(root, rel)
+
+
+def apply_hunks(base: bytes, hunks: list, where: str) -> bytes:
+    """base with each [start, end, text] replaced (byte offsets into base, ascending)."""
+    out, pos = [], 0
+    for h in hunks:
+        if not (isinstance(h, list) and len(h) == 3 and isinstance(h[0], int) and isinstance(h[1], int)
+                and isinstance(h[2], str) and pos <= h[0] <= h[1] <= len(base)):
+            raise PlanRefused(f"{where}: malformed hunk {str(h)[:60]!r}")
+        out.append(base[pos:h[0]])
+        out.append(h[2].encode("utf-8"))
+        pos = h[1]
+    out.append(base[pos:])
+    return b"".join(out)
+
+
+def check_plan(plan: object, where: str) -> dict:
+    """Structure and internal consistency of a loaded plan (raises PlanRefused)."""
+    if not isinstance(plan, dict) or plan.get("format") != FORMAT:
+        raise PlanRefused(f"{where}: not an {FORMAT} plan")
+    for key, typ in (("overlays", list), ("inputs", dict), ("writes", list), ("ledger", dict), ("requested", list)):
+        if not isinstance(plan.get(key), typ):
+            raise PlanRefused(f"{where}: '{key}' missing or not a {typ.__name__}")
+    inputs = plan["inputs"]
+    for rel, sha in inputs.items():
+        _check_rel(rel, where)
+        if not isinstance(sha, str):
+            raise PlanRefused(f"{where}: inputs[{rel!r}] is not a hash")
+    led = plan["ledger"]
+    if led.get("tool_version") != plan.get("tool_version") or led.get("package_version") != plan.get("package_version"):
+        raise PlanRefused(f"{where}: the ledger's tool/package version differs from the plan's")
+    ids = []
+    for o in plan["overlays"]:
+        if not (isinstance(o, dict) and isinstance(o.get("id"), str) and isinstance(o.get("digest"), str)):
+            raise PlanRefused(f"{where}: malformed overlays entry")
+        ids.append(o["id"])
+        if "/" in o["id"] or o["id"].startswith("."):
+            raise PlanRefused(f"{where}: overlay id {o['id']!r} is not a directory name")
+    records = led.get("overlays")
+    if not isinstance(records, dict) or sorted(records) != sorted(ids):
+        raise PlanRefused(f"{where}: the ledger's overlays differ from the plan's")
+    for o in plan["overlays"]:
+        if not isinstance(records[o["id"]], dict) or records[o["id"]].get("digest") != o["digest"]:
+            raise PlanRefused(f"{where}: the ledger's digest of {o['id']} differs from the plan's")
+    written = {}
+    for w in plan["writes"]:
+        if not isinstance(w, dict):
+            raise PlanRefused(f"{where}: malformed writes entry")
+        rel = _check_rel(w.get("path"), where)
+        if rel not in inputs or w.get("pre_sha256") != inputs[rel] or not isinstance(w.get("post_sha256"), str):
+            raise PlanRefused(f"{where}: write of {rel} does not start from a recorded input hash")
+        if not isinstance(w.get("hunks"), list):
+            raise PlanRefused(f"{where}: write of {rel} has no hunks")
+        written[rel] = w["post_sha256"]
+    files = led.get("files", {})
+    if not isinstance(files, dict) or sorted(files) != sorted(written):
+        raise PlanRefused(f"{where}: the ledger's files differ from the plan's writes")
+    for rel, rec in files.items():
+        if not (isinstance(rec, dict) and rec.get("base_sha256") == inputs[rel]
+                and rec.get("post_sha256") == written[rel] and isinstance(rec.get("overlays"), dict)):
+            raise PlanRefused(f"{where}: the ledger's record of {rel} differs from the plan's write")
+    observed = led.get("observed", {})
+    if not isinstance(observed, dict):
+        raise PlanRefused(f"{where}: the ledger's observed hashes are malformed")
+    for rel, sha in observed.items():
+        _check_rel(rel, where)
+        if sha != written.get(rel, inputs.get(rel)):
+            raise PlanRefused(f"{where}: the ledger's observed hash of {rel} is neither its input nor its result")
+    return plan
+
+
+# --- the stdlib transaction ------------------------------------------------------------------
+
+
+def _atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
+    """manager.fsutil.atomic_write without pathlib/tempfile/hashlib (same result: temp file in
+    the same directory, fsync, os.replace, directory fsync; mode kept, 0o644 for a new file)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _drop_bytecode(path: str) -> None:
+    if not path.endswith(".py"):
+        return
+    cache = os.path.join(os.path.dirname(path), "__pycache__")
+    stem = os.path.basename(path)[:-3] + "."
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
+            try:
+                os.unlink(os.path.join(cache, n))
+            except FileNotFoundError:
+                pass
+
+
+class _Lock:
+    """The engine's lock (`<state>/lock`, filelock's fcntl.flock), taken with fcntl directly."""
+
+    def __init__(self, state: str) -> None:
+        self.path = os.path.join(state, "lock")
+
+    def __enter__(self) -> "_Lock":
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | None:
+    """{id: digest} of the requested overlays (every catalog overlay when no ids), explicit."""
+    overlays_dir = os.path.join(catalog, "overlays")
+    try:
+        every = sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
+                       and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
+    except OSError:
+        return None
+    wanted = list(dict.fromkeys(ids)) if ids else every
+    if any(i not in every for i in wanted):
+        return None
+    return {i: overlay_digest(os.path.join(overlays_dir, i)) for i in wanted}, bool(ids)
+
+
+def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list] | None:
+    """(bytes of every input file (None: absent), their stat signatures), or None when a hash
+    differs from the plan's."""
+    out: dict[str, bytes | None] = {}
+    sigs = []
+    for rel, want in inputs.items():
+        path = os.path.join(root, rel)
+        try:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                data: bytes | None = fh.read()
+            sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            data = None
+            sigs.append(None)
+        if (ABSENT if data is None else _sha256(data).hexdigest()) != want:
+            return None
+        out[rel] = data
+    return out, sigs
+
+
+def _signatures(root: str, inputs: dict[str, str]) -> list:
+    sigs = []
+    for rel in inputs:
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except (FileNotFoundError, NotADirectoryError):
+            sigs.append(None)
+            continue
+        sigs.append(None if (st.st_mode & 0o170000) == 0o040000 else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return sigs
+
+
+def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
+    """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON)."""
+    for d in dirs:
+        path = os.path.join(d, key + ".json")
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        try:
+            return path, json.loads(raw)
+        except ValueError:
+            raise PlanRefused(f"{path}: not valid JSON") from None
+    return None
+
+
+def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict | None:
+    """Apply the matching prepared plan as the engine's first apply would, or return None.
+
+    Returns {"plan": path, "changes": [(verb, path, ids)], "statuses": [(id, status)],
+    "skipped": [(id, why)]}. Raises PlanRefused for a plan that matches the request but does
+    not verify; nothing under the root has changed then.
+    """
+    if not dirs:
+        return None
+    state = os.path.join(root, STATE_DIR)
+    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
+    if os.path.exists(ledger_path) or os.path.exists(journal_path):
+        return None  # not a first apply: the warm path or the engine decides
+    version = package_version(root)
+    req = _requested(catalog, ids)
+    if req is None:
+        return None
+    requested, explicit = req
+    found = find_plan(dirs, plan_key(version, explicit, requested))
+    if found is None:
+        return None
+    where, plan = found
+    check_plan(plan, where)
+    if (plan.get("tool_version") != __version__ or plan.get("package_version") != version
+            or bool(plan.get("explicit")) != explicit or sorted(plan["requested"]) != sorted(requested)):
+        raise PlanRefused(f"{where}: made for another request (tool, package version or overlays)")
+    overlays_dir = os.path.join(catalog, "overlays")
+    for o in plan["overlays"]:
+        want = requested.get(o["id"])
+        if want is None:
+            d = os.path.join(overlays_dir, o["id"])
+            want = overlay_digest(d) if os.path.isfile(os.path.join(d, "overlay.yaml")) else None
+        if want != o["digest"]:
+            return None  # a required overlay changed in this catalog: the engine decides
+    if not explicit and sorted(o["id"] for o in plan["overlays"]) != sorted(requested):
+        return None
+    for rel in plan["inputs"]:
+        _inside(root, rel, where)
+    read = _read_inputs(root, plan["inputs"])
+    if read is None:
+        return None  # a hand-edited image or another release: the engine decides
+    base, sigs = read
+    new: dict[str, bytes | None] = {}
+    for w in plan["writes"]:  # every result verified before anything is written
+        rel = w["path"]
+        if w["post_sha256"] == ABSENT:
+            new[rel] = None
+            continue
+        data = apply_hunks(base[rel] or b"", w["hunks"], where)
+        if _sha256(data).hexdigest() != w["post_sha256"]:
+            raise PlanRefused(f"{where}: result hash mismatch for {rel} (tampered or corrupt plan)")
+        new[rel] = data
+    os.makedirs(state, exist_ok=True)
+    with _Lock(state):
+        if os.path.exists(ledger_path) or os.path.exists(journal_path):
+            return None  # another apply finished first
+        if _signatures(root, plan["inputs"]) != sigs:  # changed since read (inode, size, times)
+            read = _read_inputs(root, plan["inputs"])
+            if read is None or read[0] != base:
+                return None  # the engine decides
+        led = plan["ledger"]
+        journal = {}
+        for rel in new:
+            rec = led["files"][rel]
+            journal[rel] = {"base_sha256": rec["base_sha256"], "pre_sha256": plan["inputs"][rel],
+                            "post_sha256": rec["post_sha256"], "overlays": rec["overlays"]}
+            if base[rel] is not None:
+                orig = os.path.join(state, "originals", plan["inputs"][rel])
+                if not os.path.exists(orig):
+                    _atomic_write(orig, base[rel], mode=0o644)
+        if journal:
+            _atomic_write(journal_path, json.dumps(journal, indent=2, sort_keys=True).encode())
+        for rel, data in new.items():
+            path = os.path.join(root, rel)
+            if data is None:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            else:
+                _atomic_write(path, data)
+            _drop_bytecode(path)
+        import time
+
+        ledger = dict(led)
+        ledger["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        _atomic_write(ledger_path, (json.dumps(ledger, indent=2, sort_keys=True) + "\n").encode())
+        try:
+            os.unlink(journal_path)
+        except FileNotFoundError:
+            pass
+    report = plan.get("report") or {}
+    return {
+        "plan": where,
+        "changes": [tuple(c) for c in report.get("changes", [])],
+        "statuses": [(i, led["overlays"][i].get("status", "?")) for i in (o["id"] for o in plan["overlays"])],
+        "skipped": [tuple(s) for s in report.get("skipped", [])],
+    }
+
+
+# --- the fast path's entry --------------------------------------------------------------
+
+
+def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict | None:
+    """fastpath: the plan apply for `[--catalog C] apply [IDS] [--root R] [--plans D]`, or None."""
+    from ..fastpath import _catalog_dir, _root
+
+    catalog_arg, root_arg, ids, plans_arg = argv_parsed
+    dirs = plan_dirs(plans_arg)
+    if not dirs:
+        return None
+    catalog, root = _catalog_dir(catalog_arg), _root(root_arg)
+    if catalog is None or root is None or not os.path.isdir(os.path.join(root, "vllm")):
+        return None
+    try:
+        return apply_plan(catalog, root, ids, dirs)
+    except PlanRefused as exc:
+        sys.stderr.write(f"{'refused':>12}  {exc}; running the full engine\n")
+        return None

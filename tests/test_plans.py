@@ -1,0 +1,298 @@
+"""Prepared plans (manager/overlays/plans.py, prepare.py): the engine's first apply replayed
+by the standard-library path must write exactly what the engine writes, on every release."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manager.overlays import apply, load_overlays, revert, status
+from manager.overlays.plans import PlanRefused, apply_plan
+from manager.overlays.prepare import input_paths, prepare
+
+from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog
+from conftest import RELEASES
+
+ALL_IDS = tuple(sorted(p.name for p in SHIPPED_OVERLAYS.iterdir() if (p / "overlay.yaml").is_file()))
+HEAVY = ("click", "rich", "pydantic", "libcst", "yaml", "jinja2", "filelock")
+
+
+def _input_root(version: str, dest: Path, rels) -> Path:
+    """A writable root with the release's dist-info and every input file that exists there."""
+    from manager.releases import pristine_tree
+
+    src = pristine_tree(version)
+    for info in src.glob("vllm-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    (dest / "vllm").mkdir(parents=True, exist_ok=True)
+    for rel in rels:
+        if (src / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes((src / rel).read_bytes())
+    return dest
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under the root (the ledger without its timestamp, the lock file left out)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or p.name == "lock":
+            continue
+        rel = p.relative_to(root).as_posix()
+        data = p.read_bytes()
+        if p.name == "ledger.json":
+            led = json.loads(data)
+            led.pop("updated_at")
+            data = json.dumps(led, sort_keys=True).encode()
+        out[rel] = data
+    return out
+
+
+def _statuses(report) -> list:
+    return [(o.id, o.status, [(t.path, t.status, t.detail) for t in o.targets]) for o in report.overlays]
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    return make_catalog(tmp_path / "cat", ids=ALL_IDS)
+
+
+@pytest.fixture
+def prepared_020(tmp_path, catalog):
+    every = load_overlays(catalog)
+    (made,) = prepare(every, ["0.20.0"], [], tmp_path / "plans")
+    return every, Path(made.path)
+
+
+def _fresh(tmp_path: Path, every, name: str, version: str = "0.20.0") -> Path:
+    return _input_root(version, tmp_path / name, input_paths(every))
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", RELEASES)
+def test_plan_apply_is_byte_identical_to_the_engine_and_reverts_exactly(tmp_path, catalog, version):
+    every = load_overlays(catalog)
+    (made,) = prepare(every, [version], [], tmp_path / "plans")
+    by_engine, by_plan = _fresh(tmp_path, every, "engine", version), _fresh(tmp_path, every, "plan", version)
+    pristine = _tree(by_plan)
+
+    apply(every, by_engine)
+    done = apply_plan(str(catalog.root), str(by_plan), [], [str(tmp_path / "plans")])
+
+    assert done is not None and done["plan"] == made.path
+    assert _tree(by_plan) == _tree(by_engine)
+    assert _statuses(status(every, by_plan)) == _statuses(status(every, by_engine))
+    assert _statuses(status(every, by_plan, use_ledger=False)) == _statuses(status(every, by_engine, use_ledger=False))
+    # the next start is the warm no-op, and revert restores the original bytes exactly
+    again = apply(every, by_plan)
+    assert again.fast_path and not again.changes
+    revert(every, every, by_plan)
+    after = _tree(by_plan)
+    assert {k: v for k, v in after.items() if not k.startswith(".overlay-manager/")} == pristine
+
+
+@pytest.mark.network
+def test_named_ids_plan_matches_the_engine_and_only_that_request(tmp_path, catalog):
+    every = load_overlays(catalog)
+    prepare(every, ["0.20.0"], [PR40886], tmp_path / "plans")
+    by_engine, by_plan = _fresh(tmp_path, every, "engine"), _fresh(tmp_path, every, "plan")
+    dirs = [str(tmp_path / "plans")]
+    assert apply_plan(str(catalog.root), str(by_plan), [], dirs) is None  # another request: no plan
+    from manager.overlays import select
+
+    apply(select(every, [PR40886]), by_engine, explicit=True)
+    assert apply_plan(str(catalog.root), str(by_plan), [PR40886], dirs) is not None
+    assert _tree(by_plan) == _tree(by_engine)
+
+
+def _tamper(plan_path: Path, fn) -> None:
+    plan = json.loads(plan_path.read_text())
+    fn(plan)
+    plan_path.write_text(json.dumps(plan))
+
+
+@pytest.mark.network
+def test_tampered_result_is_refused_and_nothing_changes(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+
+    def edit(plan):
+        w = next(w for w in plan["writes"] if w["path"] == GEMMA4)
+        w["hunks"][0][2] = w["hunks"][0][2] + "import os; os.system('echo pwned')\n"
+
+    _tamper(plan_path, edit)
+    root = _fresh(tmp_path, every, "root")
+    before = _tree(root)
+    with pytest.raises(PlanRefused, match=f"result hash mismatch for {GEMMA4}"):
+        apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+    assert _tree(root) == before and not (root / ".overlay-manager").exists()
+
+
+@pytest.mark.network
+def test_tampered_plan_through_the_cli_says_so_and_the_full_engine_applies(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    _tamper(plan_path, lambda p: p["writes"][0]["hunks"][0].__setitem__(2, "# evil\n"))
+    root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
+    apply(every, ref)
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager", "--catalog", str(catalog.root), "apply", "--root", str(root),
+         "--plans", str(plan_path.parent)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused" in proc.stderr and "result hash mismatch" in proc.stderr and "running the full engine" in proc.stderr
+    assert _tree(root) == _tree(ref)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("bad", ["../outside.py", "/etc/passwd", "vllm/../../outside.py", ".overlay-manager/ledger.json"])
+def test_plan_naming_a_path_outside_the_root_is_refused(tmp_path, catalog, prepared_020, bad):
+    every, plan_path = prepared_020
+
+    def edit(plan):
+        plan["inputs"][bad] = "absent"
+        plan["writes"].append({"path": bad, "pre_sha256": "absent", "post_sha256": "0" * 64, "hunks": [[0, 0, "x"]]})
+
+    _tamper(plan_path, edit)
+    root = _fresh(tmp_path, every, "root")
+    before = _tree(root)
+    with pytest.raises(PlanRefused, match="not a relative path inside the root"):
+        apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+    assert _tree(root) == before and not (tmp_path / "outside.py").exists()
+
+
+@pytest.mark.network
+def test_plan_through_a_symlinked_directory_leaving_the_root_is_refused(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    root = _fresh(tmp_path, every, "root")
+    outside = tmp_path / "elsewhere"
+    shutil.move(str(root / "vllm" / "platforms"), outside)
+    (root / "vllm" / "platforms").symlink_to(outside, target_is_directory=True)
+    before = (outside / "cuda.py").read_bytes()
+    with pytest.raises(PlanRefused, match="resolves outside the root"):
+        apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+    assert (outside / "cuda.py").read_bytes() == before
+
+
+@pytest.mark.network
+def test_plan_whose_ledger_disagrees_with_its_writes_is_refused(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    _tamper(plan_path, lambda p: p["ledger"]["observed"].__setitem__(GEMMA4, "f" * 64))
+    root = _fresh(tmp_path, every, "root")
+    with pytest.raises(PlanRefused, match="observed hash"):
+        apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+
+
+@pytest.mark.network
+def test_no_plan_is_used_for_a_hand_edited_target_a_changed_overlay_or_an_applied_root(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    dirs = [str(plan_path.parent)]
+    edited = _fresh(tmp_path, every, "edited")
+    (edited / GEMMA4).write_bytes((edited / GEMMA4).read_bytes() + b"# local change\n")
+    assert apply_plan(str(catalog.root), str(edited), [], dirs) is None
+    assert not (edited / ".overlay-manager").exists()
+
+    applied = _fresh(tmp_path, every, "applied")
+    apply(every, applied)
+    assert apply_plan(str(catalog.root), str(applied), [], dirs) is None
+
+    link = catalog.overlays_dir / PR40886
+    src = link.resolve()
+    link.unlink()
+    shutil.copytree(src, link)
+    (link / "overlay.yaml").write_text((link / "overlay.yaml").read_text() + "\n# edited\n")
+    assert apply_plan(str(catalog.root), str(_fresh(tmp_path, every, "other")), [], dirs) is None
+
+
+@pytest.mark.network
+def test_plan_apply_process_imports_none_of_the_heavy_modules(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
+    apply(every, ref)
+    argv = ["--catalog", str(catalog.root), "apply", "--root", str(root), "--plans", str(plan_path.parent)]
+    code = (
+        "import sys\n"
+        f"sys.argv = ['overlay'] + {json.dumps(argv)}\n"
+        "from manager.fastpath import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout
+    assert "prepared plan, hashes verified" in proc.stderr
+    assert _tree(root) == _tree(ref)
+
+
+@pytest.mark.network
+def test_first_engine_apply_fills_the_plan_cache_and_the_next_container_uses_it(tmp_path, catalog):
+    every = load_overlays(catalog)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, OVERLAY_PLAN_CACHE=str(cache))
+    first, second = _fresh(tmp_path, every, "first"), _fresh(tmp_path, every, "second")
+
+    def run(root: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "manager", "--catalog", str(catalog.root), "apply", "--root", str(root)],
+            capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300,
+        )
+
+    p1 = run(first)
+    assert p1.returncode == 0, p1.stderr
+    assert "recorded" in p1.stderr and len(list(cache.glob("*.json"))) == 1
+    p2 = run(second)
+    assert p2.returncode == 0, p2.stderr
+    assert "prepared plan, hashes verified" in p2.stderr
+    assert _tree(second) == _tree(first)
+
+
+@pytest.mark.network
+def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
+    every = load_overlays(catalog)
+    cache = tmp_path / "not-a-dir"
+    cache.write_text("a file where the cache directory should be\n")
+    from manager.overlays.prepare import apply_and_record
+
+    rec = apply_and_record(every, _fresh(tmp_path, every, "root"), cache=str(cache))
+    assert rec.result.changes and rec.plan is None and "plan not recorded" in (rec.note or "")
+
+
+def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path):
+    from _overlay_helpers import invoke_cli
+
+    rc, out, err = invoke_cli("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
+    assert rc == 1 and "unknown overlay 'no-such-overlay'" in err
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.network
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a bare system python3")
+def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_path):
+    """The bundle's wrapper sets $OVERLAY_PLANS: a bare python3 (no click, pydantic, libcst) applies
+    a deployment's overlays on its pinned release from the prepared plan."""
+    import _docker_helpers as dh
+    from manager.catalog import Catalog
+    from manager.overlays import select
+
+    bundle = dh.bundle_dir(Catalog.locate())
+    lines = json.loads((bundle / "BUNDLE.json").read_text())["plans"]
+    line = next(ln for ln in lines if ln.endswith(".json") and f"vllm 0.20.0 {PR40886}:" in ln)
+    assert (bundle / "plans" / line.rsplit(" ", 1)[1]).is_file()
+    every = load_overlays(Catalog(bundle / "catalog"))
+    root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
+    apply(select(every, [PR40886]), ref, explicit=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OVERLAY_PYTHON": "/usr/bin/python3"}
+    proc = subprocess.run([str(bundle / "bin" / "overlay"), "apply", PR40886, "--root", str(root)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "prepared plan, hashes verified" in proc.stderr
+    assert _tree(root) == _tree(ref)
