@@ -8,16 +8,14 @@ import textwrap
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import re
-
 import libcst as cst
+import libcst.matchers as m
 
 from ..sentinel import Sentinel, parse_python, short_hash
 from .base import EditFailed
 
-# A sentinel line: an EmptyLine whose comment fullmatches this. Plain isinstance checks rather
-# than libcst.matchers: importing that generated module costs ~165 ms of every first apply.
-SENTINEL_COMMENT_RE = re.compile(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*")
+SENTINEL_COMMENT = m.Comment(m.MatchRegex(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"))  # fullmatch
+SENTINEL_LINE = m.EmptyLine(comment=SENTINEL_COMMENT)
 
 _COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
 try:  # libcst >= 0.4.x
@@ -211,10 +209,8 @@ def mark_block(
 
 def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
     for line in getattr(stmt, "leading_lines", ()):
-        if isinstance(line, cst.EmptyLine) and line.comment is not None and SENTINEL_COMMENT_RE.fullmatch(
-            line.comment.value
-        ):
-            return parse_python(line.comment.value)
+        if m.matches(line, SENTINEL_LINE):
+            return parse_python(line.comment.value)  # type: ignore[union-attr]
     return None
 
 

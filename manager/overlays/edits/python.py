@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
 from .base import EditContext, EditFailed, EditState, Inspection
@@ -307,11 +308,10 @@ def _cache_decorator(dec: cst.Decorator) -> tuple[str, cst.Arg | None, bool] | N
     call = None
     if isinstance(expr, cst.Call):
         call, expr = expr, expr.func
-    if isinstance(expr, cst.Name) and expr.value in _CACHE_NAMES:
-        kind = expr.value
-    elif (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "functools"
-          and expr.attr.value in _CACHE_NAMES):
-        kind = expr.attr.value
+    if m.matches(expr, m.Name()) and expr.value in _CACHE_NAMES:  # type: ignore[attr-defined]
+        kind = expr.value  # type: ignore[attr-defined]
+    elif m.matches(expr, m.Attribute(value=m.Name("functools"))) and expr.attr.value in _CACHE_NAMES:  # type: ignore[attr-defined]
+        kind = expr.attr.value  # type: ignore[attr-defined]
     else:
         return None
     maxsize = None
@@ -535,7 +535,7 @@ def _after_imports(body: list[cst.BaseStatement]) -> int:
     at = 0
     for i, stmt in enumerate(body):
         if isinstance(stmt, cst.SimpleStatementLine) and all(
-            isinstance(s, (cst.Import, cst.ImportFrom)) or (i == 0 and isinstance(s, cst.Expr) and isinstance(s.value, cst.SimpleString))
+            isinstance(s, (cst.Import, cst.ImportFrom)) or (i == 0 and m.matches(s, m.Expr(m.SimpleString())))
             for s in stmt.body
         ):
             at = i + 1
