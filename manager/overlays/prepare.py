@@ -8,7 +8,6 @@ just made on a live root. Nothing here computes patched bytes on its own.
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
 import tempfile
@@ -42,6 +41,8 @@ class PreparedPlan:
 
 def _hunks(before: bytes, after: bytes) -> list:
     """[start, end, text] against `before` (line-level, byte offsets) that turn it into `after`."""
+    import difflib  # only when recording: not on every apply's import path
+
     a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
     offsets = [0]
     for line in a:
