@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status
+from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import ComposeError
 
 
@@ -59,9 +59,9 @@ def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_
         return
     text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
     if output:
-        from ..fsutil import write_if_changed
+        from .app import write_output
 
-        status(write_if_changed(output, text.encode()), str(output))
+        status(write_output(output, text.encode()), str(output))
     else:
         print_data(text)
 
@@ -79,7 +79,7 @@ def check_cmd(app, as_json: bool) -> None:
     else:
         for f in report.findings:
             if not f.ok:
-                err.print(f"[red]FAIL[/red] {f.slug}: {f.check}: {f.message}", markup=True)
+                err.print(f"[red]FAIL[/red] " + esc(f"{f.slug}: {f.check}: {f.message}"), markup=True)
         n = len({f.slug for f in report.findings})
         err.print(f"{len(report.findings) - len(report.problems)} checks passed, {len(report.problems)} failed, {n} deployments")
     if not report.ok:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status as say
+from ..console import err, print_data, print_json, status as say, user_text as esc
 from .app import Application
 
 _STYLE = {
@@ -30,6 +30,14 @@ root_option = click.option(
     help="Directory holding the vllm/ package (default: where python would import it from).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine output (JSON) on stdout.")
+wait_option = click.option(
+    "--wait", "wait", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+    help="How long to wait for the root's lock while another run holds it (0: fail at once).",
+)
+
+
+def _waiting(message: str) -> None:
+    say("waiting", message, "yellow")
 
 
 def _selected(app: Application, ids: tuple[str, ...]):
@@ -65,29 +73,29 @@ def list_cmd(app: Application, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title=f"overlays in {app.catalog.overlays_dir}")
+    table = Table(title=f"overlays in {esc(app.catalog.overlays_dir)}")
     for col in ("id", "vllm", "upstream", "title"):
         table.add_column(col)
     for o in overlays:
         up = o.manifest.upstream
-        table.add_row(o.id, o.manifest.versions or "any", f"#{up.pr} {up.state}" if up else "local", o.manifest.title)
+        table.add_row(esc(o.id), esc(o.manifest.versions or "any"), f"#{up.pr} {up.state}" if up else "local", esc(o.manifest.title))
     err.print(table)
 
 
 def _print_status(report) -> None:
     from rich.table import Table
 
-    table = Table(title=f"vllm {report.package_version or '?'} at {report.root}")
+    table = Table(title=f"vllm {esc(report.package_version or '?')} at {esc(report.root)}")
     for col in ("overlay", "status", "target", "detail"):
         table.add_column(col, overflow="fold")
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
             table.add_row(
-                o.id if i == 0 else "",
+                esc(o.id) if i == 0 else "",
                 f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 else "",
-                f"[{style}]{t.path}[/]",
-                t.detail,
+                f"[{style}]{esc(t.path)}[/]",
+                esc(t.detail),
             )
     err.print(table)
 
@@ -115,13 +123,14 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 @root_option
 @click.option("--dry-run", is_flag=True, help="Change nothing; exit 1 when work is pending.")
 @json_option
+@wait_option
 @click.pass_obj
-def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run: bool, as_json: bool) -> int:
+def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run: bool, as_json: bool, wait: float) -> int:
     """Apply overlays transactionally (all or nothing), idempotently."""
     from ..overlays import apply, find_root
 
     _, selected = _selected(app, ids)
-    result = apply(selected, find_root(root), dry_run=dry_run, explicit=bool(ids))
+    result = apply(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), wait=wait, on_wait=_waiting)
     if as_json:
         print_json(result.to_json())
     for note in result.notes:
@@ -158,13 +167,14 @@ def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
 @click.command("revert")
 @click.argument("ids", nargs=-1)
 @root_option
+@wait_option
 @click.pass_obj
-def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
+def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None, wait: float) -> None:
     """Restore the original bytes of files the overlays changed (refuses if changed since)."""
     from ..overlays import find_root, revert
 
     every, selected = _selected(app, ids)
-    result = revert(selected, every, find_root(root))
+    result = revert(selected, every, find_root(root), wait=wait, on_wait=_waiting)
     for note in result.notes:
         say("note", note, "yellow")
     for c in result.changes:

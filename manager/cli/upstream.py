@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status
+from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import UpstreamError
 
 _VERDICT_STYLE = {
@@ -84,7 +84,7 @@ def register(cli: click.Group) -> None:
             for r in report.results:
                 style = _VERDICT_STYLE.get(r.verdict, "white")
                 extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-                err.print(f"[{style}]{r.verdict:>10}[/{style}]  {r.overlay} on {r.engine} (pin {r.pin}){extra}",
+                err.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
                           markup=True)
                 for line in r.evidence:
                     err.print(f"            - {line}", markup=False)
@@ -94,7 +94,7 @@ def register(cli: click.Group) -> None:
         hits = report.failing(fail)
         if hits:
             err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
-                      + ", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits), markup=True)
+                      + esc(", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits)), markup=True)
             raise click.exceptions.Exit(1)
         return 0
 
@@ -109,8 +109,8 @@ def register(cli: click.Group) -> None:
         """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
         import json
 
-        from ..fsutil import write_if_changed
         from ..upstream import render_markdown
+        from .app import write_output
 
         report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
         if fmt == "markdown":
@@ -120,4 +120,4 @@ def register(cli: click.Group) -> None:
         if output is None:
             print_data(text)
         else:
-            status(write_if_changed(output, text.encode()), str(output))
+            status(write_output(output, text.encode()), str(output))

@@ -105,7 +105,11 @@ class InsertStatements(PythonEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
-        stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        try:
+            stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        except EditFailed as exc:
+            msg = str(exc)
+            raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None
         return mark_block(module, stmts, self.sentinel())
 
     def _sites(self, module: cst.Module):
@@ -119,6 +123,7 @@ class InsertStatements(PythonEdit):
         except ScopeProblem as exc:
             return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
         if len(sites) == 1:
+            self.build(module)  # a snippet that does not parse is an error now, not at apply time
             return Inspection(EditState.PENDING, f"edit {self.name}: anchor found once in {where}")
         if not sites:
             return Inspection(EditState.DRIFT, f"edit {self.name}: anchor not found in {where}: {self.spec.anchor.strip()!r}")
