@@ -447,3 +447,146 @@ if __name__ == "__main__":  # the counts for docs/reliability.md
         row[outcome] += 1
         print(f"{case.id:<32} {outcome:<8} {detail.splitlines()[0] if detail else ''}"[:220], flush=True)
     print(json.dumps(counts, indent=1))
+
+
+# --- a held lock: who holds it, a visible wait, a --wait limit (item 10) -------------------------------
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from manager.overlays.lock import root_lock
+with root_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _hold_lock(env: Env, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(env.state), str(seconds)], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO_ROOT)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_held_lock_names_its_holder_and_gives_up_after_wait(tmp_path, capsys):
+    env = make_env(tmp_path)
+    holder = _hold_lock(env, 60)
+    try:
+        before = snapshot(env.root, env.cat)
+        t0 = time.monotonic()
+        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0.5"], capsys)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 1, err
+    waiting = [ln for ln in err if "waiting" in ln]
+    assert len(waiting) == 1 and f"pid {holder.pid}" in waiting[0] and "--wait" in waiting[0], err
+    assert err[-1].startswith("error: ") and f"pid {holder.pid}" in err[-1] and "gave up after 0.5 s" in err[-1], err
+    assert took < 30, took
+    after = snapshot(env.root, env.cat)
+    assert {k: v for k, v in after.items() if not k.endswith("lock")} == {k: v for k, v in before.items() if not k.endswith("lock")}
+
+
+def test_apply_waits_for_a_lock_released_within_wait(tmp_path, capsys):
+    env = make_env(tmp_path)
+    holder = _hold_lock(env, 1.0)
+    try:
+        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "120"], capsys)
+    finally:
+        holder.wait()
+    assert rc == 0, err
+    assert any("waiting" in ln and f"pid {holder.pid}" in ln for ln in err), err
+    assert "overlay:demo v1" in env.target.read_text()
+
+
+def test_lock_of_a_killed_holder_does_not_block(tmp_path, capsys):
+    env = make_env(tmp_path)
+    holder = _hold_lock(env, 60)
+    holder.kill()  # kill -9: the kernel drops the flock, the owner record stays in the file
+    holder.wait()
+    assert str(holder.pid) in (env.state / "lock").read_text()
+    rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0"], capsys)
+    assert rc == 0, err
+    assert not any("waiting" in ln for ln in err), err
+
+
+# --- probe patterns are bounded in any thread (item 10) ---------------------------------------------
+
+
+def test_catastrophic_probe_pattern_is_bounded_outside_the_main_thread_too():
+    import threading
+
+    from manager.overlays.bounded import ProbeTimeout, search
+
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            search(r"^(a+)+$", "a" * 40 + "!", "vllm/x.py", budget=1.0)
+            box["result"] = "matched"
+        except ProbeTimeout as exc:
+            box["result"] = str(exc)
+        box["took"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    assert not t.is_alive()
+    assert "vllm/x.py" in str(box["result"]) and "(a+)+" in str(box["result"]), box
+    assert box["took"] < 30
+
+
+def test_literal_and_simple_probe_patterns_keep_their_meaning():
+    from manager.overlays.bounded import is_literal, search
+
+    assert is_literal("is_heterogeneous") and search("is_heterogeneous", "x = 1\nif cfg.is_heterogeneous:\n", "f")
+    assert not search("_packed", "x = 1\n", "f")
+    assert search(r"^def \w+_packed\(", "x = 1\ndef load_packed(a):\n", "f")
+    assert not search(r"^def \w+_packed\(", "x = 1\n    def load_packed(a):\n", "f")
+
+
+# --- upstream check: an unreachable API is said once and fails fast (item 12) -------------------------
+
+
+def test_unreachable_api_url_fails_fast_with_fail_on_unknown(tmp_path, monkeypatch, capsys):
+    from manager.upstream import probe
+
+    env = _fault_env(tmp_path, monkeypatch)
+    probed = []
+    monkeypatch.setattr(probe.CatalogProber, "__call__", lambda self, *a, **k: probed.append(a) or None)
+    shutil.copytree(REPO_ROOT / "overlays", env.cat / "overlays", dirs_exist_ok=True)
+    shutil.rmtree(env.overlay)
+    rc, err = _run_in_process(env, ["upstream", "check", "--api-url", "http://127.0.0.1:9/", "--cache",
+                                    str(tmp_path / "gh"), "--fail-on", "unknown"], capsys)
+    assert rc == 1, err
+    assert len(err) == 1 and err[0].startswith("error: ") and "127.0.0.1:9" in err[0] and "unreachable" in err[0], err
+    assert probed == []  # stopped before the source probes
+
+
+def test_unreachable_api_url_is_said_once_without_fail_on(tmp_path, monkeypatch, capsys):
+    env = _fault_env(tmp_path, monkeypatch)
+    shutil.copytree(REPO_ROOT / "overlays", env.cat / "overlays", dirs_exist_ok=True)
+    shutil.rmtree(env.overlay)
+    rc, err = _run_in_process(env, ["upstream", "check", "--api-url", "http://127.0.0.1:9/", "--cache",
+                                    str(tmp_path / "gh"), "--no-probe"], capsys)
+    assert rc == 0, err
+    warnings = [ln for ln in err if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "127.0.0.1:9" in warnings[0] and "unreachable" in warnings[0], err
+
+
+# --- rich markup in catalog text shown in tables (item 8) ---------------------------------------------
+
+
+def test_markup_in_catalog_text_is_shown_literally(tmp_path, monkeypatch, capsys):
+    env = _fault_env(tmp_path, monkeypatch)
+    _manifest(env, "title: demo overlay", "title: 'a [/x] title [bold]kept[/bold]'")
+    rc, err = _run_in_process(env, ["list"], capsys)
+    assert rc == 0, err
+    text = "".join(err).replace(" ", "").replace("│", "")
+    assert "a[/x]title[bold]kept[/bold]" in text, err
+    _manifest(env, 'anchor: "return y"', 'anchor: "return [y][/x]"')  # drift: the detail quotes the anchor
+    rc, err = _run_in_process(env, ["status", "--root", str(env.root)], capsys)
+    assert rc == 1, err
+    assert "return[y][/x]" in "".join(err).replace(" ", "").replace("│", ""), err

@@ -47,14 +47,14 @@ def _roots(items: tuple[str, ...], option: str = "--probe-root", what: str = "DI
 
 
 def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports,  # type: ignore[no-untyped-def]
-         relative_ages):
+         relative_ages, fail_fast=False):
     from .. import upstream
 
     return upstream.check(
         app.catalog, list(ids) or None, list(engines) or None, offline=offline, api_url=api_url,
         git_dir=git_dir, cache_dir=cache_dir, probe=not no_probe, probe_roots=_roots(probe_roots),
         probe_reports=_roots(probe_reports, "--probe-report", "FILE"),
-        relative_ages=relative_ages,
+        relative_ages=relative_ages, fail_fast=fail_fast,
     )
 
 
@@ -77,7 +77,10 @@ def register(cli: click.Group) -> None:
         from ..upstream import VERDICTS, parse_fail_on
 
         fail = parse_fail_on(fail_on)
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True)
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True,
+                      fail_fast="unknown" in fail)
+        if report.unreachable:  # once, not per result
+            err.print(f"[yellow]warning:[/yellow] {esc(report.unreachable)}; GitHub facts from the cache only")
         if as_json:
             print_json(report.to_json())
         else:
