@@ -26,7 +26,7 @@ from typing import Callable
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HANG_LIMIT_S = float(os.environ.get("OVERLAY_TEST_HANG_LIMIT", "45"))  # a case that takes longer counts as a hang
+HANG_LIMIT_S = float(os.environ.get("OVERLAY_TEST_HANG_LIMIT", "90"))  # a case that takes longer counts as a hang
 
 MANIFEST = """\
 id: demo
