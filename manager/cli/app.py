@@ -35,14 +35,16 @@ class Application:
         return self._catalog
 
 
-def write_output(path: Path, data: bytes) -> str:
-    """`-o FILE` of any command: written atomically when changed (copier verb returned). The
-    directory must exist (no tree is created from a typo) and FILE must be a regular file or new;
-    anything the system refuses is one line naming FILE (exit 1)."""
+def write_output(path: Path, data: bytes, make_dirs: bool = False) -> str:
+    """`-o FILE` of any command: written atomically when changed (copier verb returned). FILE
+    must be a regular file or new; the directory must exist unless `make_dirs` (compose render:
+    no tree is created from a typo); anything the system refuses is one line naming FILE (exit 1)."""
     from ..fsutil import write_if_changed
 
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if parent.exists() and not parent.is_dir():
+        raise ManagerError(f"-o {path}: {parent} is not a directory")
+    if not make_dirs and not parent.is_dir():
         raise ManagerError(f"-o {path}: directory {parent} does not exist (create it first)")
     if path.exists() and not path.is_file():
         raise ManagerError(f"-o {path}: exists and is not a regular file")

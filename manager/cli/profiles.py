@@ -124,7 +124,7 @@ def register(cli: click.Group) -> None:
         if output is None:
             print_data(text)
         else:
-            status(write_output(output, text.encode()), str(output))
+            status(write_output(output, text.encode(), make_dirs=True), str(output))
 
     @cli.command("fits")
     @click.option("--model", required=True)

@@ -123,4 +123,4 @@ def register(cli: click.Group) -> None:
         if output is None:
             print_data(text)
         else:
-            status(write_output(output, text.encode()), str(output))
+            status(write_output(output, text.encode(), make_dirs=True), str(output))
