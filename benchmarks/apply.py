@@ -21,6 +21,9 @@ engine), and our warm no-op.
 
 Every figure is the median of --runs runs (>= 5). Targets (issue 2): cold apply of the
 whole set < 0.5 s and <= 3x the baseline; warm no-op <= 1.0x the baseline's no-op.
+
+`--scaling [0.25,1,4,16]`: apply time against target size (a padded cuda.py; issue 10 item 11,
+target <= 2x the CPU time per MiB at 16 MiB as at 0.25 MiB).
 """
 
 from __future__ import annotations
@@ -161,16 +164,98 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     ap.add_argument("--plans", action="store_true", help="only the prepared-plan section (issue 14), as processes")
+    ap.add_argument("--scaling", nargs="?", const="0.25,1,4,16", default=None, metavar="MIB,...",
+                    help="only the file-size scaling benchmark (default sizes 0.25,1,4,16 MiB); "
+                         "--runs applies to sizes <= 1 MiB, larger sizes run once")
     a = ap.parse_args(argv)
-    runs = max(5, a.runs)
 
     work = Path(tempfile.mkdtemp(prefix="overlay-bench-"))
     try:
         if a.plans:
-            return _bench_plans(work, a.version, runs, a.json)
-        return _bench(work, a.version, runs, a.json)
+            return _bench_plans(work, a.version, max(5, a.runs), a.json)
+        if a.scaling:
+            return _scaling(work, a.version, [float(x) for x in a.scaling.split(",")], max(1, a.runs), a.json)
+        return _bench(work, a.version, max(5, a.runs), a.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# --- scaling with file size (issue 10, item 11) -----------------------------------------------
+# vllm/platforms/cuda.py of the release, padded with generated unique definitions (one
+# functools.cache function and one class per ~300 bytes) up to each size; the three overlays
+# applied in-process on a slim root (the dist-info and the three targets). Reported: median wall
+# and process-CPU seconds, CPU seconds per MiB, and that per-MiB cost relative to the smallest
+# size of the same run (target: <= 2x at 16 MiB vs 0.25 MiB).
+CUDA = "vllm/platforms/cuda.py"
+
+
+def _pad(i: int) -> str:
+    return (
+        f"\n\n@functools.cache\ndef _pad_cached_{i}(x: int) -> int:\n    return x * {i}\n\n\n"
+        f"class _Pad{i}:\n    def method(self, a, b):\n        c = a + b\n        if c > {i}:\n"
+        f"            return [c, a]\n        return {{'k': c}}\n"
+    )
+
+
+def _padded(original: str, mib: float) -> str:
+    want = int(mib * 1024 * 1024)
+    parts, n, i = [original], len(original.encode()), 0
+    while n < want:
+        chunk = _pad(i)
+        parts.append(chunk)
+        n += len(chunk)
+        i += 1
+    return "".join(parts)
+
+
+def _scaling(work: Path, version: str, sizes: list[float], runs: int, json_out: Path | None) -> int:
+    from manager.catalog import Catalog
+    from manager.overlays import apply, load_overlays
+
+    src = pristine_tree(version)
+    cat = work / "catalog"
+    (cat / "overlays").mkdir(parents=True)
+    for i in THREE:
+        os.symlink(ROOT / "overlays" / i, cat / "overlays" / i)
+    overlays = load_overlays(Catalog(cat))
+    targets = sorted({t for o in overlays for t in o.manifest.targets})
+    info = [p for p in src.iterdir() if p.name.endswith(".dist-info")]
+    original = (src / CUDA).read_text()
+    counter = iter(range(10**6))
+
+    def slim(text: str) -> Path:
+        root = work / f"scale-{next(counter)}"
+        for d in info:
+            shutil.copytree(d, root / d.name)
+        for t in targets:
+            (root / t).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / t, root / t)
+        (root / CUDA).write_text(text)
+        return root
+
+    apply(overlays, slim(original))  # imports and first-use costs outside the timings
+    rows = []
+    for mib in sizes:
+        text = _padded(original, mib)
+        real_mib = len(text.encode()) / (1024 * 1024)
+        walls, cpus = [], []
+        for _ in range(runs if mib <= 1 else 1):
+            root = slim(text)
+            walls.append(_timed(lambda: apply(overlays, root)))
+            cpus.append(CPU[0])
+            assert (root / CUDA).read_text() != text, "the padded target was not patched"
+            shutil.rmtree(root)
+        rows.append({"mib": round(real_mib, 3), "wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+                     "runs": len(walls)})
+        r = rows[-1]
+        r["cpu_s_per_mib"] = r["cpu_s"] / real_mib
+        r["per_mib_vs_smallest"] = r["cpu_s_per_mib"] / rows[0]["cpu_s_per_mib"]
+        print(f"{r['mib']:7.2f} MiB  wall {r['wall_s']:8.2f} s  cpu {r['cpu_s']:8.2f} s  "
+              f"{r['cpu_s_per_mib']:7.2f} cpu-s/MiB  {r['per_mib_vs_smallest']:5.2f}x per MiB vs {rows[0]['mib']} MiB"
+              f"  (median of {r['runs']})", flush=True)
+    if json_out:
+        json_out.write_text(json.dumps({"version": version, "scaling": rows}, indent=2) + "\n")
+    return 0
 
 
 def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:

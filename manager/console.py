@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 # Status, progress, tables meant for people: stderr.
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -27,5 +28,11 @@ def print_data(text: str) -> None:
 
 
 def status(verb: str, subject: str, style: str = "cyan") -> None:
-    """A copier-style status line on stderr: `  create  path`."""
-    err.print(f"[{style}]{verb:>12}[/{style}]  {subject}")
+    """A copier-style status line on stderr: `  create  path` (the subject is shown literally)."""
+    err.print(f"[{style}]{verb:>12}[/{style}]  {escape(subject)}")
+
+
+def user_text(value: object) -> str:
+    """Any text that did not come from this program (ids, paths, titles, messages), made safe
+    to embed in a rich markup string: `[/x]` and `[bold]` are shown as typed, never parsed."""
+    return escape(str(value))

@@ -15,6 +15,7 @@ import importlib.machinery
 import json
 import os
 import re
+import stat
 import sys
 
 try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
@@ -75,11 +76,14 @@ def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> st
 
 
 def _file_sha(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return _sha256(fh.read()).hexdigest()
+    try:  # non-blocking open + fstat: a FIFO or device in a target's place never blocks the read
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (FileNotFoundError, IsADirectoryError):
         return "absent"
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not-a-regular-file"  # matches no recorded hash: the full CLI reports it
+        return _sha256(fh.read()).hexdigest()
 
 
 def _parse_apply(argv: list[str]) -> tuple[str | None, str | None, list[str], str | None] | None:

@@ -17,7 +17,7 @@ import click
 
 from .. import __version__
 from ..catalog import Catalog
-from ..console import err
+from ..console import err, user_text
 from ..errors import ManagerError
 
 
@@ -33,6 +33,25 @@ class Application:
         if self._catalog is None:
             self._catalog = Catalog.locate(self.catalog_arg)
         return self._catalog
+
+
+def write_output(path: Path, data: bytes, make_dirs: bool = False) -> str:
+    """`-o FILE` of any command: written atomically when changed (copier verb returned). FILE
+    must be a regular file or new; the directory must exist unless `make_dirs` (compose render:
+    no tree is created from a typo); anything the system refuses is one line naming FILE (exit 1)."""
+    from ..fsutil import write_if_changed
+
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise ManagerError(f"-o {path}: {parent} is not a directory")
+    if not make_dirs and not parent.is_dir():
+        raise ManagerError(f"-o {path}: directory {parent} does not exist (create it first)")
+    if path.exists() and not path.is_file():
+        raise ManagerError(f"-o {path}: exists and is not a regular file")
+    try:
+        return write_if_changed(path, data)
+    except OSError as exc:
+        raise ManagerError(f"-o {path}: cannot write: {exc.strerror or exc}") from None
 
 
 @dataclass
@@ -60,7 +79,7 @@ def handle_errors() -> Iterator[_Result]:
     try:
         yield result
     except ManagerError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True)
+        err.print(f"[red]error:[/red] {user_text(exc)}", markup=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         err.print("interrupted")
@@ -77,6 +96,6 @@ def handle_errors() -> Iterator[_Result]:
         raise
     except BaseException as exc:  # noqa: BLE001 - the bug path
         log = _crash_log(exc)
-        err.print(f"[red]internal error:[/red] {type(exc).__name__}: {exc}", markup=True)
-        err.print(f"a crash log was written to {log}; please attach it to a bug report")
+        err.print(f"[red]internal error:[/red] {type(exc).__name__}: {user_text(exc)}", markup=True)
+        err.print(f"a crash log was written to {user_text(log)}; please attach it to a bug report")
         sys.exit(3)

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import click
 
-from rich.markup import escape
-
-from ..console import err, print_data, print_json, status
+from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import ComposeError
 
 
@@ -61,9 +59,9 @@ def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_
         return
     text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
     if output:
-        from ..fsutil import write_if_changed
+        from .app import write_output
 
-        status(write_if_changed(output, text.encode()), str(output))
+        status(write_output(output, text.encode()), str(output))
     else:
         print_data(text)
 
@@ -81,7 +79,7 @@ def check_cmd(app, as_json: bool) -> None:
     else:
         for f in report.findings:
             if not f.ok:
-                err.print(f"[red]FAIL[/red] {f.slug}: {f.check}: {f.message}", markup=True)
+                err.print(f"[red]FAIL[/red] " + esc(f"{f.slug}: {f.check}: {f.message}"), markup=True)
         n = len({f.slug for f in report.findings})
         err.print(f"{len(report.findings) - len(report.problems)} checks passed, {len(report.problems)} failed, {n} deployments")
     if not report.ok:
@@ -108,7 +106,7 @@ def bundle_cmd(app, python: str, platform: str, output: Path, no_plans: bool, as
         status("bundle", f"{res.path} (python {res.python}, {res.platform}, {len(res.packages)} packages, "
                          f"{res.size_bytes / 1e6:.1f} MB)")
         for line in res.plans:
-            status("plan", escape(line), "dim")
+            status("plan", esc(line), "dim")
 
 
 @click.command("verify")

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import click
 
-from rich.markup import escape
-
-from ..console import err, print_data, print_json, status as say
+from ..console import err, print_data, print_json, status as say, user_text as esc
 from .app import Application
 
 _STYLE = {
@@ -32,6 +30,14 @@ root_option = click.option(
     help="Directory holding the vllm/ package (default: where python would import it from).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine output (JSON) on stdout.")
+wait_option = click.option(
+    "--wait", "wait", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+    help="How long to wait for the root's lock while another run holds it (0: fail at once).",
+)
+
+
+def _waiting(message: str) -> None:
+    say("waiting", message, "yellow")
 
 
 def _selected(app: Application, ids: tuple[str, ...]):
@@ -67,29 +73,29 @@ def list_cmd(app: Application, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title=f"overlays in {app.catalog.overlays_dir}")
+    table = Table(title=f"overlays in {esc(app.catalog.overlays_dir)}")
     for col in ("id", "vllm", "upstream", "title"):
         table.add_column(col)
     for o in overlays:
         up = o.manifest.upstream
-        table.add_row(o.id, o.manifest.versions or "any", f"#{up.pr} {up.state}" if up else "local", o.manifest.title)
+        table.add_row(esc(o.id), esc(o.manifest.versions or "any"), f"#{up.pr} {up.state}" if up else "local", esc(o.manifest.title))
     err.print(table)
 
 
 def _print_status(report) -> None:
     from rich.table import Table
 
-    table = Table(title=f"vllm {report.package_version or '?'} at {report.root}")
+    table = Table(title=f"vllm {esc(report.package_version or '?')} at {esc(report.root)}")
     for col in ("overlay", "status", "target", "detail"):
         table.add_column(col, overflow="fold")
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
             table.add_row(
-                o.id if i == 0 else "",
+                esc(o.id) if i == 0 else "",
                 f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 else "",
-                f"[{style}]{t.path}[/]",
-                t.detail,
+                f"[{style}]{esc(t.path)}[/]",
+                esc(t.detail),
             )
     err.print(table)
 
@@ -119,9 +125,10 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 @click.option("--plans", "plans", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Prepared plans to use first (also $OVERLAY_PLANS); read by the start-up path before this command.")
 @json_option
+@wait_option
 @click.pass_obj
 def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run: bool, plans: str | None,
-              as_json: bool) -> int:
+              as_json: bool, wait: float) -> int:
     """Apply overlays transactionally (all or nothing), idempotently.
 
     A first apply is recorded as a plan into $OVERLAY_PLAN_CACHE when that is set."""
@@ -133,7 +140,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
 
     _, selected = _selected(app, ids)
     recorded = apply_and_record(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), ids=ids,
-                                cache=os.environ.get(ENV_CACHE) or None)
+                                cache=os.environ.get(ENV_CACHE) or None, wait=wait, on_wait=_waiting)
     result = recorded.result
     if as_json:
         print_json(result.to_json())
@@ -150,9 +157,9 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     if not result.changes:
         say("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "dim")
     if recorded.plan:
-        say("recorded", f"plan {escape(recorded.plan)}", "dim")
+        say("recorded", f"plan {esc(recorded.plan)}", "dim")
     elif recorded.note:
-        say("note", escape(recorded.note), "yellow")
+        say("note", esc(recorded.note), "yellow")
     return 1 if dry_run and result.changes else 0
 
 
@@ -176,7 +183,7 @@ def prepare_cmd(app: Application, ids: tuple[str, ...], versions: tuple[str, ...
         return
     for p in made:
         states = ", ".join(f"{i} {s}" for i, s in p.statuses)
-        say("prepared", f"vllm {p.version}: {escape(p.path)} ({len(p.changes)} files; {states})", "green")
+        say("prepared", f"vllm {p.version}: {esc(p.path)} ({len(p.changes)} files; {states})", "green")
 
 
 @click.command("diff")
@@ -198,13 +205,14 @@ def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
 @click.command("revert")
 @click.argument("ids", nargs=-1)
 @root_option
+@wait_option
 @click.pass_obj
-def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
+def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None, wait: float) -> None:
     """Restore the original bytes of files the overlays changed (refuses if changed since)."""
     from ..overlays import find_root, revert
 
     every, selected = _selected(app, ids)
-    result = revert(selected, every, find_root(root))
+    result = revert(selected, every, find_root(root), wait=wait, on_wait=_waiting)
     for note in result.notes:
         say("note", note, "yellow")
     for c in result.changes:

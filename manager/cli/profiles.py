@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from ..console import err, print_data, print_json, status
+from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import ProfileError
 
 KIND_ALIASES = {"model": "models", "engine": "engines", "drafter": "drafters", "hw": "hardware"}
@@ -44,15 +44,15 @@ def _print_report(report) -> None:
 
     colours = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     dep = report.deployment
-    err.print(f"[bold]{dep['model']}[/bold] ({dep['weights']}) on {dep['gpus']}x {dep['hardware']}, TP {dep['tp']}, "
-              f"{dep['engine']}" + (f", drafter {dep['drafter']}" if dep["drafter"] else ""))
+    err.print(f"[bold]{esc(dep['model'])}[/bold] ({esc(dep['weights'])}) on {dep['gpus']}x {esc(dep['hardware'])}, "
+              f"TP {dep['tp']}, {esc(dep['engine'])}" + (f", drafter {esc(dep['drafter'])}" if dep["drafter"] else ""))
     t = Table(show_header=True, header_style="bold")
     t.add_column("constraint")
     t.add_column("result")
     t.add_column("detail", overflow="fold")
     for c in report.constraints:
         col = colours[c.result]
-        t.add_row(c.id, f"[{col}]{c.result}[/{col}]", c.message)
+        t.add_row(esc(c.id), f"[{col}]{c.result}[/{col}]", esc(c.message))
     err.print(t)
     pc = report.memory.per_card
     gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
@@ -62,7 +62,7 @@ def _print_report(report) -> None:
     err.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
               f"max ctx {report.memory.max_ctx}, capacity {report.memory.kv_capacity_tokens} tokens/card")
     if report.overlays:
-        err.print("overlays: " + ", ".join(report.overlays))
+        err.print("overlays: " + ", ".join(report.overlays), markup=False)
     col = {"fits": "green", "tight": "yellow", "fails": "red"}[report.verdict]
     err.print(f"verdict: [{col}]{report.verdict}[/{col}]")
 
@@ -116,7 +116,7 @@ def register(cli: click.Group) -> None:
         target = path if path is not None else ctx.obj.catalog.profiles_dir
         p = validate_path(target)
         n = sum(len(p.kind(k)) for k in ("models", "engines", "drafters", "hardware"))
-        err.print(f"[green]ok[/green]  {n} profile{'s' if n != 1 else ''} valid in {target}")
+        err.print(f"[green]ok[/green]  {n} profile{'s' if n != 1 else ''} valid in {esc(target)}")
 
     @profiles_group.command("import-config")
     @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -128,14 +128,14 @@ def register(cli: click.Group) -> None:
     def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: float | None,
                    output: Path | None) -> None:
         """Build a model profile from a Hugging Face config.json."""
-        from ..fsutil import write_if_changed
         from ..profiles import import_config, to_yaml
+        from .app import write_output
 
         text = to_yaml(import_config(file, model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
         if output is None:
             print_data(text)
         else:
-            status(write_if_changed(output, text.encode()), str(output))
+            status(write_output(output, text.encode(), make_dirs=True), str(output))
 
     @cli.command("fits")
     @click.option("--model", default=None, help="Model profile id (or give --checkpoint).")
@@ -189,17 +189,17 @@ def register(cli: click.Group) -> None:
         if as_json:
             print_json(pl.to_json())
             ctx.exit(0 if pl.options else 1)
-        err.print(f"[bold]{model} on {gpus}x {hardware}[/bold]: {len(pl.options)} deployments fit"
+        err.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
                   + (f" (best {min(limit, len(pl.options))} shown)" if pl.options else ""))
         for i, r in enumerate(pl.options[:limit], 1):
             d = r.deployment
             col = "green" if r.verdict == "fits" else "yellow"
-            err.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} {d['engine']:<12} {d['weights']:<21} "
-                      f"kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} drafter={d['drafter'] or '-'}  "
-                      f"overlays={','.join(r.overlays) or '-'}")
+            err.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} "
+                      + esc(f"{d['engine']:<12} {d['weights']:<21} kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} "
+                            f"drafter={d['drafter'] or '-'}  overlays={','.join(r.overlays) or '-'}"))
             for c in r.constraints:
                 if c.result == "warn":
-                    err.print(f"       [yellow]warn[/yellow] {c.id}: {c.message}")
+                    err.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(c.message)}")
         if pl.rejected:
             err.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
             seen: dict[str, list[str]] = {}
@@ -207,5 +207,5 @@ def register(cli: click.Group) -> None:
                 d = rj.deployment
                 seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
             for reason, deps in sorted(seen.items(), key=lambda kv: -len(kv[1]))[:limit]:
-                err.print(f"  [red]x[/red] {', '.join(deps[:4])}{' +' + str(len(deps) - 4) if len(deps) > 4 else ''}: {reason}")
+                err.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{' +' + str(len(deps) - 4) if len(deps) > 4 else ''}: {reason}"))
         ctx.exit(0 if pl.options else 1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status
+from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import UpstreamError
 
 _VERDICT_STYLE = {
@@ -47,14 +47,14 @@ def _roots(items: tuple[str, ...], option: str = "--probe-root", what: str = "DI
 
 
 def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports,  # type: ignore[no-untyped-def]
-         relative_ages):
+         relative_ages, fail_fast=False):
     from .. import upstream
 
     return upstream.check(
         app.catalog, list(ids) or None, list(engines) or None, offline=offline, api_url=api_url,
         git_dir=git_dir, cache_dir=cache_dir, probe=not no_probe, probe_roots=_roots(probe_roots),
         probe_reports=_roots(probe_reports, "--probe-report", "FILE"),
-        relative_ages=relative_ages,
+        relative_ages=relative_ages, fail_fast=fail_fast,
     )
 
 
@@ -77,14 +77,17 @@ def register(cli: click.Group) -> None:
         from ..upstream import VERDICTS, parse_fail_on
 
         fail = parse_fail_on(fail_on)
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True)
+        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True,
+                      fail_fast="unknown" in fail)
+        if report.unreachable:  # once, not per result
+            err.print(f"[yellow]warning:[/yellow] {esc(report.unreachable)}; GitHub facts from the cache only")
         if as_json:
             print_json(report.to_json())
         else:
             for r in report.results:
                 style = _VERDICT_STYLE.get(r.verdict, "white")
                 extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-                err.print(f"[{style}]{r.verdict:>10}[/{style}]  {r.overlay} on {r.engine} (pin {r.pin}){extra}",
+                err.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
                           markup=True)
                 for line in r.evidence:
                     err.print(f"            - {line}", markup=False)
@@ -94,7 +97,7 @@ def register(cli: click.Group) -> None:
         hits = report.failing(fail)
         if hits:
             err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
-                      + ", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits), markup=True)
+                      + esc(", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits)), markup=True)
             raise click.exceptions.Exit(1)
         return 0
 
@@ -109,8 +112,8 @@ def register(cli: click.Group) -> None:
         """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
         import json
 
-        from ..fsutil import write_if_changed
         from ..upstream import render_markdown
+        from .app import write_output
 
         report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
         if fmt == "markdown":
@@ -120,4 +123,4 @@ def register(cli: click.Group) -> None:
         if output is None:
             print_data(text)
         else:
-            status(write_if_changed(output, text.encode()), str(output))
+            status(write_output(output, text.encode(), make_dirs=True), str(output))

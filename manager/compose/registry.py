@@ -17,6 +17,7 @@ from typing import Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .. import safeyaml
 from ..catalog import Catalog
 from ..errors import ComposeError
 
@@ -160,8 +161,12 @@ def load_registry(catalog: Catalog) -> Registry:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ComposeError(f"{path}: deployment registry not found") from None
+    except UnicodeDecodeError as exc:
+        raise ComposeError(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise ComposeError(f"{path}: cannot read the deployment registry: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safeyaml.load(text)
     except yaml.YAMLError as exc:
         raise ComposeError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     return parse_registry(data, path)

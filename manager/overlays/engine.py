@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import os
-import re
+import stat
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -133,6 +133,52 @@ def select(overlays: Sequence[Overlay], ids: Iterable[str] | None) -> list[Overl
 # --- files ---------------------------------------------------------------------------------
 
 
+def read_regular(path: Path, rel: str) -> bytes | None:
+    """The bytes of a regular file; None when it does not exist. Anything else (a directory, a
+    FIFO, a device, a socket) is refused before a read can block: opened non-blocking, fstat()ed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise OverlayError(f"{rel}: cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise OverlayError(f"{rel}: is a directory, not a regular file")
+        if not stat.S_ISREG(st.st_mode):
+            raise OverlayError(f"{rel}: not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'special file')}); refused")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise OverlayError(f"{rel}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket"}
+
+
+def decode_source(data: bytes, rel: str) -> str:
+    """UTF-8 text without NUL bytes, or one line naming the file, the line and the problem."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise OverlayError(
+            f"{rel}: line {line}: not UTF-8 (byte 0x{data[exc.start]:02x}); overlay-manager edits UTF-8 "
+            f"sources only (convert the file, e.g. from the encoding its coding declaration names)"
+        ) from None
+    if "\0" in text:
+        raise OverlayError(f"{rel}: line {nul_line(text)}: contains a NUL byte; not a source file")
+    return text
+
+
+def nul_line(text: str) -> int:
+    return text.count("\n", 0, text.index("\0")) + 1
+
+
 class _Tree:
     """Reads target files once per operation and keeps their parsed modules."""
 
@@ -143,15 +189,12 @@ class _Tree:
 
     def read(self, rel: str) -> bytes | None:
         if rel not in self._bytes:
-            try:
-                self._bytes[rel] = (self.root / rel).read_bytes()
-            except (FileNotFoundError, IsADirectoryError):
-                self._bytes[rel] = None
+            self._bytes[rel] = read_regular(self.root / rel, rel)
         return self._bytes[rel]
 
     def text(self, rel: str) -> str | None:
         data = self.read(rel)
-        return None if data is None else data.decode("utf-8")
+        return None if data is None else decode_source(data, rel)
 
     def module(self, rel: str):
         if rel not in self._modules:
@@ -211,7 +254,9 @@ def _probe_matches(tree: _Tree, probe) -> str | None:
             return None
     if probe.contains:
         segment = text if node is mod else (ast.get_source_segment(text, node) or "")
-        if not re.search(probe.contains, segment, re.M):
+        from .bounded import search
+
+        if not search(probe.contains, segment, probe.target):
             return None
     where = f"{probe.target}:{probe.scope}" if probe.scope else probe.target
     what = probe.description or (f"defines {probe.defines}" if probe.defines else f"matches /{probe.contains}/")
@@ -253,10 +298,22 @@ def _edited_since_apply(root: Path, tree: _Tree, version: str | None) -> dict[st
         return {}
     out = {}
     for rel, rec in led.files.items():
-        now = tree.sha(rel)
+        try:
+            now = tree.sha(rel)
+        except OverlayError:
+            continue  # unreadable: the target's own status says why
         if now not in (rec["post_sha256"], rec["base_sha256"]):
             out[rel] = {"overlays": rec["overlays"], "now": now, "post": rec["post_sha256"]}
     return out
+
+
+def _text_or_empty(tree: _Tree, rel: str) -> str:
+    """For a quick look (is our sentinel there?): a file that cannot be read is reported by the
+    edit inspection that follows, with its reason."""
+    try:
+        return tree.text(rel) or ""
+    except OverlayError:
+        return ""
 
 
 def _overlay_status(
@@ -268,7 +325,7 @@ def _overlay_status(
     m = overlay.manifest
     marker = f"overlay:{overlay.id} v"
     targets: list[TargetStatus] = []
-    ours_present = any(marker in (tree.text(t) or "") for t in m.targets)
+    ours_present = any(marker in _text_or_empty(tree, t) for t in m.targets)
     if not ours_present and not m.applies_to_version(version):
         targets = [
             TargetStatus(t, "not-applicable", f"vllm {version} is outside versions {m.versions!r}") for t in m.targets
@@ -276,7 +333,11 @@ def _overlay_status(
         return OverlayStatus(overlay.id, "not-applicable", tuple(targets), m.title, m.sentinel_version)
     if not ours_present:
         for probe in m.probes:
-            hit = _probe_matches(tree, probe)
+            try:
+                hit = _probe_matches(tree, probe)
+            except OverlayError as exc:  # unreadable probe target, a probe pattern over its budget
+                targets = [TargetStatus(t, "error", f"probe: {exc}") for t in m.targets]
+                return OverlayStatus(overlay.id, "error", tuple(targets), m.title, m.sentinel_version)
             if hit:
                 targets = [TargetStatus(t, "upstream", hit) for t in m.targets]
                 return OverlayStatus(overlay.id, "upstream", tuple(targets), m.title, m.sentinel_version)
@@ -330,9 +391,10 @@ def _ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | 
             if want is None:
                 return None
             try:
-                now = sha256_bytes((root / t).read_bytes())
-            except FileNotFoundError:
-                now = ABSENT
+                data = read_regular(root / t, t)
+            except OverlayError:
+                return None  # the full status says what is wrong with it
+            now = ABSENT if data is None else sha256_bytes(data)
             if now != want:
                 return None
         targets = tuple(TargetStatus(**t) for t in rec["targets"])
@@ -404,6 +466,8 @@ def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None)
 def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
     if text is None or not rel.endswith(".py"):
         return
+    if "\0" in text:
+        raise OverlayError(f"overlay {', '.join(who)}: {rel}: line {nul_line(text)}: patched code contains a NUL byte")
     try:
         compile(text, rel, "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -466,15 +530,11 @@ def _drop_bytecode(root: Path, rel: str) -> None:
                 pass
 
 
-def _lock(root: Path):
-    from filelock import FileLock
+def _lock(root: Path, wait: float = 600.0, on_wait=None):
+    """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
+    from .lock import root_lock
 
-    d = state_dir(root)
-    try:
-        d.mkdir(exist_ok=True)
-    except OSError as exc:
-        raise OverlayError(f"{d}: cannot create the state directory: {exc.strerror}") from None
-    return FileLock(str(d / "lock"), timeout=600)
+    return root_lock(state_dir(root), wait, on_wait)
 
 
 def _write(root: Path, changes: Sequence[FileChange], led: Ledger) -> None:
@@ -516,15 +576,17 @@ def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "_Tree")
 
 
 def apply(
-    overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False
+    overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
+    wait: float = 600.0, on_wait=None,
 ) -> ApplyResult:
-    """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error)."""
+    """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error).
+    `wait`: seconds to wait for a lock another run holds (`on_wait(message)` is told once)."""
     version = package_version(root)
     if dry_run:
         plan = _plan(overlays, root, explicit)
         changes = _changes(plan, plan.tree.read)
         return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
-    with _lock(root):
+    with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: _Tree(root).sha(rel))
         if not notes:
@@ -583,7 +645,9 @@ def unified_diff(changes: Sequence[FileChange]) -> str:
 # --- revert --------------------------------------------------------------------------------
 
 
-def revert(overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path) -> RevertResult:
+def revert(
+    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0, on_wait=None
+) -> RevertResult:
     """Restore original bytes for the selected overlays' files.
 
     A file recorded in the ledger is restored only while it still has its recorded
@@ -594,7 +658,7 @@ def revert(overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: P
     selected = {o.id for o in overlays}
     by_id = {o.id: o for o in all_overlays}
     version = package_version(root)
-    with _lock(root):
+    with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: _Tree(root).sha(rel))
         tree = _Tree(root)

@@ -56,22 +56,29 @@ class Ledger:
             led.data = {}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise OverlayError(f"{led.path}: corrupt ledger ({exc}); move it aside to start over") from None
+        except OSError as exc:
+            raise OverlayError(f"{led.path}: cannot read the ledger: {exc.strerror}") from None
+        if not isinstance(led.data, dict):
+            raise OverlayError(f"{led.path}: corrupt ledger (a JSON {type(led.data).__name__}, not an object)")
         if led.data and not isinstance(led.data.get("files"), dict):
             raise OverlayError(f"{led.path}: corrupt ledger (no 'files' mapping)")
+        problem = _ledger_problem(led.data)
+        if problem:
+            raise OverlayError(f"{led.path}: corrupt ledger ({problem}); move it aside to start over")
         return led
 
     def save(self, package_version: str | None) -> None:
         self.data["tool_version"] = __version__
         self.data["package_version"] = package_version
         self.data["updated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        atomic_write(self.path, (json.dumps(self.data, indent=2, sort_keys=True) + "\n").encode())
+        _write_state(self.path, (json.dumps(self.data, indent=2, sort_keys=True) + "\n").encode(), "the ledger")
 
     # originals store --------------------------------------------------------------
     def store_original(self, data: bytes) -> str:
         digest = sha256_bytes(data)
         p = state_dir(self.root) / "originals" / digest
         if not p.exists():
-            atomic_write(p, data, mode=0o644)
+            _write_state(p, data, "the original bytes", mode=0o644)
         return digest
 
     def original(self, digest: str) -> bytes | None:
@@ -92,7 +99,7 @@ class Ledger:
         return state_dir(self.root) / "journal.json"
 
     def write_journal(self, entries: dict[str, dict[str, Any]]) -> None:
-        atomic_write(self.journal_path, json.dumps(entries, indent=2, sort_keys=True).encode())
+        _write_state(self.journal_path, json.dumps(entries, indent=2, sort_keys=True).encode(), "the journal")
 
     def clear_journal(self) -> None:
         try:
@@ -109,6 +116,14 @@ class Ledger:
         except json.JSONDecodeError:
             self.clear_journal()
             return ["discarded an unreadable journal"]
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+            raise OverlayError(f"{self.journal_path}: cannot read the journal: {why}") from None
+        problem = _journal_problem(entries)
+        if problem:
+            raise OverlayError(
+                f"{self.journal_path}: corrupt journal ({problem}); check the files it names, then move it aside"
+            )
         notes = []
         for rel, e in entries.items():
             now = current_sha(rel)
@@ -120,3 +135,44 @@ class Ledger:
             else:
                 notes.append(f"{rel}: changed since an interrupted apply (left as is)")
         return notes
+
+
+def _write_state(path: Path, data: bytes, what: str, mode: int | None = None) -> None:
+    """atomic_write into the state directory; a full disk, a read-only or misplaced directory is
+    one line naming the path."""
+    try:
+        atomic_write(path, data, mode=mode)
+    except OSError as exc:
+        raise OverlayError(f"{path}: cannot write {what}: {exc.strerror or exc}") from None
+
+
+_SHA_KEYS = ("base_sha256", "post_sha256")
+
+
+def _ledger_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a ledger's shape (the keys this module and the engine read), or None."""
+    for key in ("files", "overlays", "observed"):
+        if key in data and not isinstance(data[key], dict):
+            return f"{key!r} is a {type(data[key]).__name__}, not a mapping"
+    for rel, rec in data.get("files", {}).items():
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in _SHA_KEYS) \
+                or not isinstance(rec.get("overlays"), dict):
+            return f"files[{rel!r}] lacks base_sha256/post_sha256/overlays"
+    for oid, rec in data.get("overlays", {}).items():
+        if not isinstance(rec, dict) or not isinstance(rec.get("targets", []), list) \
+                or not all(isinstance(t, dict) and {"path", "status", "detail"} <= t.keys() for t in rec.get("targets", [])):
+            return f"overlays[{oid!r}] is not an overlay record"
+    for rel, sha in data.get("observed", {}).items():
+        if not isinstance(sha, str):
+            return f"observed[{rel!r}] is not a hash"
+    return None
+
+
+def _journal_problem(entries: Any) -> str | None:
+    if not isinstance(entries, dict):
+        return f"a JSON {type(entries).__name__}, not an object"
+    for rel, e in entries.items():
+        if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in (*_SHA_KEYS, "pre_sha256")) \
+                or not isinstance(e.get("overlays"), dict):
+            return f"entry {rel!r} lacks base_sha256/pre_sha256/post_sha256/overlays"
+    return None

@@ -229,10 +229,18 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
 
 
 def load_manifest(path: Path) -> Manifest:
+    from .. import safeyaml
+
     try:
-        raw = yaml.load(path.read_text(), Loader=_YamlLoader)
+        raw = safeyaml.load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise OverlayError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise OverlayError(f"{path}: is a directory, not a manifest file") from None
+    except UnicodeDecodeError as exc:
+        raise OverlayError(f"{path}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise OverlayError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -74,7 +74,7 @@ def _sha_or_absent(path: Path) -> str:
 
 def apply_and_record(
     overlays: Sequence[Overlay], root: Path, *, explicit: bool = False, ids: Iterable[str] = (),
-    cache: str | None = None, dry_run: bool = False,
+    cache: str | None = None, dry_run: bool = False, wait: float = 600.0, on_wait=None,
 ) -> RecordedApply:
     """The engine's `apply`; when it is a first apply (no ledger, no journal) and succeeds, the
     plan that replays it is written to `cache` (when given; a read-only cache is a note)."""
@@ -82,7 +82,7 @@ def apply_and_record(
     state = root / STATE_DIR
     first = not (state / "ledger.json").exists() and not (state / "journal.json").exists()
     inputs = {rel: _sha_or_absent(root / rel) for rel in input_paths(overlays)} if first and cache else {}
-    result = apply(overlays, root, dry_run=dry_run, explicit=explicit)
+    result = apply(overlays, root, dry_run=dry_run, explicit=explicit, wait=wait, on_wait=on_wait)
     if dry_run or not cache or not first or result.notes:
         return RecordedApply(result)
     try:

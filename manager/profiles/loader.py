@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from .. import safeyaml
 from ..catalog import Catalog
 from ..errors import ProfileError
 from .schema import KINDS, SCHEMAS, DrafterProfile, EngineProfile, HardwareProfile, ModelProfile
@@ -90,7 +91,10 @@ def _validate(kind: str, path: Path, data: Any, problems: _Problems) -> Any | No
 
 def read_profile_file(kind: str, path: Path, problems: _Problems) -> Any | None:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safeyaml.load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        problems.add(path, "", path.name, f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})")
+        return None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "<yaml>"
@@ -171,7 +175,9 @@ def load_profiles_dir(root: Path) -> Profiles:
     _cross_check(profiles, problems)
     if problems.items:
         n = len(problems.items)
-        raise ProfileError(f"{n} profile problem{'s' if n != 1 else ''}:\n  " + "\n  ".join(problems.items))
+        if n == 1:  # one problem, one line
+            raise ProfileError(problems.items[0])
+        raise ProfileError(f"{n} profile problems:\n  " + "\n  ".join(problems.items))
     return profiles
 
 
@@ -202,8 +208,10 @@ def validate_path(path: Path) -> Profiles:
             raise ProfileError(f"{path}: cannot tell the kind; put it under one of {', '.join(KINDS)}/")
         problems = _Problems()
         obj = read_profile_file(kind, path, problems)
+        if len(problems.items) == 1:
+            raise ProfileError(problems.items[0])
         if problems.items:
-            raise ProfileError(f"{len(problems.items)} profile problem(s):\n  " + "\n  ".join(problems.items))
+            raise ProfileError(f"{len(problems.items)} profile problems:\n  " + "\n  ".join(problems.items))
         return Profiles(**{kind: {obj.id: obj}}, root=path.parent.parent, files={(kind, obj.id): path})
     if (path / "profiles").is_dir():
         path = path / "profiles"

@@ -54,6 +54,7 @@ def check(
     probe_reports: dict[str, Path] | None = None,
     relative_ages: bool = True,
     now: dt.datetime | None = None,
+    fail_fast: bool = False,
 ) -> CheckReport:
     """Verdicts for the catalog's overlays x engines (all of them unless ids / engine_ids narrow it)."""
     from .probe import CatalogProber
@@ -64,5 +65,5 @@ def check(
     with GitHubClient(cache, api_url=api_url, token=token, offline=offline) as client:
         return evaluate(
             overlays, engines, client, prober=prober, git_dir=git_dir,
-            now=(now or utcnow()) if relative_ages else None,
+            now=(now or utcnow()) if relative_ages else None, stop_if_unreachable=fail_fast and not offline,
         )

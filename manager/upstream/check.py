@@ -100,6 +100,7 @@ class CheckReport:
     overlays: tuple[OverlayRow, ...]
     engines: tuple[EngineInfo, ...]
     offline: bool
+    unreachable: str | None = None  # the API could not be reached: GitHub facts came from the cache
 
     def verdicts(self) -> set[str]:
         return {r.verdict for r in self.results}
@@ -111,6 +112,7 @@ class CheckReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "offline": self.offline,
+            "unreachable": self.unreachable,
             "results": [r.to_json() for r in self.results],
             "overlays": [
                 {
@@ -146,8 +148,11 @@ def evaluate(
     prober: Prober | None = None,
     git_dir: Path | None = None,
     now: dt.datetime | None = None,
+    stop_if_unreachable: bool = False,
 ) -> CheckReport:
-    """Verdicts for every overlay x engine. `now` adds relative ages ("3 min ago") to evidence."""
+    """Verdicts for every overlay x engine. `now` adds relative ages ("3 min ago") to evidence.
+    `stop_if_unreachable`: raise UpstreamError as soon as the API cannot be reached (before the
+    source probes), for callers that would fail on `unknown` anyway."""
     if git_dir is not None:
         git_dir = check_git_dir(git_dir)
     rows: list[OverlayRow] = []
@@ -156,6 +161,8 @@ def evaluate(
         pr = pr_facts(client, ov.repo, int(ov.pr), now) if ov.has_upstream else None
         prs[ov.id] = pr
         rows.append(OverlayRow(ov, pr))
+        if stop_if_unreachable and client.unreachable:
+            raise UpstreamError(f"{client.unreachable}; stopped (--fail-on unknown): no PR facts to decide with")
 
     results: list[PairResult] = []
     ancestry_memo: dict[tuple[str, str, str], Ancestry] = {}
@@ -186,7 +193,7 @@ def evaluate(
                 ov.id, eng.id, v.verdict, evidence, v.provisional, eng.upstream_ref,
                 pr.state if isinstance(pr, PRFacts) else None,
             ))
-    return CheckReport(tuple(results), tuple(rows), tuple(engines), client.offline)
+    return CheckReport(tuple(results), tuple(rows), tuple(engines), client.offline, client.unreachable)
 
 
 def _in_versions(spec: str, version: str) -> bool | None:

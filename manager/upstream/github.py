@@ -131,6 +131,7 @@ class GitHubClient:
         self._transport = transport
         self._http: httpx.Client | None = None
         self._blocked: str | None = None  # set once GitHub rate-limits us (or is unreachable)
+        self.unreachable: str | None = None  # "<api url> unreachable (why)" after a failed connection
         self.requests_made = 0
 
     # -- plumbing ----------------------------------------------------------------------
@@ -155,7 +156,8 @@ class GitHubClient:
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             self._http = httpx.Client(
-                headers=headers, timeout=self.timeout, transport=self._transport, follow_redirects=True
+                headers=headers, timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0)),
+                transport=self._transport, follow_redirects=True
             )
         return self._http
 
@@ -189,6 +191,7 @@ class GitHubClient:
             resp = self._client().get(url, headers=headers)
         except httpx.HTTPError as exc:
             self._blocked = f"GitHub unreachable ({type(exc).__name__})"
+            self.unreachable = f"GitHub API {self.api_url} unreachable ({type(exc).__name__}: {str(exc)[:120]})"
             return self._from_cache(url, self._blocked)
         now = self.now()
 

@@ -8,6 +8,7 @@ inside a scope path and must match exactly once.
 from __future__ import annotations
 
 import ast
+from typing import Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -105,7 +106,11 @@ class InsertStatements(PythonEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
-        stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        try:
+            stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        except EditFailed as exc:
+            msg = str(exc)
+            raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None
         return mark_block(module, stmts, self.sentinel())
 
     def _sites(self, module: cst.Module):
@@ -119,6 +124,7 @@ class InsertStatements(PythonEdit):
         except ScopeProblem as exc:
             return Inspection(EditState(exc.kind), f"edit {self.name}: {exc.detail}")
         if len(sites) == 1:
+            self.build(module)  # a snippet that does not parse is an error now, not at apply time
             return Inspection(EditState.PENDING, f"edit {self.name}: anchor found once in {where}")
         if not sites:
             return Inspection(EditState.DRIFT, f"edit {self.name}: anchor not found in {where}: {self.spec.anchor.strip()!r}")
@@ -322,22 +328,24 @@ def _cache_decorator(dec: cst.Decorator) -> tuple[str, cst.Arg | None, bool] | N
     return kind, maxsize, call is not None
 
 
-def _qualname(module: cst.Module, target: cst.FunctionDef) -> str:
-    names: list[str] = []
+def _qualnames(module: cst.Module, targets: Sequence[cst.FunctionDef]) -> list[str]:
+    """`Class.method` of each target, from one walk of the module's definitions.
 
-    def walk(node: cst.CSTNode, prefix: list[str]) -> bool:
-        from .pycst import _defs_in
+    (One walk per target made the status of a file with many cache decorators quadratic in its
+    size: issue 10, item 11.)"""
+    from .pycst import _defs_in
 
+    wanted = {id(t) for t in targets}
+    found: dict[int, str] = {}
+    stack: list[tuple[cst.CSTNode, str]] = [(module, "")]
+    while stack and len(found) < len(wanted):
+        node, prefix = stack.pop()
         for d in _defs_in(node):
-            if d is target:
-                names.extend(prefix + [d.name.value])  # type: ignore[attr-defined]
-                return True
-            if walk(d, prefix + [d.name.value]):  # type: ignore[attr-defined]
-                return True
-        return False
-
-    walk(module, [])
-    return ".".join(names)
+            name = prefix + d.name.value  # type: ignore[attr-defined]
+            if id(d) in wanted:
+                found[id(d)] = name
+            stack.append((d, name + "."))
+    return [found.get(id(t), "") for t in targets]
 
 
 class DictCache(PythonEdit):
@@ -426,13 +434,13 @@ class DictCache(PythonEdit):
                 return Inspection(EditState.OLD, f"{tag}: v{min(versions)} present, v{self.ctx.version} available")
             if helpers[0].sentinel.get("sha") != short_hash(block_code(module, self._helper_stmts(module))):
                 return Inspection(EditState.MODIFIED, f"{tag}: helper differs from this catalog's v{self.ctx.version}")
-            names = ", ".join(sorted({_qualname(module, f) for f, _, _ in ours}))
+            names = ", ".join(sorted(set(_qualnames(module, [f for f, _, _ in ours]))))
             return Inspection(EditState.APPLIED, f"{tag}: {len(ours)} dict caches ({names})")
         if helpers:
             return Inspection(EditState.MODIFIED, f"{tag}: helper present but no decorator replaced")
         if not theirs:
             return Inspection(EditState.NOT_APPLICABLE, f"{tag}: no functools cache decorators")
-        names = ", ".join(sorted({_qualname(module, f) for f, _ in theirs}))
+        names = ", ".join(sorted(set(_qualnames(module, [f for f, _ in theirs]))))
         return Inspection(EditState.PENDING, f"{tag}: {len(theirs)} cache decorators ({names})")
 
     def _helper_stmts(self, module: cst.Module) -> list[cst.BaseStatement]:
