@@ -76,9 +76,15 @@ class NewFile(TextEdit):
     def remove(self, text: str | None) -> str | None:
         if text is None:
             return None
-        s = self._parse(text.partition("\n")[0])
+        first, _, rest = text.partition("\n")
+        s = self._parse(first)
         if s is None or s.overlay != self.ctx.overlay_id or s.edit != self.name:
             return text  # not ours: never touched
+        if short_hash(rest) != s.get("sha"):
+            raise EditFailed(
+                f"line 1: edit {self.name}: {self.target} was edited after it was written "
+                f"(sentinel sha={s.get('sha')}, found sha={short_hash(rest)}); not deleting it"
+            )
         return None  # delete
 
 
@@ -185,8 +191,16 @@ class TextInsert(TextEdit):
         if text is None:
             return None
         lines = text.split("\n")
-        for b, e, _ in reversed(self._blocks(lines)):
+        blocks = self._blocks(lines)
+        for b, e, s in blocks:
             if e < 0:
-                raise EditFailed(f"edit {self.name}: begin sentinel without end in {self.target}")
+                raise EditFailed(f"line {b + 1}: edit {self.name}: begin sentinel without end in {self.target}")
+            found = short_hash("\n".join(lines[b + 1 : e]))
+            if found != s.get("sha"):
+                raise EditFailed(
+                    f"line {b + 1}: edit {self.name}: the block under the sentinel does not match it "
+                    f"(sentinel sha={s.get('sha')}, found sha={found}); not removing it"
+                )
+        for b, e, _ in reversed(blocks):
             del lines[b : e + 1]
         return "\n".join(lines)
