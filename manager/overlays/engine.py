@@ -39,7 +39,7 @@ from .root import package_version
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses.
 _SKIP = {"applied", "upstream", "not-applicable"}
 _SKIP_UNLESS_NAMED = {"superseded", "missing-target"}
-_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep between file writes
+_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep before each file write
 
 
 @dataclass(frozen=True)
@@ -572,8 +572,8 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
     delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
     done: list[FileChange] = []
     try:
-        for i, c in enumerate(changes):
-            if i and delay:
+        for c in changes:
+            if delay:  # tests: also between the journal and the first write (the journal window)
                 time.sleep(delay)
             _put(root, c.path, c.after)
             done.append(c)
