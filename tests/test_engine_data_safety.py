@@ -443,3 +443,28 @@ def test_next_run_removes_temp_files_a_killed_run_left(tmp_path):
     (root / "vllm/.mod.py.overlay-manager-tmp-again123").write_text("x")
     rc, _, err = run(cat, "revert", "--root", str(root))
     assert rc == 0 and not (root / "vllm/.mod.py.overlay-manager-tmp-again123").exists()
+
+
+def test_state_directory_symlinked_out_of_the_root_is_refused(tmp_path):
+    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / ".overlay-manager").symlink_to(elsewhere, target_is_directory=True)
+    rc, _, err = run(cat, "apply", "--root", str(root))
+    assert rc == 1 and ".overlay-manager" in one_line(err) and "outside the root" in err
+    assert list(elsewhere.iterdir()) == [] and (root / "vllm/mod.py").read_text() == MOD
+
+
+def test_kernel_source_symlinked_out_of_the_overlay_is_refused(tmp_path):
+    from manager.errors import BuildError
+    from manager.kernels import builder
+    from manager.kernels.spec import KernelsSpec
+
+    d = tmp_path / "k"
+    (d / "csrc").mkdir(parents=True)
+    (tmp_path / "host.cu").write_text("// a host file\n")
+    (d / "csrc/a.cu").symlink_to(tmp_path / "host.cu")
+    spec = KernelsSpec.model_validate({"sources": [{"path": "csrc/a.cu", "entries": [{"name": "k", "params": []}]}]})
+    with pytest.raises(BuildError, match=r"csrc/a.cu: resolves to .*outside the overlay directory"):
+        builder.build_overlay("k", d, spec, tmp_path / "cache", progress=False,
+                              nv_for=lambda arch: type("NoCompiler", (), {"version_str": "none"})())

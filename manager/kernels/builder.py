@@ -153,6 +153,15 @@ def _publish(cache: Path, key: str, arch: str, kind: str, image: bytes, meta_ext
     return obj / name
 
 
+def _inside(overlay_dir: Path, rel: str) -> Path:
+    """A kernel source/header: it must resolve (symlinks followed) inside the overlay directory."""
+    base = Path(overlay_dir).resolve()
+    real = (base / rel).resolve()
+    if base not in real.parents:
+        raise BuildError(f"{Path(overlay_dir) / rel}: resolves to {real}, outside the overlay directory {base}; refused")
+    return real
+
+
 def build_overlay(
     overlay_id: str,
     overlay_dir: Path,
@@ -167,7 +176,7 @@ def build_overlay(
     headers = {}
     for rel in spec.headers:
         # NVRTC resolves #include "x.cuh" by the name relative to the source: register both spellings.
-        text = (overlay_dir / rel).read_text()
+        text = _inside(overlay_dir, rel).read_text()
         headers[Path(rel).name] = text
         headers[rel] = text
     items: list[BuildItem] = []
@@ -175,7 +184,7 @@ def build_overlay(
         nv = nv_for(arch)
         compiler = f"nvrtc {nv.version_str}"
         for src in spec.sources:
-            text = (overlay_dir / src.path).read_text()
+            text = _inside(overlay_dir, src.path).read_text()
             key = cache_key(text, headers, spec.options, compiler, arch)
             obj = _object_dir(cache, key)
             subject = escape(f"{overlay_id}/{src.path} [{arch}]")

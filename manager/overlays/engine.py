@@ -537,6 +537,7 @@ def _lock(root: Path):
     from filelock import FileLock
 
     d = state_dir(root)
+    resolve_in_root(root, d.name)  # a state directory symlinked out of the root is refused
     try:
         d.mkdir(exist_ok=True)
     except OSError as exc:
