@@ -468,3 +468,21 @@ def test_kernel_source_symlinked_out_of_the_overlay_is_refused(tmp_path):
     with pytest.raises(BuildError, match=r"csrc/a.cu: resolves to .*outside the overlay directory"):
         builder.build_overlay("k", d, spec, tmp_path / "cache", progress=False,
                               nv_for=lambda arch: type("NoCompiler", (), {"version_str": "none"})())
+
+
+def test_crlf_c_source_keeps_crlf_through_text_insert_apply_and_revert(tmp_path):
+    cu = "__global__ void k(float* x) {\r\n  int i = threadIdx.x;\r\n  x[i] = 0.f;\r\n}\r\n".encode()
+    root = make_root(tmp_path, {"vllm/csrc/k.cu": cu})
+    cat = make_catalog(tmp_path, targets=("vllm/csrc/k.cu",), snippets={"k.cu": "if (i > 4) return;\n"},
+                       edits="  - {name: guard, kind: text-insert, anchor: 'x[i] = 0.f;', code: snippets/k.cu}\n")
+    apply(overlays(cat), root)
+    patched = (root / "vllm/csrc/k.cu").read_bytes()
+    assert b"overlay:two-lines" in patched and b"if (i > 4) return;" in patched
+    assert patched.count(b"\n") == patched.count(b"\r\n")
+    assert status(overlays(cat), root, use_ledger=False).overlays[0].status == "applied"
+    revert(overlays(cat), overlays(cat), root)
+    assert (root / "vllm/csrc/k.cu").read_bytes() == cu
+    apply(overlays(cat), root)
+    (root / ".overlay-manager/ledger.json").unlink()
+    revert(overlays(cat), overlays(cat), root)
+    assert (root / "vllm/csrc/k.cu").read_bytes() == cu
