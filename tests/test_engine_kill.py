@@ -84,15 +84,17 @@ def _duration(args: list[str], env: dict) -> float:
     return time.monotonic() - start
 
 
-def _kill_at(args: list[str], env: dict, at: float, journal: Path | None = None) -> bool:
+def _kill_at(args: list[str], env: dict, at: float, journal: Path | None = None, wait_for=None) -> bool:
     """Start `overlay ARGS`; SIGKILL it `at` seconds after start (or, with `journal`, `at` seconds
-    after that file appears: the window between the journal and the writes). True when the
-    process was still running when killed."""
+    after that file appears: the window between the journal and the writes; or after `wait_for()`
+    first holds). True when the process was still running when killed."""
     proc = popen_cli(*args, env=env)
+    if journal is not None:
+        wait_for = journal.exists
     try:
-        if journal is not None:
+        if wait_for is not None:
             deadline = time.monotonic() + 120
-            while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
+            while not wait_for() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.002)
         time.sleep(at)
         alive = proc.poll() is None
@@ -112,8 +114,8 @@ def test_kill9_at_random_points_of_apply_then_next_runs_recover(tmp_path, catalo
     env = {"OVERLAY_TEST_WRITE_DELAY": WRITE_DELAY}
     probe = slim_root(VERSION, tmp_path / "probe")
     total = _duration(["--catalog", str(catalog_dir), "apply", "--root", str(probe)], env)
-    fig = {"trials": 0, "killed_running": 0, "journal_window": 0, "corrupted_files": 0, "recovered": 0,
-           "temp_files_left_after_next_run": 0}
+    fig = {"trials": 0, "killed_running": 0, "journal_window": 0, "corrupted_files": 0,
+           "temp_files_after_kill": 0, "recovered": 0, "temp_files_left_after_next_run": 0}
     for i in range(KILL_TRIALS * 2):
         root = slim_root(VERSION, tmp_path / f"t{i}")
         journal = root / ".overlay-manager" / "journal.json"
@@ -128,6 +130,11 @@ def test_kill9_at_random_points_of_apply_then_next_runs_recover(tmp_path, catalo
         assert "CORRUPT" not in states.values(), (i, at, states)
         if journal.exists() and all(s == "original" for s in states.values()):
             fig["journal_window"] += 1
+        fig["temp_files_after_kill"] += len(_litter(root))
+        if i % 3 == 2:  # recovery by revert straight after the kill: originals back, journal gone
+            revert(_overlays(catalog_dir), _overlays(catalog_dir), root)
+            assert _states(root, expected) == {t: "original" for t in TARGETS}
+            assert not journal.exists() and not status(_overlays(catalog_dir), root).failing
         # the next apply completes the job; status is clean; no litter; revert restores all
         result = apply(_overlays(catalog_dir), root)
         assert {o.status for o in result.statuses.overlays} == {"applied"}, (i, result.statuses)
@@ -150,18 +157,26 @@ def test_kill9_at_random_points_of_revert_then_next_runs_recover(tmp_path, catal
     probe = slim_root(VERSION, tmp_path / "probe")
     apply(_overlays(catalog_dir), probe)
     total = _duration(["--catalog", str(catalog_dir), "revert", "--root", str(probe)], env)
-    fig = {"trials": 0, "killed_running": 0, "mixed_after_kill": 0, "corrupted_files": 0, "recovered": 0,
-           "temp_files_left_after_next_run": 0}
-    for i in range(KILL_TRIALS):
+    fig = {"trials": 0, "killed_running": 0, "mixed_after_kill": 0, "corrupted_files": 0,
+           "temp_files_after_kill": 0, "recovered": 0, "temp_files_left_after_next_run": 0}
+    for i in range(KILL_TRIALS * 2):
         root = slim_root(VERSION, tmp_path / f"t{i}")
         apply(_overlays(catalog_dir), root)
-        alive = _kill_at(["--catalog", str(catalog_dir), "revert", "--root", str(root)], env, rng.uniform(0, total))
+
+        def first_restored(root=root) -> bool:
+            return any((root / t).read_bytes() == expected[t][0] for t in TARGETS)
+
+        in_writes = i % 2 == 1  # every other trial: kill between the file writes
+        at = rng.uniform(0, float(WRITE_DELAY) * 2) if in_writes else rng.uniform(0, total)
+        alive = _kill_at(["--catalog", str(catalog_dir), "revert", "--root", str(root)], env, at,
+                         wait_for=first_restored if in_writes else None)
         fig["trials"] += 1
         fig["killed_running"] += alive
         states = _states(root, expected)
         fig["corrupted_files"] += sum(s == "CORRUPT" for s in states.values())
         assert "CORRUPT" not in states.values(), (i, states)
         fig["mixed_after_kill"] += len(set(states.values())) > 1
+        fig["temp_files_after_kill"] += len(_litter(root))
         # the next revert finishes the job; then status says pending and apply works again
         revert(_overlays(catalog_dir), _overlays(catalog_dir), root)
         assert _states(root, expected) == {t: "original" for t in TARGETS}
