@@ -119,8 +119,11 @@ def test_kill9_at_random_points_of_apply_then_next_runs_recover(tmp_path, catalo
     for i in range(KILL_TRIALS * 2):
         root = slim_root(VERSION, tmp_path / f"t{i}")
         journal = root / ".overlay-manager" / "journal.json"
-        in_window = i % 2 == 1  # every other trial: kill shortly after the journal appears
-        at = rng.uniform(0, float(WRITE_DELAY) * 2) if in_window else rng.uniform(0, total)
+        # even trials: anywhere in the run; odd ones timed from the journal's appearance, inside
+        # the journal window (before the first write) or among the file writes, alternately
+        in_window = i % 2 == 1
+        d = float(WRITE_DELAY)
+        at = rng.uniform(0, total) if not in_window else rng.uniform(0, d * 0.8) if i % 4 == 1 else rng.uniform(d, 3 * d)
         alive = _kill_at(["--catalog", str(catalog_dir), "apply", "--root", str(root)], env, at,
                          journal if in_window else None)
         fig["trials"] += 1
