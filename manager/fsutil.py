@@ -4,9 +4,40 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
+
+# Temp files of atomic_write: `.<name>.overlay-manager-tmp-<random>`. The marker cannot be
+# mistaken for a file of anybody else's, so the next run may delete what a killed one left.
+TMP_MARK = ".overlay-manager-tmp-"
+_TMP_RE = re.compile(r"^\..+" + re.escape(TMP_MARK) + r"[A-Za-z0-9_]{6,}$")
+
+
+def is_temp_name(name: str) -> bool:
+    """True for a name atomic_write gives its temp files (and nothing else)."""
+    return bool(_TMP_RE.match(name))
+
+
+def clean_temp_files(directory: Path) -> list[Path]:
+    """Delete the temp files atomic_write left in `directory` (a killed writer's); returns them.
+
+    Only regular files (not symlinks) whose names carry TMP_MARK; never recurses. The caller
+    must hold the lock that serialises writers into this directory."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for e in entries:
+        if is_temp_name(e.name) and e.is_file(follow_symlinks=False):
+            try:
+                os.unlink(e.path)
+            except FileNotFoundError:
+                continue
+            removed.append(Path(e.path))
+    return removed
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -35,7 +66,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             mode = stat.S_IMODE(path.stat().st_mode)
         except FileNotFoundError:
             mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TMP_MARK}", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -144,9 +144,11 @@ def test_sigkill_during_apply_leaves_whole_files_and_next_runs_repair(vllm_root,
     assert not (root / ".overlay-manager" / "ledger.json").exists()
     assert (root / ".overlay-manager" / "journal.json").exists()
 
-    # the next status sees the half state: never a silent "applied" for everything
+    # the next status sees the half state: never a silent "applied" for everything, and it
+    # fails (exit 1) while the interrupted apply's journal is on disk (issue 10, item 4)
     proc = cli("--catalog", str(catalog_dir), "status", "--root", str(root), "--json")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "journal.json" in proc.stderr and "interrupted" in proc.stderr
     report = json.loads(proc.stdout)
     assert report["source"] == "sources"
     per_target = {t["path"]: t["status"] for o in report["overlays"] for t in o["targets"]}

@@ -187,7 +187,9 @@ def ROOT(*args: str) -> Callable[[Env], list[str]]:
 
 
 def _latin1(env: Env) -> None:
-    _w(env.target, b"# -*- coding: latin-1 -*-\ndef f(x):\n    y = x + 1\n    s = '\xe9'\n    return y\n")
+    """latin-1 bytes without a coding declaration (with one, the file is read and written in its
+    codec: tests/test_engine_data_safety.py)."""
+    _w(env.target, b"def f(x):\n    y = x + 1\n    s = '\xe9'\n    return y\n")
 
 
 CASES: list[Case] = [

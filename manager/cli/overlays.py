@@ -115,6 +115,8 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
         print_json(report.to_json())
     else:
         _print_status(report)
+    if report.interrupted:
+        say("interrupted", report.interrupted, "red")
     return 1 if report.failing else 0
 
 

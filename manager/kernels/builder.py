@@ -31,7 +31,7 @@ from rich.markup import escape
 
 from .. import console
 from ..errors import BuildError
-from ..fsutil import atomic_write, fsync_dir, sha256_bytes, write_if_changed
+from ..fsutil import TMP_MARK, atomic_write, fsync_dir, sha256_bytes, write_if_changed
 from . import nvrtc as _nvrtc
 from .spec import KernelsSpec, load_kernels_spec
 
@@ -132,8 +132,12 @@ def _valid_object(obj: Path) -> Path | None:
 
 
 def _publish(cache: Path, key: str, arch: str, kind: str, image: bytes, meta_extra: dict) -> Path:
+    """Called with the key's lock held: any temp or trash directory of this key is then a
+    killed build's, and goes."""
     obj = _object_dir(cache, key)
     obj.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*obj.parent.glob(f".{key[:12]}.*"), *obj.parent.glob(f".trash-{key[:12]}-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=obj.parent))
     name = f"image.{kind}"
     (tmp / name).write_bytes(image)
@@ -147,6 +151,15 @@ def _publish(cache: Path, key: str, arch: str, kind: str, image: bytes, meta_ext
     os.replace(tmp, obj)
     fsync_dir(obj.parent)
     return obj / name
+
+
+def _inside(overlay_dir: Path, rel: str) -> Path:
+    """A kernel source/header: it must resolve (symlinks followed) inside the overlay directory."""
+    base = Path(overlay_dir).resolve()
+    real = (base / rel).resolve()
+    if base not in real.parents:
+        raise BuildError(f"{Path(overlay_dir) / rel}: resolves to {real}, outside the overlay directory {base}; refused")
+    return real
 
 
 def build_overlay(
@@ -163,7 +176,7 @@ def build_overlay(
     headers = {}
     for rel in spec.headers:
         # NVRTC resolves #include "x.cuh" by the name relative to the source: register both spellings.
-        text = (overlay_dir / rel).read_text()
+        text = _inside(overlay_dir, rel).read_text()
         headers[Path(rel).name] = text
         headers[rel] = text
     items: list[BuildItem] = []
@@ -171,7 +184,7 @@ def build_overlay(
         nv = nv_for(arch)
         compiler = f"nvrtc {nv.version_str}"
         for src in spec.sources:
-            text = (overlay_dir / src.path).read_text()
+            text = _inside(overlay_dir, src.path).read_text()
             key = cache_key(text, headers, spec.options, compiler, arch)
             obj = _object_dir(cache, key)
             subject = escape(f"{overlay_id}/{src.path} [{arch}]")
@@ -210,7 +223,11 @@ def build_overlay(
             for i in items
         ],
     }
-    write_if_changed(cache / "index" / f"{overlay_id}.json", (json.dumps(index, indent=2) + "\n").encode())
+    (cache / "locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / "locks" / f"index-{overlay_id}.lock")):  # its temp files: only ours to clean
+        for stale in (cache / "index").glob(f".{overlay_id}.json{TMP_MARK}*"):
+            stale.unlink(missing_ok=True)
+        write_if_changed(cache / "index" / f"{overlay_id}.json", (json.dumps(index, indent=2) + "\n").encode())
     return items
 
 

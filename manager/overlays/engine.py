@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import io
 import os
 import stat
 import time
+import tokenize
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,8 +22,8 @@ from typing import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
-from ..fsutil import atomic_write, sha256_bytes
-from .ledger import ABSENT, Ledger, state_dir
+from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
+from .ledger import ABSENT, STATE_DIR, Ledger, check_rel_path, state_dir
 from .manifest import Manifest, load_manifest, manifest_digest
 from .model import (
     ApplyResult,
@@ -37,7 +39,7 @@ from .root import package_version
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses.
 _SKIP = {"applied", "upstream", "not-applicable"}
 _SKIP_UNLESS_NAMED = {"superseded", "missing-target"}
-_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep between file writes
+_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep before each file write
 
 
 @dataclass(frozen=True)
@@ -160,23 +162,65 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFB
           stat.S_IFSOCK: "a socket"}
 
 
-def decode_source(data: bytes, rel: str) -> str:
-    """UTF-8 text without NUL bytes, or one line naming the file, the line and the problem."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise OverlayError(
-            f"{rel}: line {line}: not UTF-8 (byte 0x{data[exc.start]:02x}); overlay-manager edits UTF-8 "
-            f"sources only (convert the file, e.g. from the encoding its coding declaration names)"
-        ) from None
-    if "\0" in text:
-        raise OverlayError(f"{rel}: line {nul_line(text)}: contains a NUL byte; not a source file")
-    return text
-
 
 def nul_line(text: str) -> int:
     return text.count("\n", 0, text.index("\0")) + 1
+
+
+def resolve_in_root(root: Path, rel: str) -> Path:
+    """The real path of `root/rel` (symlinks followed); refused unless it stays inside the root.
+
+    Every target the engine reads or writes goes through here: a target behind a directory or
+    file symlink that leaves the root, or a `..`/absolute path (a hand-edited ledger), is refused
+    with one line naming it. A file symlink that stays inside the root resolves to its target,
+    so writes land there and the link is kept."""
+    why = check_rel_path(rel)
+    if why:
+        raise OverlayError(f"{rel!r}: {why}; refused: only paths inside the root {root} are read or written")
+    base = Path(root).resolve()
+    real = (base / rel).resolve()
+    if real != base and base not in real.parents:
+        raise OverlayError(f"{Path(root) / rel}: resolves to {real}, outside the root {base}; refused")
+    return real
+
+
+def file_encoding(rel: str, data: bytes) -> str:
+    """The codec that gives `data` back byte for byte: utf-8-sig for a BOM, a Python file's
+    coding declaration, else utf-8. Line endings are never translated."""
+    if rel.endswith(".py"):
+        try:
+            enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError as exc:
+            raise OverlayError(f"{rel}: {exc}") from None
+        return enc
+    return "utf-8-sig" if data.startswith(b"\xef\xbb\xbf") else "utf-8"
+
+
+def decode_file(rel: str, data: bytes) -> tuple[str, str]:
+    """(text, codec) of a source file, or one line naming the file, the line and the problem
+    (bytes its codec cannot read, a NUL byte)."""
+    enc = file_encoding(rel, data)
+    try:
+        text = data.decode(enc)
+    except LookupError as exc:
+        raise OverlayError(f"{rel}: cannot be read as {enc}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        label = "UTF-8" if enc.startswith("utf-8") else enc
+        raise OverlayError(
+            f"{rel}: line {line}: not {label} (byte 0x{data[exc.start]:02x}); a file in another encoding "
+            f"needs a coding declaration naming it"
+        ) from None
+    if "\0" in text:
+        raise OverlayError(f"{rel}: line {nul_line(text)}: contains a NUL byte; not a source file")
+    return text, enc
+
+
+def encode_file(rel: str, text: str, enc: str) -> bytes:
+    try:
+        return text.encode(enc)
+    except (UnicodeEncodeError, LookupError) as exc:
+        raise OverlayError(f"{rel}: the patched text cannot be written back as {enc}: {exc}") from None
 
 
 class _Tree:
@@ -186,15 +230,27 @@ class _Tree:
         self.root = root
         self._bytes: dict[str, bytes | None] = {}
         self._modules: dict[str, object] = {}
+        self._enc: dict[str, str] = {}
 
     def read(self, rel: str) -> bytes | None:
         if rel not in self._bytes:
-            self._bytes[rel] = read_regular(self.root / rel, rel)
+            self._bytes[rel] = read_regular(resolve_in_root(self.root, rel), rel)
         return self._bytes[rel]
 
     def text(self, rel: str) -> str | None:
         data = self.read(rel)
-        return None if data is None else decode_source(data, rel)
+        if data is None:
+            return None
+        text, self._enc[rel] = decode_file(rel, data)
+        return text
+
+    def encode(self, rel: str, text: str | None) -> bytes | None:
+        """`text` as bytes in the file's own encoding (BOM and coding declaration kept)."""
+        if text is None:
+            return None
+        if rel not in self._enc and self.read(rel) is not None:
+            self.text(rel)
+        return encode_file(rel, text, self._enc.get(rel, "utf-8"))
 
     def module(self, rel: str):
         if rel not in self._modules:
@@ -391,7 +447,7 @@ def _ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | 
             if want is None:
                 return None
             try:
-                data = read_regular(root / t, t)
+                data = read_regular(resolve_in_root(root, t), t)
             except OverlayError:
                 return None  # the full status says what is wrong with it
             now = ABSENT if data is None else sha256_bytes(data)
@@ -410,7 +466,15 @@ def status(overlays: Sequence[Overlay], root: Path, *, use_ledger: bool = True) 
             return fast
     tree = _Tree(root)
     edited = _edited_since_apply(root, tree, version) if use_ledger else {}
-    return StatusReport(str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays))
+    interrupted = ""
+    if use_ledger and Ledger(root).has_journal():
+        interrupted = (
+            f"{Ledger(root).journal_path}: an apply was interrupted; `overlay apply` completes it, "
+            "`overlay revert` undoes it"
+        )
+    return StatusReport(
+        str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays), interrupted=interrupted
+    )
 
 
 def status_on_release(version: str, catalog: Catalog, ids: Iterable[str] | None = None) -> StatusReport:
@@ -511,7 +575,7 @@ def _changes(plan: _Plan, tree_read) -> list[FileChange]:
     out = []
     for rel, text in sorted(plan.texts.items()):
         before = tree_read(rel)
-        after = None if text is None else text.encode("utf-8")
+        after = plan.tree.encode(rel, text)
         if before != after:
             out.append(FileChange(rel, before, after, tuple(plan.overlays_by_file[rel])))
     return out
@@ -534,26 +598,88 @@ def _lock(root: Path, wait: float = 600.0, on_wait=None):
     """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
     from .lock import root_lock
 
+    resolve_in_root(root, STATE_DIR)  # a state directory symlinked out of the root is refused
     return root_lock(state_dir(root), wait, on_wait)
 
 
-def _write(root: Path, changes: Sequence[FileChange], led: Ledger) -> None:
+def _put(root: Path, rel: str, data: bytes | None) -> None:
+    """Write (or delete, for None) one target, through a file symlink that stays inside the root."""
+    p = resolve_in_root(root, rel)
+    if data is None:
+        if (Path(root) / rel).is_symlink():
+            raise OverlayError(f"{rel}: is a symlink; refusing to delete it or its target")
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise OverlayError(f"{rel}: cannot delete: {exc.strerror}") from None
+    else:
+        try:
+            atomic_write(p, data)
+        except OSError as exc:
+            raise OverlayError(f"{rel}: cannot write: {exc.strerror}") from None
+    _drop_bytecode(root, rel)
+
+
+def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled: bool = False) -> None:
+    """Write every change; when one fails, put back the ones already written (all or nothing).
+
+    `journaled` (apply): the journal written for these changes is removed after a clean roll-back;
+    it stays on disk only if the roll-back itself failed (the next run then sorts it out)."""
     delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
-    for i, c in enumerate(changes):
-        if i and delay:
-            time.sleep(delay)
-        p = root / c.path
-        if c.after is None:
+    done: list[FileChange] = []
+    try:
+        for c in changes:
+            if delay:  # tests: also between the journal and the first write (the journal window)
+                time.sleep(delay)
+            _put(root, c.path, c.after)
+            done.append(c)
+    except OverlayError as exc:
+        stuck = []
+        for c in reversed(done):
             try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
-        else:
-            try:
-                atomic_write(p, c.after)
-            except OSError as exc:
-                raise OverlayError(f"{c.path}: cannot write: {exc.strerror}") from None
-        _drop_bytecode(root, c.path)
+                _put(root, c.path, c.before)
+            except OverlayError as back:
+                stuck.append(str(back))
+        if stuck:
+            raise OverlayError(
+                f"{exc}; rolling back the {len(done)} file(s) already written failed ({'; '.join(stuck)}); "
+                f"{led.journal_path} records them"
+            ) from None
+        if journaled:
+            led.clear_journal()
+        raise OverlayError(f"{exc}; nothing changed (rolled back {len(done)} file(s) already written)") from None
+
+
+def _clean_litter(root: Path, rels: Iterable[str]) -> list[str]:
+    """Delete the temp files a killed run left next to the targets and in the state directory."""
+    dirs = {state_dir(root), state_dir(root) / "originals"}
+    legacy: dict[Path, set[str]] = {}
+    for rel in rels:
+        try:
+            parent = resolve_in_root(root, rel).parent
+        except OverlayError:
+            continue  # refused later, where it is read
+        dirs.add(parent)
+        legacy.setdefault(parent, set()).add(Path(rel).name)
+    removed = [p for d in sorted(dirs) for p in clean_temp_files(d)]
+    # overlay-manager 0.1.0 named them `.<target>.<8 random>.tmp`: only those of our targets go
+    for d, names in legacy.items():
+        for name in names:
+            for p in d.glob(f".{glob_escape(name)}.*.tmp"):
+                mid = p.name[len(name) + 2 : -4]
+                if re.fullmatch(r"[a-z0-9_]{8}", mid) and p.is_file() and not p.is_symlink():
+                    p.unlink()
+                    removed.append(p)
+    base = Path(root).resolve()
+    return [f"removed {p.relative_to(base) if base in p.parents else p}, left by an interrupted run" for p in removed]
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
 
 
 def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "_Tree") -> StatusReport:
@@ -589,6 +715,7 @@ def apply(
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
             fast = _ledger_fast_status(overlays, root, version)
             quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
@@ -612,7 +739,7 @@ def apply(
                     "overlays": prior,
                 }
             led.write_journal(journal)
-            _write(root, changes, led)
+            _write(root, changes, led, journaled=True)
             for rel, e in journal.items():
                 led.files[rel] = {k: e[k] for k in ("base_sha256", "post_sha256", "overlays")}
             for c in changes:  # the tree now holds what was written (no second read or parse)
@@ -661,8 +788,10 @@ def revert(
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         tree = _Tree(root)
         texts: dict[str, str | None] = {}
+        encodings: dict[str, str] = {}  # files restored from the originals store: their codec
         owners: dict[str, list[str]] = {}
         for rel, rec in sorted(led.files.items()):
             mine = [i for i in rec["overlays"] if i in selected]
@@ -677,7 +806,7 @@ def revert(
                     f"{rec['post_sha256'][:12]}); reinstall the package or restore the file first"
                 )
             base = led.original(rec["base_sha256"])
-            text = None if base is None else base.decode("utf-8")
+            text, enc = (None, "utf-8") if base is None else decode_file(rel, base)
             for i in rec["overlays"]:
                 if i in selected:
                     continue
@@ -685,6 +814,7 @@ def revert(
                     raise OverlayError(f"revert refused: {rel} also carries overlay {i!r}, which is not in the catalog")
                 text, _ = _apply_edits(by_id[i], rel, text)
             texts[rel] = text
+            encodings[rel] = enc
             owners[rel] = mine
         # files not in the ledger that carry our sentinels
         for o in overlays:
@@ -696,18 +826,21 @@ def revert(
                     continue
                 text = current
                 module = None
-                from .edits import PythonEdit
+                from .edits import EditFailed, PythonEdit
 
-                for e in o.make_edits(t):
-                    if isinstance(e, PythonEdit):
-                        import libcst as cst
+                try:
+                    for e in o.make_edits(t):
+                        if isinstance(e, PythonEdit):
+                            import libcst as cst
 
-                        module = module or cst.parse_module(text)
-                        module = e.remove(module)
-                    else:
-                        if module is not None:
-                            text, module = module.code, None
-                        text = e.remove(text)
+                            module = module or cst.parse_module(text)
+                            module = e.remove(module)
+                        else:
+                            if module is not None:
+                                text, module = module.code, None
+                            text = e.remove(text)
+                except EditFailed as exc:  # a block that is not intact is never removed by count
+                    raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
                 if module is not None:
                     text = module.code
                 texts[t] = text
@@ -718,7 +851,7 @@ def revert(
         changes = []
         for rel, text in sorted(texts.items()):
             before = tree.read(rel)
-            after = None if text is None else text.encode("utf-8")
+            after = encode_file(rel, text, encodings[rel]) if rel in encodings and text is not None else tree.encode(rel, text)
             if before != after:
                 changes.append(FileChange(rel, before, after, tuple(owners[rel])))
         _write(root, changes, led)
@@ -729,7 +862,8 @@ def revert(
             remaining = {i: v for i, v in rec["overlays"].items() if i not in selected}
             if remaining:
                 rec["overlays"] = remaining
-                rec["post_sha256"] = sha256_bytes(texts[rel].encode("utf-8")) if texts[rel] is not None else ABSENT
+                written = next((c.after for c in changes if c.path == rel), tree.read(rel))
+                rec["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
             else:
                 del led.files[rel]
         for i in selected:
@@ -738,4 +872,5 @@ def revert(
             for t in o.manifest.targets:
                 led.observed.pop(t, None)
         led.save(version)
+        led.clear_journal()  # recover() folded it into the ledger just saved
         return RevertResult(str(root), tuple(changes), tuple(notes))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .. import __version__
@@ -20,6 +21,94 @@ from ..fsutil import atomic_write, sha256_bytes
 
 STATE_DIR = ".overlay-manager"
 ABSENT = "absent"
+
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_rel_path(rel: object) -> str | None:
+    """Why `rel` is not a relative path inside a root (None when it is one)."""
+    if not isinstance(rel, str) or not rel:
+        return "not a non-empty string"
+    p = PurePosixPath(rel)
+    if p.is_absolute() or "\\" in rel or (len(rel) > 1 and rel[1] == ":"):
+        return "an absolute path"
+    if ".." in p.parts:
+        return "a path with '..'"
+    if "\0" in rel:
+        return "a path with a NUL byte"
+    return None
+
+
+def _check_sha(where: str, value: object, absent_ok: bool = True) -> None:
+    if isinstance(value, str) and (_SHA_RE.match(value) or (absent_ok and value == ABSENT)):
+        return
+    raise ValueError(f"{where}: {value!r} is not a sha256{' or ' + repr(ABSENT) if absent_ok else ''}")
+
+
+def _check_file_entry(where: str, rec: object, keys: tuple[str, ...]) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(rec).__name__}")
+    for k in keys:
+        if k not in rec:
+            raise ValueError(f"{where}: missing key {k!r}")
+    for k in keys:
+        if k.endswith("sha256"):
+            _check_sha(f"{where}.{k}", rec[k])
+    ov = rec["overlays"]
+    if not isinstance(ov, dict) or not all(isinstance(i, str) and type(v) is int for i, v in ov.items()):
+        raise ValueError(f"{where}.overlays: expected a mapping of overlay id -> sentinel version")
+
+
+def _check_files(where: str, files: object, keys: tuple[str, ...]) -> None:
+    if not isinstance(files, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(files).__name__}")
+    for rel, rec in files.items():
+        why = check_rel_path(rel)
+        if why:
+            raise ValueError(f"{where}: {rel!r} is {why}, not a path inside the root")
+        _check_file_entry(f"{where}[{rel!r}]", rec, keys)
+
+
+LEDGER_FILE_KEYS = ("base_sha256", "post_sha256", "overlays")
+JOURNAL_FILE_KEYS = ("base_sha256", "pre_sha256", "post_sha256", "overlays")
+
+
+def validate_ledger(data: object) -> dict[str, Any]:
+    """The one schema of ledger.json, checked on every read and every write.
+
+    `files`, `overlays` and `observed` may be absent (= empty); present, they must have their
+    shapes, and every file key must be a relative path without '..'. Raises ValueError naming
+    the key and the value."""
+    if not isinstance(data, dict):
+        raise ValueError(f"(top): expected a mapping, got {type(data).__name__}")
+    _check_files("files", data.get("files", {}), LEDGER_FILE_KEYS)
+    overlays = data.get("overlays", {})
+    if not isinstance(overlays, dict) or not all(isinstance(v, dict) for v in overlays.values()):
+        raise ValueError("overlays: expected a mapping of overlay id -> record")
+    for oid, rec in overlays.items():
+        targets = rec.get("targets", [])
+        if not isinstance(rec.get("status"), str) or not isinstance(targets, list) or not all(
+            isinstance(t, dict) and set(t) == {"path", "status", "detail"} for t in targets
+        ):
+            raise ValueError(f"overlays[{oid!r}]: needs 'status' and 'targets' [{{path, status, detail}}]")
+    observed = data.get("observed", {})
+    if not isinstance(observed, dict):
+        raise ValueError(f"observed: expected a mapping, got {type(observed).__name__}")
+    for rel, sha in observed.items():
+        why = check_rel_path(rel)
+        if why:
+            raise ValueError(f"observed: {rel!r} is {why}, not a path inside the root")
+        _check_sha(f"observed[{rel!r}]", sha)
+    for k in ("package_version", "tool_version", "updated_at"):
+        if data.get(k) is not None and not isinstance(data[k], str):
+            raise ValueError(f"{k}: {data[k]!r} is not a string")
+    return data
+
+
+def validate_journal(data: object) -> dict[str, Any]:
+    """The schema of journal.json (rel path -> base/pre/post hashes and overlays), read and write."""
+    _check_files("(top)", data, JOURNAL_FILE_KEYS)
+    return data  # type: ignore[return-value]
 
 
 def state_dir(root: Path) -> Path:
@@ -58,19 +147,21 @@ class Ledger:
             raise OverlayError(f"{led.path}: corrupt ledger ({exc}); move it aside to start over") from None
         except OSError as exc:
             raise OverlayError(f"{led.path}: cannot read the ledger: {exc.strerror}") from None
-        if not isinstance(led.data, dict):
-            raise OverlayError(f"{led.path}: corrupt ledger (a JSON {type(led.data).__name__}, not an object)")
-        if led.data and not isinstance(led.data.get("files"), dict):
-            raise OverlayError(f"{led.path}: corrupt ledger (no 'files' mapping)")
-        problem = _ledger_problem(led.data)
-        if problem:
-            raise OverlayError(f"{led.path}: corrupt ledger ({problem}); move it aside to start over")
+        try:
+            validate_ledger(led.data)
+        except ValueError as exc:
+            raise OverlayError(f"{led.path}: corrupt ledger: {exc}; move it aside to start over") from None
         return led
 
     def save(self, package_version: str | None) -> None:
+        self.files, self.overlays, self.observed  # every section present, even when empty
         self.data["tool_version"] = __version__
         self.data["package_version"] = package_version
         self.data["updated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        try:
+            validate_ledger(self.data)
+        except ValueError as exc:  # a bug: never write what the next run would call corrupt
+            raise AssertionError(f"refusing to write an invalid ledger: {exc}") from None
         _write_state(self.path, (json.dumps(self.data, indent=2, sort_keys=True) + "\n").encode(), "the ledger")
 
     # originals store --------------------------------------------------------------
@@ -99,7 +190,14 @@ class Ledger:
         return state_dir(self.root) / "journal.json"
 
     def write_journal(self, entries: dict[str, dict[str, Any]]) -> None:
+        try:
+            validate_journal(entries)
+        except ValueError as exc:  # a bug: never write what the next run would call corrupt
+            raise AssertionError(f"refusing to write an invalid journal: {exc}") from None
         _write_state(self.journal_path, json.dumps(entries, indent=2, sort_keys=True).encode(), "the journal")
+
+    def has_journal(self) -> bool:
+        return self.journal_path.exists()
 
     def clear_journal(self) -> None:
         try:
@@ -110,20 +208,17 @@ class Ledger:
     def recover(self, current_sha) -> list[str]:
         """Fold a journal left by an interrupted apply into the ledger. Returns notes."""
         try:
-            entries = json.loads(self.journal_path.read_text())
+            entries = validate_journal(json.loads(self.journal_path.read_text()))
         except FileNotFoundError:
             return []
-        except json.JSONDecodeError:
-            self.clear_journal()
-            return ["discarded an unreadable journal"]
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
             raise OverlayError(f"{self.journal_path}: cannot read the journal: {why}") from None
-        problem = _journal_problem(entries)
-        if problem:
+        except (json.JSONDecodeError, ValueError) as exc:
             raise OverlayError(
-                f"{self.journal_path}: corrupt journal ({problem}); check the files it names, then move it aside"
-            )
+                f"{self.journal_path}: corrupt journal of an interrupted apply ({exc}); check the files it "
+                "names by hand, then move it aside"
+            ) from None
         notes = []
         for rel, e in entries.items():
             now = current_sha(rel)
@@ -146,33 +241,3 @@ def _write_state(path: Path, data: bytes, what: str, mode: int | None = None) ->
         raise OverlayError(f"{path}: cannot write {what}: {exc.strerror or exc}") from None
 
 
-_SHA_KEYS = ("base_sha256", "post_sha256")
-
-
-def _ledger_problem(data: dict[str, Any]) -> str | None:
-    """What is wrong with a ledger's shape (the keys this module and the engine read), or None."""
-    for key in ("files", "overlays", "observed"):
-        if key in data and not isinstance(data[key], dict):
-            return f"{key!r} is a {type(data[key]).__name__}, not a mapping"
-    for rel, rec in data.get("files", {}).items():
-        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in _SHA_KEYS) \
-                or not isinstance(rec.get("overlays"), dict):
-            return f"files[{rel!r}] lacks base_sha256/post_sha256/overlays"
-    for oid, rec in data.get("overlays", {}).items():
-        if not isinstance(rec, dict) or not isinstance(rec.get("targets", []), list) \
-                or not all(isinstance(t, dict) and {"path", "status", "detail"} <= t.keys() for t in rec.get("targets", [])):
-            return f"overlays[{oid!r}] is not an overlay record"
-    for rel, sha in data.get("observed", {}).items():
-        if not isinstance(sha, str):
-            return f"observed[{rel!r}] is not a hash"
-    return None
-
-
-def _journal_problem(entries: Any) -> str | None:
-    if not isinstance(entries, dict):
-        return f"a JSON {type(entries).__name__}, not an object"
-    for rel, e in entries.items():
-        if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in (*_SHA_KEYS, "pre_sha256")) \
-                or not isinstance(e.get("overlays"), dict):
-            return f"entry {rel!r} lacks base_sha256/pre_sha256/post_sha256/overlays"
-    return None

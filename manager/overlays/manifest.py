@@ -69,10 +69,22 @@ class NeededWhen(_Strict):
         return v if v is None else check_specifier(v)
 
 
+def _inside(what: str, v: str) -> str:
+    """A path field must be relative and free of '..' (the engine also resolves symlinks)."""
+    if not v or v.startswith("/") or "\\" in v or ".." in Path(v).parts or (len(v) > 1 and v[1] == ":"):
+        raise ValueError(f"{what} {v!r} must be a relative path inside the {'package root' if what == 'target' else 'overlay directory'}")
+    return v
+
+
 class Probe(_Strict):
     """Recognises the native upstream fix. All given conditions must hold."""
 
     target: str
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        return _inside("target", v)
     scope: str | None = None
     defines: str | None = None  # a name assigned/defined inside the scope
     contains: str | None = None  # a regex searched in the scope's source
@@ -102,6 +114,11 @@ class InsertEdit(_EditBase):
     position: Literal["before", "after"] = "before"
     code: str  # snippet file, relative to the overlay directory
 
+    @field_validator("code")
+    @classmethod
+    def _code(cls, v: str) -> str:
+        return _inside("code", v)
+
 
 class DictEntryEdit(_EditBase):
     kind: Literal["dict-entry"]
@@ -127,6 +144,11 @@ class NewFileEdit(_EditBase):
     kind: Literal["new-file"]
     source: str  # file in the overlay directory; target is where it lands
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return _inside("source", v)
+
 
 class TextInsertEdit(_EditBase):
     kind: Literal["text-insert"]
@@ -134,6 +156,11 @@ class TextInsertEdit(_EditBase):
     within: str | None = None  # regex of the line that opens the enclosing brace block
     position: Literal["before", "after"] = "before"
     code: str
+
+    @field_validator("code")
+    @classmethod
+    def _code(cls, v: str) -> str:
+        return _inside("code", v)
 
 
 EditSpec = Annotated[
@@ -177,8 +204,7 @@ class Manifest(_Strict):
     @classmethod
     def _targets(cls, v: list[str]) -> list[str]:
         for t in v:
-            if t.startswith("/") or ".." in Path(t).parts:
-                raise ValueError(f"target {t!r} must be a relative path inside the package root")
+            _inside("target", t)
         return v
 
     @model_validator(mode="after")

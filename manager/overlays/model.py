@@ -51,6 +51,8 @@ class StatusReport:
     package_version: str | None
     overlays: tuple[OverlayStatus, ...]
     source: str = "sources"  # "sources" (files parsed) or "ledger" (hashes matched the ledger)
+    interrupted: str = ""  # non-empty: an apply's journal is on disk (a killed or failed run); status fails
+
 
     def by_id(self, overlay_id: str) -> OverlayStatus:
         for o in self.overlays:
@@ -60,13 +62,14 @@ class StatusReport:
 
     @property
     def failing(self) -> bool:
-        return any(o.status in FAILING for o in self.overlays)
+        return bool(self.interrupted) or any(o.status in FAILING for o in self.overlays)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "root": self.root,
             "package_version": self.package_version,
             "source": self.source,
+            "interrupted": self.interrupted or None,
             "overlays": [
                 {
                     "id": o.id,

@@ -38,9 +38,15 @@ class EditContext:
     overlay_dir: Path
 
     def read(self, rel: str) -> str:
+        """A snippet/source file of the overlay; it must resolve (symlinks followed) inside the
+        overlay's own directory, never elsewhere on the host."""
         path = self.overlay_dir / rel
+        base = self.overlay_dir.resolve()
+        real = path.resolve()
+        if Path(rel).is_absolute() or base not in real.parents:
+            raise EditFailed(f"{path}: resolves to {real}, outside the overlay directory {base}; refused")
         try:
-            return path.read_text(encoding="utf-8")
+            return real.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise EditFailed(f"{path}: snippet file not found") from None
         except UnicodeDecodeError as exc:

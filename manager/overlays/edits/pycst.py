@@ -176,8 +176,11 @@ def find_anchor(module: cst.Module, scope: cst.CSTNode, anchor: str) -> list[Sit
 
 
 def parse_statements(code: str, module: cst.Module) -> list[cst.BaseStatement]:
+    code = textwrap.dedent(code.replace("\r\n", "\n")).strip("\n") + "\n"
+    if module.default_newline != "\n":  # a CRLF file gets CRLF lines, never a mix
+        code = code.replace("\n", module.default_newline)
     try:
-        mod = cst.parse_module(textwrap.dedent(code).strip("\n") + "\n", config=module.config_for_parsing)
+        mod = cst.parse_module(code, config=module.config_for_parsing)
     except cst.ParserSyntaxError as exc:
         raise EditFailed(f"snippet does not parse: {exc.message} (line {exc.raw_line})") from None
     if not mod.body:

@@ -97,9 +97,60 @@ class PythonEdit:
         raise NotImplementedError
 
     def remove(self, module: cst.Module) -> cst.Module:
-        for mb in reversed(find_marked_blocks(module, self.ctx.overlay_id, self.name)):
+        blocks = find_marked_blocks(module, self.ctx.overlay_id, self.name)
+        for mb in blocks:
+            self._check_intact(module, mb)
+        for mb in reversed(blocks):
             module = remove_block(module, mb)
         return module
+
+    def expected_block(self, module: cst.Module) -> list[cst.BaseStatement]:
+        """The statements the sentinel's sha= covers, as this catalog would write them."""
+        return self.build(module)
+
+    def _check_intact(self, module: cst.Module, mb: MarkedBlock) -> None:
+        """Refuse (EditFailed naming the line and what differs) to remove a block whose bytes
+        no longer match its sentinel: removing `n` statements by count would delete code that
+        is not ours."""
+        if mb.intact:
+            return
+        raise EditFailed(block_mismatch(module, mb, self, f"edit {self.name}"))
+
+
+def block_mismatch(module: cst.Module, mb: MarkedBlock, edit, tag: str) -> str:
+    """`line N: <tag>: the block under the sentinel does not match it (…what differs…)`."""
+    found = list(mb.owner.body[mb.index : mb.index + mb.count])  # type: ignore[attr-defined]
+    got = block_code(module, found).splitlines() if found else []
+    want: list[str] = []
+    try:
+        stmts = edit.expected_block(module) if edit is not None else []
+        want = block_code(module, stmts).splitlines() if stmts else []
+    except Exception:  # noqa: BLE001 - the catalog's snippet is unreadable: say what we can
+        want = []
+    what = f"sentinel n={mb.count} sha={mb.sentinel.get('sha')}, found sha={short_hash(block_code(module, found)) if found else '-'}"
+    if len(found) < mb.count:
+        what += f"; only {len(found)} of its {mb.count} statements follow it"
+    if want:
+        for i in range(max(len(want), len(got))):
+            a = want[i] if i < len(want) else "<end of block>"
+            b = got[i] if i < len(got) else "<end of block>"
+            if a != b:
+                what += f"; block line {i + 1}: expected {a.strip()!r}, found {b.strip()!r}"
+                break
+    return f"line {sentinel_line(module, mb)}: {tag}: the block under the sentinel does not match it ({what})"
+
+
+def sentinel_line(module: cst.Module, mb: MarkedBlock) -> int | str:
+    """1-based line of the block's sentinel comment in the module's code ('?' if not found)."""
+    stmt = mb.owner.body[mb.index]  # type: ignore[attr-defined]
+    comments = [l.comment.value.strip() for l in stmt.leading_lines if l.comment is not None]
+    mine = [c for c in comments if (parse_python(c) or None) == mb.sentinel]
+    if not mine:
+        return "?"
+    for n, line in enumerate(module.code.splitlines(), 1):
+        if line.strip() == mine[0]:
+            return n
+    return "?"
 
 
 class InsertStatements(PythonEdit):
@@ -230,6 +281,9 @@ class SetValue(_AssignmentEdit):
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
         return mark_block(module, self._new_stmt(module), self.sentinel())
 
+    def expected_block(self, module: cst.Module) -> list[cst.BaseStatement]:
+        return self._new_stmt(module)
+
     def _expected_sha(self, module: cst.Module) -> str:
         return short_hash(block_code(module, self._new_stmt(module)))
 
@@ -254,7 +308,10 @@ class SetValue(_AssignmentEdit):
         return replace_body(module, block, body)
 
     def remove(self, module: cst.Module) -> cst.Module:
-        for mb in reversed(find_marked_blocks(module, self.ctx.overlay_id, self.name)):
+        blocks = find_marked_blocks(module, self.ctx.overlay_id, self.name)
+        for mb in blocks:
+            self._check_intact(module, mb)
+        for mb in reversed(blocks):
             was = mb.sentinel.get("was")
             if was is None:
                 raise EditFailed(f"edit {self.name}: sentinel without was= cannot be reverted")
@@ -505,6 +562,15 @@ class DictCache(PythonEdit):
     def remove(self, module: cst.Module) -> cst.Module:
         name = self.name
         oid = self.ctx.overlay_id
+        _, _, bad, _ = self._scan(module)
+        if bad:
+            raise EditFailed(
+                f"edit {name}: the decorator on {bad[0][0].name.value} was edited after it was written "
+                f"(found @{module.code_for_node(bad[0][1].decorator).strip()}); not reverting it by its was= field"
+            )
+        for mb in find_marked_blocks(module, oid, self.helper_edit):
+            if not mb.intact:
+                raise EditFailed(block_mismatch(module, mb, None, f"edit {self.helper_edit}"))
 
         def ours(line: cst.EmptyLine) -> Sentinel | None:
             sen = parse_python(line.comment.value) if line.comment is not None else None

@@ -15,6 +15,10 @@ from .base import EditContext, EditFailed, EditState, Inspection
 _C_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".cu", ".cuh"}
 
 
+def _body_sha(lines: list[str]) -> str:
+    return short_hash("\n".join(l[:-1] if l.endswith("\r") else l for l in lines))
+
+
 def comment_style(path: str) -> str:
     return "c" if PurePosixPath(path).suffix in _C_SUFFIXES else "python"
 
@@ -76,9 +80,15 @@ class NewFile(TextEdit):
     def remove(self, text: str | None) -> str | None:
         if text is None:
             return None
-        s = self._parse(text.partition("\n")[0])
+        first, _, rest = text.partition("\n")
+        s = self._parse(first)
         if s is None or s.overlay != self.ctx.overlay_id or s.edit != self.name:
             return text  # not ours: never touched
+        if short_hash(rest) != s.get("sha"):
+            raise EditFailed(
+                f"line 1: edit {self.name}: {self.target} was edited after it was written "
+                f"(sentinel sha={s.get('sha')}, found sha={short_hash(rest)}); not deleting it"
+            )
         return None  # delete
 
 
@@ -117,13 +127,15 @@ class TextInsert(TextEdit):
             i += 1
         return out
 
-    def _block_lines(self, indent: str) -> list[str]:
-        code = self.ctx.read(self.spec.code).rstrip("\n").split("\n")
+    def _block_lines(self, indent: str, cr: str = "") -> list[str]:
+        """Our lines (split on LF); `cr` = "\r" in a CRLF file, so every line keeps its ending.
+        The sha covers the body without the CRs (the same block hashes the same either way)."""
+        code = self.ctx.read(self.spec.code).replace("\r\n", "\n").rstrip("\n").split("\n")
         body = [(indent + l) if l.strip() else "" for l in code]
         digest = short_hash("\n".join(body))
         begin = Sentinel(self.ctx.overlay_id, self.ctx.version, self.name, (("begin", ""), ("sha", digest)))
         end = Sentinel(self.ctx.overlay_id, self.ctx.version, self.name, (("end", ""),))
-        return [indent + self._line(begin), *body, indent + self._line(end)]
+        return [l + cr for l in (indent + self._line(begin), *body, indent + self._line(end))]
 
     def _sites(self, lines: list[str]) -> list[int] | str:
         region = self._region(lines)
@@ -144,12 +156,12 @@ class TextInsert(TextEdit):
             if len(blocks) > 1:
                 return Inspection(EditState.MODIFIED, f"{tag}: sentinel present {len(blocks)} times")
             b, e, s = blocks[0]
-            if e < 0 or short_hash("\n".join(lines[b + 1 : e])) != s.get("sha"):
+            if e < 0 or _body_sha(lines[b + 1 : e]) != s.get("sha"):
                 return Inspection(EditState.MODIFIED, f"{tag}: block was edited after it was written")
             if s.version < self.ctx.version:
                 return Inspection(EditState.OLD, f"{tag}: v{s.version} present, v{self.ctx.version} available")
             indent = lines[b][: len(lines[b]) - len(lines[b].lstrip())]
-            if lines[b : e + 1] != self._block_lines(indent):
+            if lines[b : e + 1] != self._block_lines(indent, "\r" if lines[b].endswith("\r") else ""):
                 return Inspection(EditState.MODIFIED, f"{tag}: differs from this catalog's v{s.version}")
             return Inspection(EditState.APPLIED, f"{tag}: v{s.version} present")
         sites = self._sites(lines)
@@ -178,15 +190,23 @@ class TextInsert(TextEdit):
         i = sites[0]
         indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
         at = i if self.spec.position == "before" else i + 1
-        lines[at:at] = self._block_lines(indent)
+        lines[at:at] = self._block_lines(indent, "\r" if lines[i].endswith("\r") else "")
         return "\n".join(lines)
 
     def remove(self, text: str | None) -> str | None:
         if text is None:
             return None
         lines = text.split("\n")
-        for b, e, _ in reversed(self._blocks(lines)):
+        blocks = self._blocks(lines)
+        for b, e, s in blocks:
             if e < 0:
-                raise EditFailed(f"edit {self.name}: begin sentinel without end in {self.target}")
+                raise EditFailed(f"line {b + 1}: edit {self.name}: begin sentinel without end in {self.target}")
+            found = _body_sha(lines[b + 1 : e])
+            if found != s.get("sha"):
+                raise EditFailed(
+                    f"line {b + 1}: edit {self.name}: the block under the sentinel does not match it "
+                    f"(sentinel sha={s.get('sha')}, found sha={found}); not removing it"
+                )
+        for b, e, _ in reversed(blocks):
             del lines[b : e + 1]
         return "\n".join(lines)
