@@ -38,7 +38,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "native_from": "0.22.0",
     },
     "gemma4-convertor-per-layer": {
-        "needed_when": {"families": ["gemma4"], "transformers": ">=5.15"},
+        "needed_when": {"families": ["gemma4", "gemma4_unified"], "transformers": ">=5.15"},
         "native_from": "0.28.0",
     },
     "dynamo-dict-caches": {"needed_when": {"max_sm": 7.0}, "native_from": None},
@@ -54,6 +54,7 @@ class OverlayInfo:
     kernel: bool = False
     invalid: str | None = None  # the manifest error, when it does not validate
     digest: str = ""
+    provides_families: tuple[str, ...] = ()  # model families the overlay ports onto older engines
 
     def in_range(self, version: str) -> bool:
         if not self.versions:
@@ -270,6 +271,8 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
                 kernel="kernels" in raw,
                 invalid=invalid,
                 digest=sha256_bytes(data)[:16],
+                provides_families=tuple(str(f) for f in (raw.get("provides_families") or [])
+                                        if isinstance(raw.get("provides_families"), list)),
             )
             if invalid is None:
                 valid_ids.append(oid)

@@ -156,6 +156,9 @@ class Manifest(_Strict):
     probes: list[Probe] = []
     sentinel_version: int = Field(ge=1)
     needed_when: NeededWhen = NeededWhen()
+    # Model families (profile `family`, e.g. gemma4_unified) this overlay adds to releases that
+    # lack them: fits() passes engine-family through it while its status there is pending.
+    provides_families: list[str] = []
     requires: list[str] = []
     edits: list[EditSpec] = []
     kernels: KernelsSpec | None = None  # kernel overlays (manager.kernels.spec, docs/kernels.md)
