@@ -382,6 +382,7 @@ def c_overlays(c: _Ctx) -> tuple[Constraint, list[str]]:
     facts = DeploymentFacts(
         family=c.m.family, weight_format=c.w.format, quant_method=c.w.quant_method, sm=c.hw.sm,
         head_dims=tuple(c.m.head_dims), transformers=c.e.transformers_version, moe=c.m.moe is not None,
+        drafter_model_type=c.d.model_type if c.d is not None else None,
     )
     verdicts = c.index.evaluate(facts, c.e.vllm_version)
     needed = [v.id for v in verdicts if v.needed and v.result != "fail"]

@@ -41,6 +41,11 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "needed_when": {"families": ["gemma4", "gemma4_unified"], "transformers": ">=5.15"},
         "native_from": "0.28.0",
     },
+    "gemma4-unified-port": {"needed_when": {"families": ["gemma4_unified"]}, "native_from": "0.24.0"},
+    "gemma4-mtp-per-layer": {
+        "needed_when": {"families": ["gemma4"], "transformers": ">=5.15", "drafter_model_types": ["gemma4_mtp"]},
+        "native_from": "0.28.0",
+    },
     "dynamo-dict-caches": {"needed_when": {"max_sm": 7.0}, "native_from": None},
     "sm70-d512-attention": {"needed_when": {"max_sm": 7.0, "head_dims": [512]}, "native_from": None},
 }
@@ -76,6 +81,7 @@ class DeploymentFacts:
     head_dims: tuple[int, ...]
     transformers: str
     moe: bool
+    drafter_model_type: str | None = None
 
 
 def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
@@ -96,6 +102,8 @@ def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
     if "max_sm" in keys and d.sm > float(keys["max_sm"]) + 1e-9:
         return False
     if "head_dims" in keys and not set(keys["head_dims"]) & set(d.head_dims):
+        return False
+    if "drafter_model_types" in keys and d.drafter_model_type not in keys["drafter_model_types"]:
         return False
     if "transformers" in keys:
         try:
