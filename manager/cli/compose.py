@@ -77,11 +77,16 @@ def check_cmd(app, as_json: bool) -> None:
     if as_json:
         print_json({"ok": report.ok, "findings": [f.as_dict() for f in report.findings]})
     else:
+        from rich.markup import escape
+
         for f in report.findings:
             if not f.ok:
-                err.print(f"[red]FAIL[/red] {f.slug}: {f.check}: {f.message}", markup=True)
+                err.print(f"[red]FAIL[/red] {escape(f.slug)}: {f.check}: {escape(f.message)}", markup=True)
+            elif f.warn:
+                err.print(f"[yellow]WARN[/yellow] {escape(f.slug)}: {f.check}: {escape(f.message)}", markup=True)
         n = len({f.slug for f in report.findings})
-        err.print(f"{len(report.findings) - len(report.problems)} checks passed, {len(report.problems)} failed, {n} deployments")
+        passed = len(report.findings) - len(report.problems) - len(report.warnings)
+        err.print(f"{passed} checks passed, {len(report.warnings)} warnings, {len(report.problems)} failed, {n} deployments")
     if not report.ok:
         raise ComposeError(f"compose check: {len(report.problems)} problem(s)")
 

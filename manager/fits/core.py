@@ -325,7 +325,8 @@ def c_quant_kernel(c: _Ctx) -> Constraint:
         if w.moe_fallback == "moe-wna16":
             return Constraint("quant-kernel", "warn", f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}" if hw.sm < e.marlin_min_sm
                               else f"{why} -> generic MoE WNA16 kernel (slower than Marlin)")
-        return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}")
+        reason = f" ({w.moe_fallback_reason})" if w.moe_fallback_reason else ""
+        return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}{reason}")
     return Constraint("quant-kernel", "skip", f"{w.format}: no kernel rules")
 
 

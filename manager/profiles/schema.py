@@ -89,6 +89,8 @@ class WeightVariant(_Documented):
     # Kernels this checkpoint can run on, in order of preference; the first that the
     # arch and the per-rank shapes allow is used. "none" = no usable fallback.
     moe_fallback: Literal["moe-wna16", "none"] | None = None
+    # Why there is no usable fallback (moe_fallback "none"), read from the release: shown by fits().
+    moe_fallback_reason: str | None = None
     known_broken: list["KnownBroken"] = Field(default_factory=list)
 
     @model_validator(mode="after")
