@@ -195,3 +195,18 @@ def test_fits_12b_engine_family_passes_through_the_port_only_where_it_is_pending
              kv_dtype="float16", overlay_index=idx)
     assert r.constraint("engine-family").result == "fail"  # 5.8.1 < 5.10.0
     assert r.constraint("weight-format").result == "fail" and r.verdict == "fails"
+
+
+def test_bundle_carries_the_release_files_and_the_image_needs_no_network(tmp_path, monkeypatch):
+    from manager.compose.bundle import WRAPPER, _copy_release_files
+
+    got = _copy_release_files(Catalog(REPO), tmp_path / "release-files")
+    assert got == [PIN["sha256"]]
+    data = (tmp_path / "release-files" / PIN["sha256"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == PIN["sha256"]
+    assert 'OVERLAY_RELEASE_FILES="${OVERLAY_RELEASE_FILES:-$here/release-files}"' in WRAPPER
+    # inside an image: an empty cache and no sdist; the carried copy is used, nothing is downloaded
+    monkeypatch.setenv("OVERLAY_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("OVERLAY_RELEASE_FILES", str(tmp_path / "release-files"))
+    assert release_file(PIN["release"], PIN["path"], PIN["sha256"]) == data
+    assert not (tmp_path / "empty-cache" / "sdists").exists()
