@@ -222,3 +222,61 @@ def test_bundle_carries_the_release_files_and_the_image_needs_no_network(tmp_pat
     monkeypatch.setenv("OVERLAY_RELEASE_FILES", str(tmp_path / "release-files"))
     assert release_file(PIN["release"], PIN["path"], PIN["sha256"]) == data
     assert not (tmp_path / "empty-cache" / "sdists").exists()
+
+
+# vLLM 0.20.0's import-time dependencies that the test venv lacks (found by importing the ported module
+# until it imported, 2026-11-30), installed --no-deps into a cached --target directory, not into the venv.
+IMPORT_DEPS = ("aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 cachetools==8.0.2 cbor2==6.3.0 einops==0.8.2 "
+               "frozenlist==1.8.0 gguf==0.19.0 multidict==7.2.1 openai==3.57.0 openai_harmony==0.0.8 pillow==13.0.0 "
+               "propcache==0.5.4 psutil==7.2.2 pybase64==1.5.1 pyzmq==27.3.0 sniffio==1.3.1 yarl==1.25.1").split()
+IMPORT_PORTED = ("import vllm.model_executor.models.gemma4_unified as m; "
+                 "print('IMPORTED', m.Gemma4UnifiedForConditionalGeneration.__mro__[1].__module__)")
+
+
+def _import_deps() -> Path:
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    from manager.releases import cache_dir
+
+    dest = cache_dir() / "import-deps-0.20.0"
+    with FileLock(str(dest) + ".lock"):
+        if not (dest / ".ready").exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest),
+                                   *IMPORT_DEPS], capture_output=True, text=True)
+            if proc.returncode:
+                pytest.skip(f"cannot install vLLM 0.20.0's import dependencies: {proc.stderr.strip()[-200:]}")
+            (dest / ".ready").write_text("ok\n")
+    return dest
+
+
+@pytest.mark.network
+def test_ported_module_really_imports_on_vllm_0_20_0(pristine_release, tmp_path):
+    """A real `import` of the ported module on the full 0.20.0 package (CPU torch, the venv's transformers):
+    stock 0.20.0 plus the copied file alone fails on the names 0.20.0 lacks; with the overlay it imports."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from manager.releases import copy_release
+
+    deps = _import_deps()
+    root = copy_release("0.20.0", tmp_path / "site")
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{deps}", VLLM_TARGET_DEVICE="cpu")
+
+    def run():
+        return subprocess.run([sys.executable, "-c", IMPORT_PORTED], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600)
+
+    (root / MODEL_PY).write_bytes(release_file(PIN["release"], PIN["path"], PIN["sha256"]))
+    bare = run()
+    assert bare.returncode != 0 and "cannot import name '_SUPPORTED_SOFT_TOKENS'" in bare.stderr
+    (root / MODEL_PY).unlink()
+    apply(load_overlays(make_catalog(tmp_path / "cat", ids=[PORT])), root)
+    ported = run()
+    assert ported.returncode == 0, ported.stderr[-2000:]
+    assert "IMPORTED vllm.model_executor.models.gemma4_mm" in ported.stdout
