@@ -161,3 +161,42 @@ def copy_release(version: str, dest: Path) -> Path:
             continue
         shutil.copytree(child, dest / child.name, dirs_exist_ok=True)
     return dest
+
+
+ENV_RELEASE_FILES = "OVERLAY_RELEASE_FILES"
+
+
+def release_file(version: str, path: str, sha256: str) -> bytes:
+    """The bytes of `path` (relative to the package root, e.g. vllm/x.py) in vLLM `version`'s sdist,
+    verified against `sha256`.
+
+    Looked up first in `$OVERLAY_RELEASE_FILES/<sha256>` (a bundle's read-only, content-addressed
+    copy: no network inside an image), then in the cache's `release-files/<sha256>`, else read from
+    the release's pristine tree (downloading the sdist once) and stored there.
+    """
+    import hashlib
+
+    from .fsutil import atomic_write
+
+    def ok(data: bytes) -> bool:
+        return hashlib.sha256(data).hexdigest() == sha256
+
+    carried = os.environ.get(ENV_RELEASE_FILES)
+    for base in ([Path(carried)] if carried else []) + [cache_dir() / "release-files"]:
+        f = base / sha256
+        if f.is_file():
+            data = f.read_bytes()
+            if ok(data):
+                return data
+    src = pristine_tree(version) / path
+    try:
+        data = src.read_bytes()
+    except FileNotFoundError:
+        raise ReleaseError(f"vLLM {version}: {path}: no such file in the release's sources") from None
+    if not ok(data):
+        got = hashlib.sha256(data).hexdigest()
+        raise ReleaseError(f"vLLM {version}: {path}: sha256 {got[:16]}… does not match the pinned {sha256[:16]}…")
+    dest = cache_dir() / "release-files" / sha256
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(dest, data)
+    return data

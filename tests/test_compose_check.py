@@ -44,7 +44,25 @@ def test_a_consistent_registry_passes_every_check(tmp_path: Path) -> None:
     reg, plans = _setup(tmp_path, {"a": _entry(9001), "b": _entry(9002)})
     report = check_registry(reg, plans, ENGINES)
     assert report.ok, report.problems
-    assert {f.check for f in report.findings} == {"unique-port", "tp-devices", "fits", "generated-current", "image-pin", "file-tp"}
+    assert {f.check for f in report.findings} == {"unique-port", "tp-devices", "fits", "generated-current", "image-pin", "file-tp",
+                                                  "unverified"}
+    assert not report.warnings
+
+
+def test_unverified_fields_and_a_placeholder_image_warn_never_pass(tmp_path: Path) -> None:
+    """issue 11: a verdict resting on an unverified profile field, or an unverified image pin, is a warning."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    reg, plans = _setup(tmp_path, {"a": _entry(9001)})
+    plans = {"a": replace(plans["a"], warnings=("unverified: engines/e.image", "unverified: models/m.max_context"))}
+    pin = ENGINES[reg.deployments["a"].engine].image
+    engines = {reg.deployments["a"].engine: SimpleNamespace(image=pin, unverified=["image"])}
+    report = check_registry(reg, plans, engines)
+    warned = {(f.check, f.message.split(":")[0]) for f in report.warnings}
+    assert ("unverified", "rests on 2 unverified field(s)") in warned
+    assert any(f.check == "image-pin" and "unverified" in f.message for f in report.warnings)
+    assert all(f.ok for f in report.warnings)  # warnings, not failures
 
 
 def test_duplicate_ports_fail_for_both_deployments(tmp_path: Path) -> None:
@@ -122,3 +140,18 @@ def test_cli_compose_check_exits_1_and_names_the_problem(tmp_path: Path) -> None
 
     data = json.loads(res.stdout)
     assert [f["check"] for f in data["findings"] if not f["ok"]] == ["generated-current"]
+
+
+def test_generated_header_names_failing_constraints_and_unverified_fields(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from manager.compose.render import render_compose
+
+    reg, plans = _setup(tmp_path, {"a": _entry(9001)}, write=False)
+    text = render_compose(replace(plans["a"], warnings=("fits() fails weight-format: nvfp4\nnot loadable", "unverified: engines/e.image")))
+    header = text.split("services:")[0]
+    assert "# WARNING: fits() fails weight-format: nvfp4 not loadable\n" in header  # one comment line per warning
+    assert "# WARNING: unverified: engines/e.image\n" in header
+    import yaml
+
+    assert yaml.safe_load(text)["services"]  # still valid YAML

@@ -27,7 +27,7 @@ def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
     pl = plan(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, overlay_index=make_index())
     assert pl.options, "something must fit on 2x 24 GB"
     best = pl.options[0]
-    assert best.verdict == "fits" and best.deployment["weights"] in ("awq", "nvfp4")
+    assert best.verdict in ("fits", "tight") and best.deployment["weights"] in ("awq", "nvfp4")
     verdicts = [r.verdict for r in pl.options]
     assert verdicts == sorted(verdicts, key=lambda v: v != "fits")  # every fits before any tight
     assert all(r.verdict != "fails" for r in pl.options)

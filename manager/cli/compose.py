@@ -79,9 +79,12 @@ def check_cmd(app, as_json: bool) -> None:
     else:
         for f in report.findings:
             if not f.ok:
-                err.print(f"[red]FAIL[/red] " + esc(f"{f.slug}: {f.check}: {f.message}"), markup=True)
+                err.print(f"[red]FAIL[/red] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
+            elif f.warn:
+                err.print(f"[yellow]WARN[/yellow] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
         n = len({f.slug for f in report.findings})
-        err.print(f"{len(report.findings) - len(report.problems)} checks passed, {len(report.problems)} failed, {n} deployments")
+        passed = len(report.findings) - len(report.problems) - len(report.warnings)
+        err.print(f"{passed} checks passed, {len(report.warnings)} warnings, {len(report.problems)} failed, {n} deployments")
     if not report.ok:
         raise ComposeError(f"compose check: {len(report.problems)} problem(s)")
 

@@ -7,6 +7,7 @@ Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
+    release-files/   <sha256> copies of the upstream files `release-file` edits need (no network in an image)
     BUNDLE.json      what was bundled (python, platform, versions)
 
 Wheels are downloaded once into `<cache>/bundle-wheels/<python>-<platform>/` and reused offline.
@@ -41,12 +42,13 @@ WRAPPER = """#!/bin/sh
 here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 PYTHONPATH="$here/site${PYTHONPATH:+:$PYTHONPATH}"
 OVERLAY_CATALOG="${OVERLAY_CATALOG:-$here/catalog}"
+OVERLAY_RELEASE_FILES="${OVERLAY_RELEASE_FILES:-$here/release-files}"
 # prepared plans of the first apply; a first apply without one is recorded into the kernel cache volume
 OVERLAY_PLANS="${OVERLAY_PLANS:-$here/plans}"
 OVERLAY_PLAN_CACHE="${OVERLAY_PLAN_CACHE:-${OVERLAY_KERNEL_CACHE:+$OVERLAY_KERNEL_CACHE/plans}}"
 # the bundle is mounted read-only: keep bytecode in a writable place (survives container restarts)
 PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
-export PYTHONPATH OVERLAY_CATALOG PYTHONPYCACHEPREFIX OVERLAY_PLANS OVERLAY_PLAN_CACHE
+export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES PYTHONPYCACHEPREFIX OVERLAY_PLANS OVERLAY_PLAN_CACHE
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
 exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
@@ -138,6 +140,22 @@ def _copy_catalog(catalog: Catalog, dest: Path) -> None:
             shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
 
 
+def _copy_release_files(catalog: Catalog, dest: Path) -> list[str]:
+    """The upstream files the catalog's `release-file` edits copy, fetched now through
+    manager.releases (cached sdists, sha256-verified) and stored by sha256: the image has no network."""
+    from ..overlays import load_overlays
+    from ..releases import release_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ov in load_overlays(catalog):
+        for e in ov.manifest.edits:
+            if e.kind == "release-file" and not (dest / e.sha256).exists():
+                (dest / e.sha256).write_bytes(release_file(e.release, e.path, e.sha256))
+                out.append(e.sha256)
+    return out
+
+
 def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -214,6 +232,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
         _copy_catalog(catalog, tmp / "catalog")
+        _copy_release_files(catalog, tmp / "release-files")
         plan_lines = write_plans(tmp / "plans", Catalog(tmp / "catalog")) if plans else ()
         (tmp / "bin").mkdir()
         wrapper = tmp / "bin" / "overlay"

@@ -20,9 +20,10 @@ class Finding:
     check: str
     ok: bool
     message: str
+    warn: bool = False  # ok, but rests on something unverified or a deployment marked as not working
 
     def as_dict(self) -> dict[str, Any]:
-        return {"slug": self.slug, "check": self.check, "ok": self.ok, "message": self.message}
+        return {"slug": self.slug, "check": self.check, "ok": self.ok, "warn": self.warn, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class CheckReport:
     @property
     def problems(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if not f.ok)
+
+    @property
+    def warnings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.ok and f.warn)
 
 
 def render_all(plans: Mapping[str, ServicePlan], options: RenderOptions = RenderOptions()) -> dict[str, str]:
@@ -80,14 +85,20 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
         # fits() passes, or the deployment is experimental and its note names the failing constraints
         if plan.failing:
             named = all(cid in dep.note for cid in plan.failing)
-            if dep.status == "experimental" and named:
-                out.append(Finding(slug, "fits", True, f"experimental; fails {', '.join(plan.failing)} (named in note)"))
-            elif dep.status == "experimental":
+            if dep.status in ("experimental", "disabled") and named:
+                out.append(Finding(slug, "fits", True, f"{dep.status}; fails {', '.join(plan.failing)} (named in note)", warn=True))
+            elif dep.status in ("experimental", "disabled"):
                 out.append(Finding(slug, "fits", False, f"fails {', '.join(plan.failing)}; the note must name the failing constraint"))
             else:
                 out.append(Finding(slug, "fits", False, f"status {dep.status} but fits() fails {', '.join(plan.failing)}"))
         else:
             out.append(Finding(slug, "fits", True, f"verdict {plan.verdict or 'ok'}; overlays: {' '.join(dict.fromkeys(plan.overlays + plan.kernel_overlays)) or 'none'}"))
+        # every unverified profile field the verdict rests on (a placeholder image among them) is a warning
+        unverified = [w.removeprefix("unverified: ") for w in plan.warnings if w.startswith("unverified: ")]
+        if unverified:
+            out.append(Finding(slug, "unverified", True, f"rests on {len(unverified)} unverified field(s): {'; '.join(unverified)}", warn=True))
+        else:
+            out.append(Finding(slug, "unverified", True, "every profile field names its source"))
         # generated file exists and is current
         try:
             current = path.read_text()
@@ -105,8 +116,11 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
         if svc is None:
             out.append(Finding(slug, "image-pin", False, f"{path}: cannot read service {slug!r}"))
         else:
+            engine_unverified = getattr(engines.get(dep.engine), "unverified", []) if hasattr(engines, "get") else []
             if svc.get("image") != pin:
                 out.append(Finding(slug, "image-pin", False, f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
+            elif "image" in engine_unverified:
+                out.append(Finding(slug, "image-pin", True, f"{pin}: unverified (engines/{dep.engine}: no such image was built or read)", warn=True))
             else:
                 out.append(Finding(slug, "image-pin", True, str(pin)))
             devices = (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []

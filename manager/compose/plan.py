@@ -147,6 +147,17 @@ def failing_constraints(report: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def plan_warnings(report: Any) -> tuple[str, ...]:
+    """Header warnings: every failing constraint and every unverified profile field the verdict rests on."""
+    out = []
+    for c in _get(report, "constraints", default=()) or ():
+        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
+            out.append(f"fits() fails {_get(c, 'id')}: {_get(c, 'message')}")
+    for field_ in _get(report, "unverified", default=()) or ():
+        out.append(f"unverified: {field_}")
+    return tuple(out)
+
+
 def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: Any = None,
                     kinds: dict[str, tuple[bool, bool]] | None = None) -> ServicePlan:
     engine = _lookup(profiles.engines, dep.engine, "engine", dep.slug)
@@ -181,6 +192,7 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
         shm_size=dep.shm_size,
         verdict=str(_get(report, "verdict", default="")),
         failing=failing_constraints(report),
+        warnings=plan_warnings(report),
     )
 
 

@@ -139,6 +139,12 @@ def lit(value: Any) -> Quoted:
     return Quoted(text)
 
 
+def comment(value: Any) -> Quoted:
+    """Free text for one `# ...` comment line: control characters (newlines included) become spaces."""
+    text = str(_defined(value))
+    return Quoted("".join(ch if ch.isprintable() else " " for ch in text))
+
+
 def _finalize(value: Any) -> Any:
     if isinstance(value, Quoted):
         return value
@@ -162,7 +168,7 @@ def environment() -> jinja2.Environment:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        env.filters.update(yq=yq, sh=sh, lit=lit, yblock=yblock)
+        env.filters.update(yq=yq, sh=sh, lit=lit, yblock=yblock, comment=comment)
         env.globals.update(interp=interp)
         _ENV = env
     return _ENV
@@ -190,6 +196,8 @@ class ServicePlan:
     shm_size: str | None = None
     verdict: str = ""
     failing: tuple[str, ...] = ()
+    # What fits() could not verify or what fails: printed as WARNING lines in the file's header.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

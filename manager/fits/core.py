@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from .overlays import DeploymentFacts, OverlayIndex, index_for
 
 CONSTRAINT_IDS = (
     "gpu-count", "tp-heads", "engine-family", "weight-format", "engine-sm", "dtype", "kv-dtype",
-    "head-dim", "quant-kernel", "drafter", "context", "memory", "overlays", "nvlink",
+    "head-dim", "quant-kernel", "drafter", "context", "memory", "overlays", "nvlink", "unverified",
 )
 RANK = {"pass": 0, "skip": 0, "warn": 1, "fail": 2}
 VERDICT = {0: "fits", 1: "tight", 2: "fails"}
@@ -55,13 +56,19 @@ class FitReport:
     def ok(self) -> bool:
         return self.verdict != "fails"
 
+    @property
+    def unverified(self) -> list[str]:
+        """Every unverified profile field this verdict rests on (`engines/vllm-sm70.image`, ...)."""
+        return list(self.deployment.get("unverified", []))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
-            "deployment": dict(self.deployment),
+            "deployment": {k: v for k, v in self.deployment.items() if k != "unverified"},
             "constraints": [c.to_json() for c in self.constraints],
             "overlays": list(self.overlays),
             "memory": self.memory.to_json(),
+            "unverified": self.unverified,
         }
 
 
@@ -136,13 +143,36 @@ def c_tp_heads(c: _Ctx) -> Constraint:
     return Constraint("tp-heads", "pass", f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}; valid TP {valid}")
 
 
+def _family_port(c: _Ctx) -> tuple[str | None, str]:
+    """(overlay id that adds the model's family to this engine's release, or None; why not)."""
+    if c.index is None:
+        return None, ""
+    for info in sorted(c.index.overlays.values(), key=lambda o: o.id):
+        if c.m.family not in info.provides_families:
+            continue
+        if info.invalid:
+            return None, f"{info.id} would port it but its manifest is invalid: {info.invalid}"
+        stats, _ = c.index.statuses(c.e.vllm_version)
+        st = stats.get(info.id, "pending" if info.in_range(c.e.vllm_version) else "not-applicable")
+        if st in ("pending", "applied"):
+            return info.id, ""
+        return None, f"{info.id} would port it but is {st} on vLLM {c.e.vllm_version}"
+    return None, ""
+
+
 def c_engine_family(c: _Ctx) -> Constraint:
     m, e = c.m, c.e
+    port = None
     if m.family not in e.families:
-        return Constraint("engine-family", "fail", f"{e.id} does not serve family {m.family} (serves {', '.join(e.families)})")
+        port, why = _family_port(c)
+        if port is None:
+            return Constraint("engine-family", "fail", f"{e.id} does not serve family {m.family} ({m.architecture}; serves {', '.join(e.families)})"
+                              + (f"; {why}" if why else ""))
     if m.min_transformers and Version(e.transformers_version) < Version(m.min_transformers):
         return Constraint("engine-family", "fail",
                           f"{e.id} ships transformers {e.transformers_version}; {m.family} configs need >= {m.min_transformers}")
+    if port:
+        return Constraint("engine-family", "pass", f"{e.id} lacks {m.family} ({m.architecture}); overlay {port} ports it onto vLLM {e.vllm_version} (transformers {e.transformers_version})")
     return Constraint("engine-family", "pass", f"{e.id} serves {m.family} (transformers {e.transformers_version})")
 
 
@@ -222,12 +252,25 @@ def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:
     return None, ""
 
 
+def _forced(c: _Ctx):
+    dims = c.m.head_dims
+    for f in c.e.forced_attention:
+        if c.m.family in f.families and len(dims) > 1 and max(dims) > f.when_head_dims_differ_above:
+            return f
+    return None
+
+
 def c_head_dim(c: _Ctx) -> Constraint:
     kvd = mem.effective_kv_dtype(c.kv_dtype, c.m, c.hw)
     parts, result = [], "pass"
+    forced = _forced(c)
+    if forced is not None:
+        parts.append(f"{c.e.id} forces {forced.backend} for every layer (head dims {'/'.join(map(str, c.m.head_dims))} differ, "
+                     f"max > {forced.when_head_dims_differ_above}; {forced.source})")
     for d in c.m.head_dims:
         names = [b.backend for b in c.e.attention
-                 if b.runs_on(c.hw.sm) and b.supports_head_dim(d) and (c.kv_dtype in b.kv_dtypes or kvd in b.kv_dtypes)]
+                 if b.runs_on(c.hw.sm) and b.supports_head_dim(d) and (c.kv_dtype in b.kv_dtypes or kvd in b.kv_dtypes)
+                 and (forced is None or b.backend == forced.backend)]
         if names:
             parts.append(f"D={d}: {names[0]}")
             continue
@@ -282,7 +325,8 @@ def c_quant_kernel(c: _Ctx) -> Constraint:
         if w.moe_fallback == "moe-wna16":
             return Constraint("quant-kernel", "warn", f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}" if hw.sm < e.marlin_min_sm
                               else f"{why} -> generic MoE WNA16 kernel (slower than Marlin)")
-        return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}")
+        reason = f" ({w.moe_fallback_reason})" if w.moe_fallback_reason else ""
+        return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}{reason}")
     return Constraint("quant-kernel", "skip", f"{w.format}: no kernel rules")
 
 
@@ -339,6 +383,7 @@ def c_overlays(c: _Ctx) -> tuple[Constraint, list[str]]:
     facts = DeploymentFacts(
         family=c.m.family, weight_format=c.w.format, quant_method=c.w.quant_method, sm=c.hw.sm,
         head_dims=tuple(c.m.head_dims), transformers=c.e.transformers_version, moe=c.m.moe is not None,
+        drafter_model_type=c.d.model_type if c.d is not None else None,
     )
     verdicts = c.index.evaluate(facts, c.e.vllm_version)
     needed = [v.id for v in verdicts if v.needed and v.result != "fail"]
@@ -355,6 +400,84 @@ def c_nvlink(c: _Ctx) -> Constraint:
     if c.hw.nvlink:
         return Constraint("nvlink", "pass", f"{c.hw.id}: NVLink for TP {c.tp} all-reduce")
     return Constraint("nvlink", "warn", f"{c.hw.id}: no NVLink; TP {c.tp} all-reduce over PCIe (advisory: slower decode)")
+
+
+# ----------------------------------------------------------------------------- unverified fields
+
+# Which constraints rest on which profile field (the field's root name, as written in a
+# profile's `unverified` list: `layer_groups[1].kv_heads (...)` -> `layer_groups`).
+UNVERIFIED_RESTS_ON: dict[str, dict[str, tuple[str, ...]]] = {
+    "models": {
+        "architecture": ("engine-family",), "family": ("engine-family",), "min_transformers": ("engine-family",),
+        "hidden_size": ("quant-kernel", "memory"), "num_layers": ("memory",),
+        "num_attention_heads": ("tp-heads",), "layer_groups": ("tp-heads", "head-dim", "memory"),
+        "vocab_size": ("memory",), "intermediate_size": ("quant-kernel",), "moe": ("quant-kernel", "memory"),
+        "max_context": ("context", "memory"), "dtype": ("dtype",),
+    },
+    "weights": {
+        "format": ("weight-format",), "quant_method": ("quant-kernel",), "bits": ("quant-kernel",),
+        "group_size": ("quant-kernel",), "size_gb": ("memory",), "replicated_gb": ("memory",),
+        "hf_repo": ("weight-format",), "moe_fallback": ("quant-kernel",),
+    },
+    "engines": {
+        "image": ("engine-sm",), "vllm_version": ("overlays", "drafter"), "upstream_ref": ("overlays",),
+        "transformers_version": ("engine-family", "overlays"), "cuda_version": ("engine-sm",),
+        "cuda_arch_list": ("engine-sm",), "min_sm": ("engine-sm",), "families": ("engine-family",),
+        "weight_formats": ("weight-format",), "kv_dtypes": ("kv-dtype",), "attention": ("head-dim",),
+        "forced_attention": ("head-dim",), "drafter_methods": ("drafter",), "drafter_model_types": ("drafter",),
+        "k_eq_v_cache_copies": ("memory",), "marlin_moe_tile_padding": ("quant-kernel",),
+        "marlin_min_sm": ("quant-kernel",), "quant_min_sm": ("quant-kernel",),
+    },
+    "drafters": {
+        "size_gb": ("drafter", "memory"), "default_tokens": ("drafter",), "max_tokens": ("drafter",),
+        "method": ("drafter",), "model_type": ("drafter",), "min_vllm": ("drafter",), "hf_repo": ("drafter",),
+    },
+    "hardware": {
+        "sm": ("engine-sm", "head-dim", "quant-kernel"), "vram_gb": ("memory",), "vram_bytes": ("memory",),
+        "safe_mem_util": ("memory",), "bf16": ("dtype", "kv-dtype"), "fp8": ("dtype", "kv-dtype"),
+        "smem_per_block_kb": ("head-dim",), "nvlink": ("nvlink",),
+    },
+}
+
+
+def _field_root(entry: str) -> str:
+    return re.split(r"[\s(\[.:]", entry.strip(), maxsplit=1)[0]
+
+
+def unverified_fields(c: _Ctx) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(where, field as written, constraints resting on it) for every profile in this deployment."""
+    parts: list[tuple[str, str, Any]] = [("models", f"models/{c.m.id}", c.m),
+                                         ("weights", f"models/{c.m.id}.weights.{c.vid}", c.w),
+                                         ("engines", f"engines/{c.e.id}", c.e), ("hardware", f"hardware/{c.hw.id}", c.hw)]
+    if c.d is not None:
+        parts.append(("drafters", f"drafters/{c.d.id}", c.d))
+    out = []
+    for kind, where, prof in parts:
+        for entry in prof.unverified:
+            root = _field_root(entry)
+            out.append((where, entry, UNVERIFIED_RESTS_ON[kind].get(root, ())))
+    return out
+
+
+def mark_unverified(cons: list[Constraint], fields: list[tuple[str, str, tuple[str, ...]]]) -> list[Constraint]:
+    """Each constraint resting on an unverified field names it; the `unverified` constraint warns
+    (so such a deployment is never a clean `fits`) and lists every field with what rests on it."""
+    by_cid: dict[str, list[str]] = {}
+    for where, entry, cids in fields:
+        for cid in cids:
+            by_cid.setdefault(cid, []).append(f"{where}.{_field_root(entry)}")
+    out = []
+    for x in cons:
+        names = by_cid.get(x.id)
+        if names and x.result != "skip":
+            x = Constraint(x.id, x.result, f"{x.message} [rests on unverified: {', '.join(dict.fromkeys(names))}]")
+        out.append(x)
+    if fields:
+        listed = "; ".join(f"{where}.{entry}" + (f" (-> {', '.join(cids)})" if cids else "") for where, entry, cids in fields)
+        out.append(Constraint("unverified", "warn", f"{len(fields)} unverified profile field(s): {listed}"))
+    else:
+        out.append(Constraint("unverified", "pass", "every profile field in this deployment names its source"))
+    return out
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -417,10 +540,13 @@ def fits(
         c_kv_dtype(c), c_head_dim(c), c_quant_kernel(c), c_drafter(c), c_context(c), c_memory(c, mm), ov,
         c_nvlink(c),
     ]
+    unv = unverified_fields(c)
+    cons = mark_unverified(cons, unv)
     worst = max(RANK[x.result] for x in cons if x.id != "nvlink" or x.result != "warn")
     deployment = {
         "model": m.id, "weights": vid, "hardware": hw.id, "gpus": gpus, "tp": c.tp, "engine": e.id,
         "image": e.image, "drafter": d.id if d else None, "ctx": ctx, "kv_dtype": kvd,
         "max_seqs": max_seqs,
+        "unverified": [f"{where}.{entry}" for where, entry, _ in unv],
     }
     return FitReport(VERDICT[worst], cons, needed, mm, deployment)

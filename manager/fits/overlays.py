@@ -38,7 +38,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "native_from": "0.22.0",
     },
     "gemma4-convertor-per-layer": {
-        "needed_when": {"families": ["gemma4"], "transformers": ">=5.15"},
+        "needed_when": {"families": ["gemma4", "gemma4_unified"], "transformers": ">=5.15"},
+        "native_from": "0.28.0",
+    },
+    "gemma4-unified-port": {"needed_when": {"families": ["gemma4_unified"]}, "native_from": "0.24.0"},
+    "gemma4-mtp-per-layer": {
+        "needed_when": {"families": ["gemma4"], "transformers": ">=5.15", "drafter_model_types": ["gemma4_mtp"]},
         "native_from": "0.28.0",
     },
     "dynamo-dict-caches": {"needed_when": {"max_sm": 7.0}, "native_from": None},
@@ -54,6 +59,7 @@ class OverlayInfo:
     kernel: bool = False
     invalid: str | None = None  # the manifest error, when it does not validate
     digest: str = ""
+    provides_families: tuple[str, ...] = ()  # model families the overlay ports onto older engines
 
     def in_range(self, version: str) -> bool:
         if not self.versions:
@@ -75,6 +81,7 @@ class DeploymentFacts:
     head_dims: tuple[int, ...]
     transformers: str
     moe: bool
+    drafter_model_type: str | None = None
 
 
 def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
@@ -95,6 +102,8 @@ def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
     if "max_sm" in keys and d.sm > float(keys["max_sm"]) + 1e-9:
         return False
     if "head_dims" in keys and not set(keys["head_dims"]) & set(d.head_dims):
+        return False
+    if "drafter_model_types" in keys and d.drafter_model_type not in keys["drafter_model_types"]:
         return False
     if "transformers" in keys:
         try:
@@ -270,6 +279,8 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
                 kernel="kernels" in raw,
                 invalid=invalid,
                 digest=sha256_bytes(data)[:16],
+                provides_families=tuple(str(f) for f in (raw.get("provides_families") or [])
+                                        if isinstance(raw.get("provides_families"), list)),
             )
             if invalid is None:
                 valid_ids.append(oid)

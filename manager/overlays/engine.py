@@ -403,7 +403,7 @@ def _overlay_status(
         try:
             edits = overlay.make_edits(t)
             exists = tree.read(t) is not None
-            if not exists and not any(e.spec.kind == "new-file" for e in edits):
+            if not exists and not any(e.spec.kind in ("new-file", "release-file") for e in edits):
                 targets.append(TargetStatus(t, "missing-target", f"{t} does not exist under the root"))
                 continue
             states, details = [], []

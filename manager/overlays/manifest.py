@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
 from ..fastpath import overlay_digest
-from ..schema import Strict, check_specifier
+from ..schema import Strict, check_specifier, check_version
 from ..kernels.spec import KernelsSpec
 
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
@@ -62,6 +62,7 @@ class NeededWhen(_Strict):
     max_sm: float | None = None
     head_dims: list[int] | None = None
     transformers: str | None = None
+    drafter_model_types: list[str] | None = None  # the deployment's drafter maps to one of these (gemma4_mtp)
 
     @field_validator("transformers")
     @classmethod
@@ -150,6 +151,27 @@ class NewFileEdit(_EditBase):
         return _inside("source", v)
 
 
+class ReleaseFileEdit(_EditBase):
+    """A whole file copied from a pinned vLLM release's sdist (sha256-verified; never vendored)."""
+
+    kind: Literal["release-file"]
+    release: str  # the vLLM release whose sdist holds the file
+    path: str  # path inside the release's package root, e.g. vllm/model_executor/models/x.py
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("release")
+    @classmethod
+    def _release(cls, v: str) -> str:
+        return check_version(v)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if v.startswith("/") or ".." in Path(v).parts:
+            raise ValueError(f"path {v!r} must be a relative path inside the release's package root")
+        return v
+
+
 class TextInsertEdit(_EditBase):
     kind: Literal["text-insert"]
     anchor: str  # a whole line (compared stripped)
@@ -164,7 +186,7 @@ class TextInsertEdit(_EditBase):
 
 
 EditSpec = Annotated[
-    Union[InsertEdit, DictEntryEdit, SetValueEdit, DictCacheEdit, NewFileEdit, TextInsertEdit],
+    Union[InsertEdit, DictEntryEdit, SetValueEdit, DictCacheEdit, NewFileEdit, TextInsertEdit, ReleaseFileEdit],
     Field(discriminator="kind"),
 ]
 
@@ -183,6 +205,9 @@ class Manifest(_Strict):
     probes: list[Probe] = []
     sentinel_version: int = Field(ge=1)
     needed_when: NeededWhen = NeededWhen()
+    # Model families (profile `family`, e.g. gemma4_unified) this overlay adds to releases that
+    # lack them: fits() passes engine-family through it while its status there is pending.
+    provides_families: list[str] = []
     requires: list[str] = []
     edits: list[EditSpec] = []
     kernels: KernelsSpec | None = None  # kernel overlays (manager.kernels.spec, docs/kernels.md)
@@ -235,7 +260,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     for p in loc:
         if isinstance(p, int):
             parts.append(f"[{p}]")
-        elif p in ("insert", "dict-entry", "set-value", "dict-cache", "new-file", "text-insert"):
+        elif p in ("insert", "dict-entry", "set-value", "dict-cache", "new-file", "text-insert", "release-file"):
             continue  # discriminator tag pydantic adds to the path
         else:
             parts.append(("." if parts else "") + str(p))

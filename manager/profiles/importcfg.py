@@ -22,6 +22,11 @@ from ..errors import ProfileError
 from .schema import ModelProfile
 
 
+# First transformers release with the family's config class (read from the wheels: Gemma4 configs
+# from 5.5.0; models/gemma4_unified is in the 5.10.0 wheel, not in 5.9.0).
+MIN_TRANSFORMERS = {"gemma4": "5.5.0", "gemma4_unified": "5.10.0"}
+
+
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     text = cfg.get("text_config")
     if isinstance(text, dict):
@@ -240,8 +245,8 @@ def profile_from_config(
             raise ProfileError(f"{file}: num_experts: {experts}: MoE config lacks top-k or moe_intermediate_size")
         prof["moe"] = {"experts": int(experts), "top_k": int(top_k), "expert_intermediate_size": int(moe_inter)}
     prof["max_context"] = int(_need(t, "max_position_embeddings", file))
-    if family == "gemma4":
-        prof["min_transformers"] = "5.5.0"
+    if family in MIN_TRANSFORMERS:
+        prof["min_transformers"] = MIN_TRANSFORMERS[family]
     prof["multimodal"] = bool(t.get("_multimodal"))
     prof["weights"] = {vid: variant}
     prof["default_weights"] = vid

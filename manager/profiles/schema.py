@@ -2,7 +2,8 @@
 
 Every profile may carry `sources` (field -> where the value was read) and
 `unverified` (fields whose value could not be checked against a primary
-source). Both are documentation for people; fits() does not read them.
+source). fits() reads `unverified`: every constraint resting on such a field
+warns and names it (see manager/fits/core.py, UNVERIFIED_RESTS_ON).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class WeightVariant(_Documented):
     # Kernels this checkpoint can run on, in order of preference; the first that the
     # arch and the per-rank shapes allow is used. "none" = no usable fallback.
     moe_fallback: Literal["moe-wna16", "none"] | None = None
+    # Why there is no usable fallback (moe_fallback "none"), read from the release: shown by fits().
+    moe_fallback_reason: str | None = None
     known_broken: list["KnownBroken"] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -174,6 +177,20 @@ class AttentionBackend(_Strict):
         return True
 
 
+class ForcedAttention(_Strict):
+    """A backend the release's own model config forces for every layer of some families.
+
+    vLLM 0.20.0's `Gemma4Config.verify_and_update_config` (model_executor/models/config.py)
+    forces TRITON_ATTN when head_dim != global_head_dim and the larger exceeds 256 and the
+    user chose no backend.
+    """
+
+    backend: str
+    families: list[str] = Field(min_length=1)
+    when_head_dims_differ_above: int = Field(ge=0)
+    source: str
+
+
 class EngineProfile(_Documented):
     id: str
     image: str  # tag or digest
@@ -202,6 +219,7 @@ class EngineProfile(_Documented):
     # beyond min_sm; fp8/nvfp4 default to the Marlin weight-only floor, marlin_min_sm).
     quant_min_sm: dict[str, float] = Field(default_factory=dict)
     known_broken: list[KnownBroken] = Field(default_factory=list)
+    forced_attention: list[ForcedAttention] = Field(default_factory=list)
 
     _v = field_validator("vllm_version", "transformers_version")(lambda cls, v: _check_version(v))
 
@@ -273,6 +291,7 @@ __all__ = [
     "AttentionBackend",
     "DrafterProfile",
     "EngineProfile",
+    "ForcedAttention",
     "HardwareProfile",
     "KINDS",
     "KV_DTYPES",

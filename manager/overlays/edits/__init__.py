@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from .base import EditContext, EditFailed, EditState, Inspection
 from .python import DictCache, DictEntry, InsertStatements, PythonEdit, SetValue
+from .release import ReleaseFile
 from .text import NewFile, TextEdit, TextInsert
 
 _PYTHON = {"insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache}
-_TEXT = {"new-file": NewFile, "text-insert": TextInsert}
+_TEXT = {"new-file": NewFile, "text-insert": TextInsert, "release-file": ReleaseFile}
 
 
 def make_edit(spec, ctx: EditContext, target: str):
@@ -32,5 +33,6 @@ __all__ = [
     "SetValue",
     "DictCache",
     "NewFile",
+    "ReleaseFile",
     "TextInsert",
 ]

@@ -1,0 +1,1 @@
+config = _overlay_gemma4_mtp_compat(config)

@@ -1,0 +1,114 @@
+"""Engine facts read from the real release sources, per release (issue 11).
+
+Every engine profile fact below is what that release's sdist says, not what someone typed: the
+registered Gemma-4 architectures (families), the backend Gemma4Config forces for heterogeneous head
+dims, FlashAttention's head-size ceiling, the Marlin floor, the NVFP4 schemes' minimum capability, the
+gemma4_mtp drafter mapping, and the AutoRound MoE fallback's SiLU-only assertion vs Gemma-4's GELU.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from manager.catalog import Catalog
+from manager.profiles import load_profiles
+
+REPO = Path(__file__).resolve().parent.parent
+P = load_profiles(Catalog(REPO))
+# the releases issue 11 names; each has an engine profile except 0.24.0 (read for the families only)
+RELEASES = ["0.20.0", "0.22.0", "0.24.0", "0.27.1", "0.28.0"]
+ENGINES = {v: P.engines[f"vllm-{v}"] for v in RELEASES if f"vllm-{v}" in P.engines}
+# the sm70 engine is stock 0.20.0 plus this catalog's overlays
+BASES = {**{f"vllm-{v}": v for v in ENGINES}, "vllm-sm70": "0.20.0"}
+
+
+def _src(pristine_release, version: str, rel: str) -> str:
+    return (pristine_release(version) / rel).read_text()
+
+
+def _forces_triton_above_256(config_py: str) -> bool:
+    """Gemma4Config.verify_and_update_config forces TRITON_ATTN whenever the head dims differ and exceed 256
+    (0.20.0/0.22.0); later releases first try FlashAttention 4 (`is_fa_version_supported(4)`)."""
+    m = re.search(r"class Gemma4Config\(.*?(?=\nclass )", config_py, re.S)
+    assert m, "Gemma4Config not found"
+    body = m.group(0)
+    return "AttentionBackendEnum.TRITON_ATTN" in body and "max_head_dim > 256" in body and "is_fa_version_supported(4)" not in body
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_gemma4_unified_is_registered_from_0_24_0(pristine_release, version):
+    reg = _src(pristine_release, version, "vllm/model_executor/models/registry.py")
+    native = '"Gemma4UnifiedForConditionalGeneration"' in reg and (
+        pristine_release(version) / "vllm/model_executor/models/gemma4_unified.py").is_file()
+    from packaging.version import Version
+
+    assert native == (Version(version) >= Version("0.24.0"))
+    if version in ENGINES:
+        assert ("gemma4_unified" in ENGINES[version].families) == native
+
+
+@pytest.mark.parametrize("engine", sorted(BASES))
+def test_forced_attention_backend_matches_the_release(pristine_release, engine):
+    e = P.engines[engine]
+    forced = _forces_triton_above_256(_src(pristine_release, BASES[engine], "vllm/model_executor/models/config.py"))
+    got = [(f.backend, f.when_head_dims_differ_above) for f in e.forced_attention]
+    assert got == ([("TRITON_ATTN", 256)] if forced else [])
+
+
+@pytest.mark.parametrize("engine", sorted(BASES))
+def test_flash_attn_head_size_ceiling_and_marlin_floor(pristine_release, engine):
+    v, e = BASES[engine], P.engines[engine]
+    fa = _src(pristine_release, v, "vllm/v1/attention/backends/flash_attn.py")
+    ceiling = int(re.search(r"def supports_head_size.*?<= (\d+)", fa, re.S).group(1))
+    assert [b.max_head_dim for b in e.attention if b.backend == "FLASH_ATTN"] == [ceiling]
+    marlin = _src(pristine_release, v, "vllm/model_executor/layers/quantization/utils/marlin_utils.py")
+    floor = int(re.search(r"device_capability < (\d+)", marlin).group(1))
+    assert e.marlin_min_sm == floor / 10
+
+
+def test_sm70_engine_has_no_nvfp4_because_0_20_0_needs_capability_75(pristine_release):
+    base = "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
+    caps = []
+    for f in ("compressed_tensors_w4a4_nvfp4.py", "compressed_tensors_w4a16_nvfp4.py"):
+        text = _src(pristine_release, "0.20.0", base + f)
+        caps.append(int(re.search(r"def get_min_capability.*?return (\d+)", text, re.S).group(1)))
+    e = P.engines["vllm-sm70"]
+    assert min(caps) / 10 == e.quant_min_sm["nvfp4"] > P.hardware["v100-sxm2-16gb"].sm
+    assert "nvfp4" not in e.weight_formats
+    assert "image" in e.unverified  # a placeholder: nothing was built or pulled
+
+
+@pytest.mark.parametrize("engine", sorted(BASES))
+def test_gemma4_mtp_drafter_mapping(pristine_release, engine):
+    spec = _src(pristine_release, BASES[engine], "vllm/config/speculative.py")
+    assert ("gemma4_mtp" in P.engines[engine].drafter_model_types) == ("gemma4_mtp" in spec)
+
+
+def test_autoround_moe_fallback_is_silu_only_and_gemma4_experts_use_gelu(pristine_release):
+    inc = _src(pristine_release, "0.20.0", "vllm/model_executor/layers/quantization/inc.py")
+    wna16 = _src(pristine_release, "0.20.0", "vllm/model_executor/layers/quantization/moe_wna16.py")
+    gemma4 = _src(pristine_release, "0.20.0", "vllm/model_executor/models/gemma4.py")
+    assert "MoeWNA16Config.from_config(config).get_quant_method" in inc
+    assert re.search(r"while intermediate_size_per_partition % group_size.*?group_size = group_size // 2", wna16, re.S)
+    assert "assert layer.activation == MoEActivation.SILU" in wna16
+    assert 'activation="gelu"' in gemma4
+    w = P.models["gemma-4-26b-a4b"].weights["autoround-int4-mixed"]
+    assert w.moe_fallback == "none" and "SiLU" in w.moe_fallback_reason and "GELU" in w.moe_fallback_reason
+    from manager.fits import OverlayIndex, fits
+
+    c = fits(P, model="gemma-4-26b-a4b", weights="autoround-int4-mixed", hardware="rtx-3090", gpus=2,
+             engine="vllm-0.20.0", overlay_index=OverlayIndex({})).constraint("quant-kernel")
+    assert c.result == "fail" and "SiLU" in c.message and "GELU" in c.message
+
+
+def test_head_dim_message_follows_the_engines_forced_backend():
+    from manager.fits import OverlayIndex, fits
+
+    kw = dict(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, overlay_index=OverlayIndex({}))
+    old = fits(P, engine="vllm-0.20.0", **kw).constraint("head-dim").message
+    assert "forces TRITON_ATTN" in old and "D=256: TRITON_ATTN" in old and "FLASH_ATTN" not in old
+    new = fits(P, engine="vllm-0.28.0", **kw).constraint("head-dim").message
+    assert "forces" not in new
