@@ -29,3 +29,12 @@ def print_data(text: str) -> None:
 def status(verb: str, subject: str, style: str = "cyan") -> None:
     """A copier-style status line on stderr: `  create  path`."""
     err.print(f"[{style}]{verb:>12}[/{style}]  {subject}")
+
+
+# Human-readable answers to queries (tables, fits reports, plans): stdout, with rich markup.
+data = Console(highlight=False)
+
+
+def print_table(table: Any) -> None:
+    """A table answering a query is data: stdout (80 columns or $COLUMNS when not a terminal)."""
+    data.print(table)

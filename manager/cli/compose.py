@@ -25,7 +25,7 @@ def list_cmd(app, as_json: bool) -> None:
     reg = load_registry(app.catalog)
     rows = [d.model_dump(mode="json") for _, d in sorted(reg.deployments.items())]
     if as_json:
-        print_json(rows)
+        print_json({"deployments": rows})
         return
     for d in rows:
         print_data(

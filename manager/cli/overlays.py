@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status as say
+from ..console import err, print_data, print_json, print_table, status as say
 from .app import Application
 
 _STYLE = {
@@ -41,37 +41,61 @@ def _selected(app: Application, ids: tuple[str, ...]):
 
 @click.command("list")
 @json_option
+@click.option("--wide", is_flag=True, help="Every column, titles in full (wraps); default: one line per overlay.")
 @click.pass_obj
-def list_cmd(app: Application, as_json: bool) -> None:
+def list_cmd(app: Application, as_json: bool, wide: bool) -> None:
     """List the catalog's overlays."""
     from ..overlays import load_overlays
 
     overlays = load_overlays(app.catalog)
     if as_json:
         print_json(
-            [
-                {
-                    "id": o.id,
-                    "title": o.manifest.title,
-                    "versions": o.manifest.versions,
-                    "targets": o.manifest.targets,
-                    "sentinel_version": o.manifest.sentinel_version,
-                    "upstream": o.manifest.upstream.model_dump() if o.manifest.upstream else None,
-                    "kernel": o.manifest.kernels is not None,
-                }
-                for o in overlays
-            ]
+            {
+                "overlays": [
+                    {
+                        "id": o.id,
+                        "title": o.manifest.title,
+                        "versions": o.manifest.versions,
+                        "targets": o.manifest.targets,
+                        "sentinel_version": o.manifest.sentinel_version,
+                        "upstream": o.manifest.upstream.model_dump() if o.manifest.upstream else None,
+                        "kernel": o.manifest.kernels is not None,
+                    }
+                    for o in overlays
+                ]
+            }
         )
         return
     from rich.table import Table
 
-    table = Table(title=f"overlays in {app.catalog.overlays_dir}")
-    for col in ("id", "vllm", "upstream", "title"):
-        table.add_column(col)
+    say("catalog", str(app.catalog.overlays_dir), "dim")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    # ids are what users type: never cut (min_width = the longest); the title gives way first
+    rows = []
     for o in overlays:
         up = o.manifest.upstream
-        table.add_row(o.id, o.manifest.versions or "any", f"#{up.pr} {up.state}" if up else "local", o.manifest.title)
-    err.print(table)
+        rows.append((o, [o.id, o.manifest.versions or "any", f"#{up.pr} {up.state}" if up else "local"]))
+
+    def width(i: int) -> int:
+        return max((len(r[i]) for _, r in rows), default=4)
+
+    table.add_column("id", no_wrap=True, min_width=width(0))
+    table.add_column("vllm", no_wrap=True, min_width=width(1))
+    table.add_column("upstream", no_wrap=True, min_width=width(2))
+    if wide:
+        table.add_column("targets", overflow="fold")
+    if wide:
+        table.add_column("title", overflow="fold")
+    else:  # one line per overlay (`overlay list | grep` sees whole rows): the title takes what is left
+        from rich.console import Console
+
+        left = Console().width - sum(width(i) + 2 for i in range(3))
+        table.add_column("title", no_wrap=True, overflow="ellipsis", max_width=max(left, 8))
+    for o, row in rows:
+        if wide:
+            row.append("\n".join(o.manifest.targets))
+        table.add_row(*row, o.manifest.title)
+    print_table(table)
 
 
 def _print_status(report) -> None:
@@ -89,7 +113,7 @@ def _print_status(report) -> None:
                 f"[{style}]{t.path}[/]",
                 t.detail,
             )
-    err.print(table)
+    print_table(table)
 
 
 @click.command("status")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from ..console import err, print_data, print_json, status
+from ..console import data, err, print_data, print_json, status
 from ..errors import ProfileError
 
 KIND_ALIASES = {"model": "models", "engine": "engines", "drafter": "drafters", "hw": "hardware"}
@@ -33,7 +33,7 @@ def _print_report(report) -> None:
 
     colours = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     dep = report.deployment
-    err.print(f"[bold]{dep['model']}[/bold] ({dep['weights']}) on {dep['gpus']}x {dep['hardware']}, TP {dep['tp']}, "
+    data.print(f"[bold]{dep['model']}[/bold] ({dep['weights']}) on {dep['gpus']}x {dep['hardware']}, TP {dep['tp']}, "
               f"{dep['engine']}" + (f", drafter {dep['drafter']}" if dep["drafter"] else ""))
     t = Table(show_header=True, header_style="bold")
     t.add_column("constraint")
@@ -42,18 +42,18 @@ def _print_report(report) -> None:
     for c in report.constraints:
         col = colours[c.result]
         t.add_row(c.id, f"[{col}]{c.result}[/{col}]", c.message)
-    err.print(t)
+    data.print(t)
     pc = report.memory.per_card
     gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
-    err.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
+    data.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
               f"(weights {gb(pc['weights'])}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
               f"KV {gb(pc['kv_needed'])})")
-    err.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
+    data.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
               f"max ctx {report.memory.max_ctx}, capacity {report.memory.kv_capacity_tokens} tokens/card")
     if report.overlays:
-        err.print("overlays: " + ", ".join(report.overlays))
+        data.print("overlays: " + ", ".join(report.overlays))
     col = {"fits": "green", "tight": "yellow", "fails": "red"}[report.verdict]
-    err.print(f"verdict: [{col}]{report.verdict}[/{col}]")
+    data.print(f"verdict: [{col}]{report.verdict}[/{col}]")
 
 
 def register(cli: click.Group) -> None:
@@ -171,23 +171,30 @@ def register(cli: click.Group) -> None:
         if as_json:
             print_json(pl.to_json())
             ctx.exit(0 if pl.options else 1)
-        err.print(f"[bold]{model} on {gpus}x {hardware}[/bold]: {len(pl.options)} deployments fit"
-                  + (f" (best {min(limit, len(pl.options))} shown)" if pl.options else ""))
+        shown = min(limit, len(pl.options))
+        data.print(f"[bold]{model} on {gpus}x {hardware}[/bold]: {len(pl.options)} deployments fit"
+                   + (f" (best {shown} shown, +{len(pl.options) - shown} more)" if len(pl.options) > shown else ""))
         for i, r in enumerate(pl.options[:limit], 1):
             d = r.deployment
             col = "green" if r.verdict == "fits" else "yellow"
-            err.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} {d['engine']:<12} {d['weights']:<21} "
+            data.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} {d['engine']:<12} {d['weights']:<21} "
                       f"kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} drafter={d['drafter'] or '-'}  "
                       f"overlays={','.join(r.overlays) or '-'}")
             for c in r.constraints:
                 if c.result == "warn":
-                    err.print(f"       [yellow]warn[/yellow] {c.id}: {c.message}")
+                    data.print(f"       [yellow]warn[/yellow] {c.id}: {c.message}")
         if pl.rejected:
-            err.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
+            data.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
             seen: dict[str, list[str]] = {}
             for rj in pl.rejected:
                 d = rj.deployment
                 seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
-            for reason, deps in sorted(seen.items(), key=lambda kv: -len(kv[1]))[:limit]:
-                err.print(f"  [red]x[/red] {', '.join(deps[:4])}{' +' + str(len(deps) - 4) if len(deps) > 4 else ''}: {reason}")
+            groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
+            for reason, deps in groups[:limit]:
+                more = f" +{len(deps) - 4} more" if len(deps) > 4 else ""
+                data.print(f"  [red]x[/red] {', '.join(deps[:4])}{more}: {reason}")
+            hidden = groups[limit:]
+            if hidden:
+                data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "
+                           f"(--limit N or --json for all)")
         ctx.exit(0 if pl.options else 1)

@@ -19,12 +19,13 @@ import email.utils
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UpstreamError
 from .cache import CacheEntry, FactCache, utcnow
+
+if TYPE_CHECKING:  # httpx is the [upstream] extra: imported only when GitHub is asked
+    import httpx
 
 DEFAULT_API_URL = "https://api.github.com"
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -79,6 +80,16 @@ def _compare_extra(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict):
             out[f"{key}_sha"] = v.get("sha")
     return out
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:
+        raise UpstreamError(
+            "asking GitHub needs httpx: pip install 'overlay-manager[upstream]' (or pass --offline)"
+        ) from None
+    return httpx
 
 
 def _retry_after(headers: httpx.Headers, now: dt.datetime) -> dt.datetime | None:
@@ -154,7 +165,7 @@ class GitHubClient:
             }
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
-            self._http = httpx.Client(
+            self._http = _httpx().Client(
                 headers=headers, timeout=self.timeout, transport=self._transport, follow_redirects=True
             )
         return self._http
@@ -187,7 +198,7 @@ class GitHubClient:
         try:
             self.requests_made += 1
             resp = self._client().get(url, headers=headers)
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             self._blocked = f"GitHub unreachable ({type(exc).__name__})"
             return self._from_cache(url, self._blocked)
         now = self.now()
