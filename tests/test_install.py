@@ -26,8 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.20.0"
 
 
+# Nothing of the checkout may leak in: without PYTHONPATH (a `python -m build` leaves an
+# overlay_manager.egg-info in the repo root, which pip would take for an installed copy).
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OVERLAY_CATALOG", "VIRTUAL_ENV")}
+
+
 def _run(cmd: list[str], cwd: Path, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or CLEAN_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +83,7 @@ def installed(request: pytest.FixtureRequest, artifacts: dict[str, Path], tmp_pa
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "SetuptoolsDeprecationWarning" not in res.stderr
     print(f"pip install {artifacts[request.param].name}: {time.perf_counter() - t0:.1f} s")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OVERLAY_CATALOG", "VIRTUAL_ENV")}
+    env = dict(CLEAN_ENV)
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     work = base / "work"
     work.mkdir()

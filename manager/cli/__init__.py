@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .app import Application, handle_errors
-from . import build, compose, overlays, profiles, upstream
+from . import build, completion, compose, overlays, profiles, upstream
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,7 +34,7 @@ def cli(ctx: click.Context, catalog: str | None) -> None:
     ctx.obj = Application(catalog_arg=catalog)
 
 
-for _module in (overlays, profiles, compose, upstream, build):
+for _module in (overlays, profiles, compose, upstream, build, completion):
     _module.register(cli)
 
 

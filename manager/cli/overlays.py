@@ -8,6 +8,7 @@ import click
 
 from ..console import err, print_data, print_json, print_table, status as say
 from .app import Application
+from .params import CatalogChoice
 
 _STYLE = {
     "applied": "green",
@@ -117,7 +118,7 @@ def _print_status(report) -> None:
 
 
 @click.command("status")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @json_option
 @click.pass_obj
@@ -135,7 +136,7 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 
 
 @click.command("apply")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @click.option("--dry-run", is_flag=True, help="Change nothing; exit 1 when work is pending.")
 @json_option
@@ -164,7 +165,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
 
 
 @click.command("diff")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @click.pass_obj
 def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
@@ -180,7 +181,7 @@ def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
 
 
 @click.command("revert")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @click.pass_obj
 def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:

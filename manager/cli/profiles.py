@@ -9,6 +9,7 @@ import yaml
 
 from ..console import data, err, print_data, print_json, status
 from ..errors import ProfileError
+from .params import POSITIVE, CatalogChoice
 
 KIND_ALIASES = {"model": "models", "engine": "engines", "drafter": "drafters", "hw": "hardware"}
 
@@ -79,7 +80,7 @@ def register(cli: click.Group) -> None:
                 print_data(f"{k}/{pid}")
 
     @profiles_group.command("show")
-    @click.argument("ref")
+    @click.argument("ref", type=CatalogChoice("profile", validate=False))
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
     def show_cmd(ctx: click.Context, ref: str, as_json: bool) -> None:
@@ -127,16 +128,16 @@ def register(cli: click.Group) -> None:
             status(write_if_changed(output, text.encode()), str(output))
 
     @cli.command("fits")
-    @click.option("--model", required=True)
-    @click.option("--weights", default=None)
-    @click.option("--hardware", required=True)
-    @click.option("--gpus", type=int, default=1, show_default=True)
-    @click.option("--tp", type=int, default=None)
-    @click.option("--engine", default=None)
-    @click.option("--drafter", default=None)
-    @click.option("--ctx", "ctx_len", type=int, default=None)
-    @click.option("--kv-dtype", default=None)
-    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--model", required=True, type=CatalogChoice("model"))
+    @click.option("--weights", default=None, type=CatalogChoice("weights"))
+    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+    @click.option("--tp", type=POSITIVE, default=None)
+    @click.option("--engine", default=None, type=CatalogChoice("engine"))
+    @click.option("--drafter", default=None, type=CatalogChoice("drafter"))
+    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+    @click.option("--kv-dtype", default=None, type=CatalogChoice("kv-dtype"))
+    @click.option("--max-seqs", type=POSITIVE, default=None)
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
     def fits_cmd(ctx: click.Context, model, weights, hardware, gpus, tp, engine, drafter, ctx_len,
@@ -154,11 +155,11 @@ def register(cli: click.Group) -> None:
         ctx.exit(0 if report.ok else 1)
 
     @cli.command("plan")
-    @click.option("--model", required=True)
-    @click.option("--hardware", required=True)
-    @click.option("--gpus", type=int, default=1, show_default=True)
-    @click.option("--ctx", "ctx_len", type=int, default=None)
-    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--model", required=True, type=CatalogChoice("model"))
+    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+    @click.option("--max-seqs", type=POSITIVE, default=None)
     @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context

@@ -8,6 +8,7 @@ import click
 
 from ..console import err, print_data, print_json, status
 from ..errors import UpstreamError
+from .params import CatalogChoice
 
 _VERDICT_STYLE = {
     "keep": "green", "waiting": "yellow", "drop": "bold magenta", "superseded": "magenta",
@@ -17,8 +18,8 @@ _VERDICT_STYLE = {
 
 def _common(f):  # type: ignore[no-untyped-def]
     options = [
-        click.argument("ids", nargs=-1),
-        click.option("--engine", "engines", multiple=True, metavar="ID", help="Only these engine profiles (repeatable)."),
+        click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False)),
+        click.option("--engine", "engines", multiple=True, metavar="ID", type=CatalogChoice("engine"), help="Only these engine profiles (repeatable)."),
         click.option("--offline", is_flag=True, help="Do not contact GitHub: answer from the cache, saying how old each fact is."),
         click.option("--api-url", default=None, metavar="URL", help="GitHub REST API root (Enterprise, tests). Default https://api.github.com."),
         click.option("--git-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
