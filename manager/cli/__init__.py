@@ -32,6 +32,10 @@ from . import build, completion, compose, overlays, profiles, upstream
 def cli(ctx: click.Context, catalog: str | None) -> None:
     """Overlays, fit checks and compose deployments for vLLM."""
     ctx.obj = Application(catalog_arg=catalog)
+    from ..releases import set_progress
+    from .progress import DownloadProgress
+
+    set_progress(DownloadProgress())
 
 
 for _module in (overlays, profiles, compose, upstream, build, completion):

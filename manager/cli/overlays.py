@@ -210,10 +210,11 @@ def demo_cmd(app: Application, version: str, dest: str | None) -> None:
     from ..overlays import apply, load_overlays, status
     from ..releases import copy_release
 
-    root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
-    say("download", f"vllm=={version} sources from PyPI (cached)")
-    copy_release(version, root)
+    # the catalog first: a missing or broken one fails before anything is downloaded
     overlays = [o for o in load_overlays(app.catalog) if o.manifest.kernels is None or o.manifest.edits]
+    root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
+    say("release", f"vllm=={version} sources from PyPI into {root}")
+    copy_release(version, root)
     _print_status(status(overlays, root))
     result = apply(overlays, root)
     for oid, why in result.skipped:
