@@ -102,9 +102,13 @@ def list_cmd(app: Application, as_json: bool, wide: bool) -> None:
 def _print_status(report) -> None:
     from rich.table import Table
 
-    table = Table(title=f"vllm {report.package_version or '?'} at {report.root}")
-    for col in ("overlay", "status", "target", "detail"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"vllm {report.package_version or '?'} at {report.root}", box=None, pad_edge=False,
+                  header_style="bold", title_justify="left")
+    # the id and the status never break (ids are what users type); paths and details wrap
+    table.add_column("overlay", no_wrap=True, min_width=max((len(o.id) for o in report.overlays), default=7))
+    table.add_column("status", no_wrap=True, min_width=max((len(o.status) for o in report.overlays), default=6))
+    table.add_column("target", overflow="fold", ratio=1)
+    table.add_column("detail", overflow="fold", ratio=1)
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
