@@ -55,6 +55,9 @@ def test_wheel_carries_the_catalog_license_and_no_hard_extras(artifacts: dict[st
     assert "manager/_catalog/compose/deployments.yaml" in names
     assert not any("__pycache__" in n for n in names)
     meta = zipfile.ZipFile(artifacts["wheel"]).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    import manager
+
+    assert f"Version: {manager.__version__}\n" in meta  # the version lives in manager/__init__.py only
     assert "License-Expression: Apache-2.0" in meta and any(n.endswith("licenses/LICENSE") for n in names)
     core = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
     assert not any(d in ln for ln in core for d in ("httpx", "docker", "nvidia")), core
