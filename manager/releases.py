@@ -28,9 +28,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -123,6 +120,9 @@ def _helper_python(base: Path) -> Path:
 
 def _sdist_url(version: str) -> tuple[str, str, int | None]:
     """(url, sha256, size) of the release's sdist, from PyPI's simple index (PEP 691 JSON)."""
+    import urllib.parse
+    import urllib.request
+
     index = PYPI_SIMPLE.format(name="vllm")
     req = urllib.request.Request(index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - a fixed https URL (tests: local)
@@ -136,6 +136,8 @@ def _sdist_url(version: str) -> tuple[str, str, int | None]:
 
 def _download(url: str, sha256: str, total: int | None, dest: Path, name: str) -> None:
     """Stream `url` into `dest` (atomically), reporting bytes; the sha256 must match."""
+    import urllib.request
+
     h = hashlib.sha256()
     t0 = time.monotonic()
     _report(Step("start", name, 0, total, url))
@@ -185,6 +187,8 @@ def _pip_sdist(version: str, base: Path, target: Path) -> None:
 
 def sdist(version: str) -> Path:
     """Path of the vLLM sdist for `version`, downloading it from PyPI when not cached."""
+    import urllib.error  # here, not at import: every command loads this module (progress reporting)
+
     base = cache_dir()
     target = base / "sdists" / f"vllm-{version}.tar.gz"
     name = target.name

@@ -9,7 +9,6 @@ in the user's shell).
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Callable, Iterable
 
 import click
@@ -75,6 +74,8 @@ def values(kind: str, ctx: click.Context | None) -> list[str]:
 
 
 def did_you_mean(value: str, known: list[str]) -> str:
+    import difflib
+
     low = value.lower()
     close = (sorted((k for k in known if k.lower().startswith(low)), key=len)
              or sorted((k for k in known if low in k.lower()), key=len)
