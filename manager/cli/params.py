@@ -101,7 +101,7 @@ class CatalogChoice(click.ParamType):
         if value in known:
             return value
         opt = param.opts[0] if param is not None and param.opts else self.kind
-        raise CatalogError(f"{opt} {value!r}: no such {self.kind}; {did_you_mean(value, known)}")
+        raise CatalogError(f"{opt}: {self.kind} {value!r} is not in the catalog; {did_you_mean(value, known)}")
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
         try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status
+from ..console import data, err, print_data, print_json, status
 from ..errors import UpstreamError
 from .params import CatalogChoice
 
@@ -85,10 +85,10 @@ def register(cli: click.Group) -> None:
             for r in report.results:
                 style = _VERDICT_STYLE.get(r.verdict, "white")
                 extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-                err.print(f"[{style}]{r.verdict:>10}[/{style}]  {r.overlay} on {r.engine} (pin {r.pin}){extra}",
-                          markup=True)
+                data.print(f"[{style}]{r.verdict:>10}[/{style}]  {r.overlay} on {r.engine} (pin {r.pin}){extra}",
+                           markup=True)
                 for line in r.evidence:
-                    err.print(f"            - {line}", markup=False)
+                    data.print(f"            - {line}", markup=False)
         counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}
         err.print(f"{len(report.results)} result(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
                   + (" (offline: GitHub facts from the cache only)" if report.offline else ""), markup=False)
