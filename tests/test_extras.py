@@ -94,3 +94,20 @@ def test_bundle_requirements_are_the_container_ones_and_cover_every_core_depende
 def test_bundle_module_no_longer_reads_pyproject() -> None:
     src = Path(bundle.__file__).read_text()
     assert "pyproject" not in src and "parents[2]" not in src
+
+
+@pytest.mark.parametrize("argv", [["status", "--root", "{root}", "--json"], ["compose", "list", "--json"],
+                                  ["build", "--help"], ["apply", "--root", "{root}", "--dry-run"]])
+def test_container_commands_run_without_jinja2_or_the_extras(argv: list[str], tmp_path: Path) -> None:
+    """What the bundle leaves out (jinja2 and the extras) is never imported by apply/status/build."""
+    (tmp_path / "vllm").mkdir()
+    argv = [a.replace("{root}", str(tmp_path)) for a in argv]
+    code = ("import sys\n"
+            "for m in ('jinja2', 'httpx', 'docker'):\n"
+            "    sys.modules[m] = None\n"
+            "from manager.cli import main\n"
+            f"main({argv!r})\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OVERLAY_CATALOG": str(REPO)})
+    assert res.returncode in (0, 1), res.stderr
+    assert "ModuleNotFoundError" not in res.stderr and "internal error" not in res.stderr, res.stderr
