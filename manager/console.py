@@ -36,3 +36,12 @@ def user_text(value: object) -> str:
     """Any text that did not come from this program (ids, paths, titles, messages), made safe
     to embed in a rich markup string: `[/x]` and `[bold]` are shown as typed, never parsed."""
     return escape(str(value))
+
+
+# Human-readable answers to queries (tables, fits reports, plans): stdout, with rich markup.
+data = Console(highlight=False)
+
+
+def print_table(table: Any) -> None:
+    """A table answering a query is data: stdout (80 columns or $COLUMNS when not a terminal)."""
+    data.print(table)

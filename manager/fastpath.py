@@ -130,7 +130,8 @@ def _catalog_dir(arg: str | None) -> str | None:
         return os.path.realpath(os.path.expanduser(raw))
     from .catalog import default_catalog_dir
 
-    return os.fspath(default_catalog_dir())
+    found = default_catalog_dir()
+    return os.fspath(found) if found is not None else None
 
 
 def _root(arg: str | None) -> str | None:

@@ -5,6 +5,12 @@ torch with no sdist). The recipe that works: a helper venv with setuptools<81,
 setuptools-scm, setuptools-rust, packaging, wheel and jinja2, a 4-file torch
 stub on PYTHONPATH, and VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=X.
 
+The sdist itself is downloaded directly from the URL PyPI's simple index (PEP 691 JSON) lists
+for it, sha256-checked against the digest listed there, so the download can report progress:
+a `Progress` callback gets each step (the CLI draws a bar on a TTY, one line per step
+otherwise; cache hits say so). Where the index cannot be read, the pip recipe above is the
+fallback (no byte counts).
+
 Layout of the cache (default ~/.cache/overlay-manager, or $OVERLAY_CACHE):
     sdists/vllm-X.tar.gz       the downloaded source distribution
     trees/X/vllm/...           the extracted python package (pristine, read-only use)
@@ -13,19 +19,53 @@ Layout of the cache (default ~/.cache/overlay-manager, or $OVERLAY_CACHE):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from filelock import FileLock
 
 from .errors import ReleaseError
 
 ENV_CACHE = "OVERLAY_CACHE"
+PYPI_SIMPLE = "https://pypi.org/simple/{name}/"  # PEP 691 JSON: file URLs, sha256, sizes
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of getting a release: `event` is cached | start | advance | done | fallback | extract."""
+
+    event: str
+    name: str
+    done: int = 0  # bytes so far (advance/done)
+    total: int | None = None  # bytes expected, when PyPI says
+    detail: str = ""  # the URL (start), the cached path (cached), the reason (fallback), ...
+    seconds: float = 0.0
+
+
+Progress = Callable[[Step], None]
+_progress: Progress | None = None
+
+
+def set_progress(progress: Progress | None) -> None:
+    """Where download/extract steps are reported (the CLI installs its reporter; None: silent)."""
+    global _progress
+    _progress = progress
+
+
+def _report(step: Step) -> None:
+    if _progress is not None:
+        _progress(step)
 
 _TORCH_STUB = {
     "torch/__init__.py": '__version__ = "0.0.0+stub"\nfrom . import version, utils\n',
@@ -78,35 +118,100 @@ def _helper_python(base: Path) -> Path:
     return py
 
 
+def _sdist_url(version: str) -> tuple[str, str, int | None]:
+    """(url, sha256, size) of the release's sdist, from PyPI's simple index (PEP 691 JSON)."""
+    import urllib.parse
+    import urllib.request
+
+    index = PYPI_SIMPLE.format(name="vllm")
+    req = urllib.request.Request(index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - a fixed https URL (tests: local)
+        meta = json.load(resp)
+    want = f"vllm-{version}.tar.gz"
+    for f in meta.get("files", []):
+        if f.get("filename") == want and f.get("hashes", {}).get("sha256"):
+            return urllib.parse.urljoin(index, f["url"]), f["hashes"]["sha256"], f.get("size")
+    raise ReleaseError(f"PyPI lists no {want} ({index})")
+
+
+def _download(url: str, sha256: str, total: int | None, dest: Path, name: str) -> None:
+    """Stream `url` into `dest` (atomically), reporting bytes; the sha256 must match."""
+    import urllib.request
+
+    h = hashlib.sha256()
+    t0 = time.monotonic()
+    _report(Step("start", name, 0, total, url))
+    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as fh:  # noqa: S310
+            if total is None and resp.headers.get("Content-Length", "").isdigit():
+                total = int(resp.headers["Content-Length"])
+            done = 0
+            while True:
+                chunk = resp.read(_CHUNK)
+                if not chunk:
+                    break
+                fh.write(chunk)
+                h.update(chunk)
+                done += len(chunk)
+                _report(Step("advance", name, done, total))
+        if h.hexdigest() != sha256:
+            raise ReleaseError(f"{url}: sha256 {h.hexdigest()} != {sha256} (PyPI's digest); not kept")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _report(Step("done", name, done, total, f"sha256 {sha256[:12]}… ok", time.monotonic() - t0))
+
+
+def _pip_sdist(version: str, base: Path, target: Path) -> None:
+    py = _helper_python(base)
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(py.parent.parent / "torch-stub"),
+        VLLM_TARGET_DEVICE="empty",
+        VLLM_VERSION_OVERRIDE=version,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        _run(
+            [str(py), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             "--no-build-isolation", f"vllm=={version}", "-d", tmp],
+            env=env,
+            what=f"pip download vllm=={version}",
+        )
+        found = list(Path(tmp).glob("vllm-*.tar.gz"))
+        if len(found) != 1:
+            raise ReleaseError(f"pip download vllm=={version}: expected one sdist, got {found}")
+        os.replace(found[0], target)
+
+
 def sdist(version: str) -> Path:
     """Path of the vLLM sdist for `version`, downloading it from PyPI when not cached."""
+    import urllib.error  # here, not at import: every command loads this module (progress reporting)
+
     base = cache_dir()
     target = base / "sdists" / f"vllm-{version}.tar.gz"
+    name = target.name
     if target.exists():
+        _report(Step("cached", name, detail=str(target)))
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if target.exists():
+            _report(Step("cached", name, detail=str(target)))
             return target
-        py = _helper_python(base)
-        env = dict(os.environ)
-        env.update(
-            PYTHONPATH=str(py.parent.parent / "torch-stub"),
-            VLLM_TARGET_DEVICE="empty",
-            VLLM_VERSION_OVERRIDE=version,
-            PIP_DISABLE_PIP_VERSION_CHECK="1",
-        )
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            _run(
-                [str(py), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                 "--no-build-isolation", f"vllm=={version}", "-d", tmp],
-                env=env,
-                what=f"pip download vllm=={version}",
-            )
-            found = list(Path(tmp).glob("vllm-*.tar.gz"))
-            if len(found) != 1:
-                raise ReleaseError(f"pip download vllm=={version}: expected one sdist, got {found}")
-            os.replace(found[0], target)
+        try:
+            url, sha256, size = _sdist_url(version)
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            _report(Step("fallback", name, detail=f"PyPI's simple index unreadable ({exc}); pip download"))
+            t0 = time.monotonic()
+            _pip_sdist(version, base, target)
+            _report(Step("done", name, target.stat().st_size, None, "via pip", time.monotonic() - t0))
+            return target
+        try:
+            _download(url, sha256, size, target, name)
+        except urllib.error.URLError as exc:
+            raise ReleaseError(f"downloading {url} failed: {exc.reason}") from None
     return target
 
 
@@ -119,6 +224,7 @@ def pristine_tree(version: str) -> Path:
     root = base / "trees" / version
     marker = root / ".complete"
     if marker.exists():
+        _report(Step("cached", f"vllm {version} sources", detail=str(root)))
         return root
     archive = sdist(version)
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -126,6 +232,7 @@ def pristine_tree(version: str) -> Path:
         if marker.exists():
             return root
         shutil.rmtree(root, ignore_errors=True)
+        _report(Step("extract", archive.name, detail=str(root)))
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=root.parent))
         prefix = f"vllm-{version}/vllm/"
         with tarfile.open(archive, "r:gz") as tar:

@@ -58,7 +58,7 @@ def test_bundle_runs_under_a_python_without_our_dependencies_and_without_network
     res = subprocess.run([str(bundle / "bin" / "overlay"), "compose", "list", "--json"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    slugs = {d["slug"] for d in json.loads(res.stdout)}
+    slugs = {d["slug"] for d in json.loads(res.stdout)["deployments"]}
     assert "gemma4-26b-a4b-awq-3090-tp2" in slugs
 
 

@@ -22,7 +22,7 @@ def run(*args: str):
 def test_list_json_holds_every_registry_entry() -> None:
     res = run("compose", "list", "--json")
     assert res.exit_code == 0
-    rows = {r["slug"]: r for r in json.loads(res.stdout)}
+    rows = {r["slug"]: r for r in json.loads(res.stdout)["deployments"]}
     assert rows[SLUG]["port"] == 8042 and rows[SLUG]["tp"] == 2
 
 

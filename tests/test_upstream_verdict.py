@@ -98,6 +98,19 @@ def test_overlay_without_upstream_pr_is_keep():
     assert v.verdict == "keep" and "no upstream PR recorded" in v.evidence[-1]
 
 
+def test_no_pr_and_no_probe_is_unknown_never_keep():
+    v = decide(has_upstream=False, pr=None, ancestry=None, probe=None)
+    assert v.verdict == "unknown" and "no source probe ran" in v.evidence[-1]
+
+
+def test_offline_without_cached_pr_facts_and_without_probe_is_unknown():
+    from manager.upstream.facts import PRUnavailable
+
+    unavailable = PRUnavailable("vllm-project/vllm", 40886, "offline; nothing cached")
+    v = decide(has_upstream=True, pr=unavailable, ancestry=None, probe=None)
+    assert v.verdict == "unknown"
+
+
 def test_not_applicable_outside_the_overlay_versions_does_not_decide():
     v = decide(has_upstream=True, pr=pr("open"), ancestry=None,
                probe=ProbeFacts("not-applicable", ("probe: not-applicable",)), in_versions=False)

@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .app import Application, handle_errors
-from . import build, compose, inspect, overlays, profiles, upstream
+from . import build, completion, compose, inspect, overlays, profiles, upstream
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,9 +32,13 @@ from . import build, compose, inspect, overlays, profiles, upstream
 def cli(ctx: click.Context, catalog: str | None) -> None:
     """Overlays, fit checks and compose deployments for vLLM."""
     ctx.obj = Application(catalog_arg=catalog)
+    from ..releases import set_progress
+    from .progress import DownloadProgress
+
+    set_progress(DownloadProgress())
 
 
-for _module in (overlays, profiles, compose, upstream, build, inspect):
+for _module in (overlays, profiles, compose, upstream, build, inspect, completion):
     _module.register(cli)
 
 

@@ -87,6 +87,12 @@ def handle_errors() -> Iterator[_Result]:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except click.UsageError as exc:  # one line, like every user error (exit 1, not click's 2)
+        from rich.markup import escape
+
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        err.print(f"[red]error:[/red] {escape(exc.format_message())}{escape(hint)}", markup=True)
+        sys.exit(1)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code if exc.exit_code != 2 else 1)

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import click
 
+from .params import CatalogChoice
+
 
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
 
     @cli.command("build")
-    @click.argument("ids", nargs=-1)
+    @click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
     @click.option("--arch", "archs", multiple=True, metavar="ARCH",
                   help="sm_XY / compute_XY (repeatable): PTX for the lowest virtual arch plus a cubin "
                        "per real arch. Default: the overlay's kernels.archs.")

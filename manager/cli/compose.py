@@ -8,6 +8,7 @@ import click
 
 from ..console import err, print_data, print_json, status, user_text as esc
 from ..errors import ComposeError
+from .params import CatalogChoice
 
 
 @click.group("compose")
@@ -25,7 +26,7 @@ def list_cmd(app, as_json: bool) -> None:
     reg = load_registry(app.catalog)
     rows = [d.model_dump(mode="json") for _, d in sorted(reg.deployments.items())]
     if as_json:
-        print_json(rows)
+        print_json({"deployments": rows})
         return
     for d in rows:
         print_data(
@@ -35,7 +36,7 @@ def list_cmd(app, as_json: bool) -> None:
 
 
 @compose_group.command("render")
-@click.argument("slug", required=False)
+@click.argument("slug", required=False, type=CatalogChoice("deployment"))
 @click.option("--all", "render_all", is_flag=True, help="Write compose/generated/<slug>.yml for every deployment.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE instead of stdout.")
 @click.option("--no-gpu", is_flag=True, help="Leave out the NVIDIA device reservation (machines without the NVIDIA runtime).")

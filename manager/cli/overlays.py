@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status as say, user_text as esc
+from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
 from .app import Application
+from .params import CatalogChoice
 
 _STYLE = {
     "applied": "green",
@@ -49,45 +50,73 @@ def _selected(app: Application, ids: tuple[str, ...]):
 
 @click.command("list")
 @json_option
+@click.option("--wide", is_flag=True, help="Every column, titles in full (wraps); default: one line per overlay.")
 @click.pass_obj
-def list_cmd(app: Application, as_json: bool) -> None:
+def list_cmd(app: Application, as_json: bool, wide: bool) -> None:
     """List the catalog's overlays."""
     from ..overlays import load_overlays
 
     overlays = load_overlays(app.catalog)
     if as_json:
         print_json(
-            [
-                {
-                    "id": o.id,
-                    "title": o.manifest.title,
-                    "versions": o.manifest.versions,
-                    "targets": o.manifest.targets,
-                    "sentinel_version": o.manifest.sentinel_version,
-                    "upstream": o.manifest.upstream.model_dump() if o.manifest.upstream else None,
-                    "kernel": o.manifest.kernels is not None,
-                }
-                for o in overlays
-            ]
+            {
+                "overlays": [
+                    {
+                        "id": o.id,
+                        "title": o.manifest.title,
+                        "versions": o.manifest.versions,
+                        "targets": o.manifest.targets,
+                        "sentinel_version": o.manifest.sentinel_version,
+                        "upstream": o.manifest.upstream.model_dump() if o.manifest.upstream else None,
+                        "kernel": o.manifest.kernels is not None,
+                    }
+                    for o in overlays
+                ]
+            }
         )
         return
     from rich.table import Table
 
-    table = Table(title=f"overlays in {esc(app.catalog.overlays_dir)}")
-    for col in ("id", "vllm", "upstream", "title"):
-        table.add_column(col)
+    say("catalog", str(app.catalog.overlays_dir), "dim")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    # ids are what users type: never cut (min_width = the longest); the title gives way first
+    rows = []
     for o in overlays:
         up = o.manifest.upstream
-        table.add_row(esc(o.id), esc(o.manifest.versions or "any"), f"#{up.pr} {up.state}" if up else "local", esc(o.manifest.title))
-    err.print(table)
+        rows.append((o, [o.id, o.manifest.versions or "any", f"#{up.pr} {up.state}" if up else "local"]))
+
+    def width(i: int) -> int:
+        return max((len(r[i]) for _, r in rows), default=4)
+
+    table.add_column("id", no_wrap=True, min_width=width(0))
+    table.add_column("vllm", no_wrap=True, min_width=width(1))
+    table.add_column("upstream", no_wrap=True, min_width=width(2))
+    if wide:
+        table.add_column("targets", overflow="fold")
+    if wide:
+        table.add_column("title", overflow="fold")
+    else:  # one line per overlay (`overlay list | grep` sees whole rows): the title takes what is left
+        from rich.console import Console
+
+        left = Console().width - sum(width(i) + 2 for i in range(3))
+        table.add_column("title", no_wrap=True, overflow="ellipsis", max_width=max(left, 8))
+    for o, row in rows:
+        if wide:
+            row.append("\n".join(o.manifest.targets))
+        table.add_row(*(esc(c) for c in row), esc(o.manifest.title))
+    print_table(table)
 
 
 def _print_status(report) -> None:
     from rich.table import Table
 
-    table = Table(title=f"vllm {esc(report.package_version or '?')} at {esc(report.root)}")
-    for col in ("overlay", "status", "target", "detail"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"vllm {esc(report.package_version or '?')} at {esc(report.root)}", box=None, pad_edge=False,
+                  header_style="bold", title_justify="left")
+    # the id and the status never break (ids are what users type); paths and details wrap
+    table.add_column("overlay", no_wrap=True, min_width=max((len(o.id) for o in report.overlays), default=7))
+    table.add_column("status", no_wrap=True, min_width=max((len(o.status) for o in report.overlays), default=6))
+    table.add_column("target", overflow="fold", ratio=1)
+    table.add_column("detail", overflow="fold", ratio=1)
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
@@ -97,11 +126,11 @@ def _print_status(report) -> None:
                 f"[{style}]{esc(t.path)}[/]",
                 esc(t.detail),
             )
-    err.print(table)
+    print_table(table)
 
 
 @click.command("status")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @json_option
 @click.pass_obj
@@ -121,7 +150,7 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 
 
 @click.command("apply")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @click.option("--dry-run", is_flag=True, help="Change nothing; exit 1 when work is pending.")
 @click.option("--plans", "plans", type=click.Path(file_okay=False, path_type=str), default=None,
@@ -189,7 +218,7 @@ def prepare_cmd(app: Application, ids: tuple[str, ...], versions: tuple[str, ...
 
 
 @click.command("diff")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @click.pass_obj
 def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
@@ -205,7 +234,7 @@ def diff_cmd(app: Application, ids: tuple[str, ...], root: str | None) -> None:
 
 
 @click.command("revert")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
 @wait_option
 @click.pass_obj
@@ -235,10 +264,11 @@ def demo_cmd(app: Application, version: str, dest: str | None) -> None:
     from ..overlays import apply, load_overlays, status
     from ..releases import copy_release
 
-    root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
-    say("download", f"vllm=={version} sources from PyPI (cached)")
-    copy_release(version, root)
+    # the catalog first: a missing or broken one fails before anything is downloaded
     overlays = [o for o in load_overlays(app.catalog) if o.manifest.kernels is None or o.manifest.edits]
+    root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
+    say("release", f"vllm=={version} sources from PyPI into {root}")
+    copy_release(version, root)
     _print_status(status(overlays, root))
     result = apply(overlays, root)
     for oid, why in result.skipped:

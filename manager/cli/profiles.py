@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 import yaml
 
-from ..console import err, print_data, print_json, status, user_text as esc
+from ..console import data, err, print_data, print_json, status, user_text as esc
 from ..errors import ProfileError
+from .params import POSITIVE, CatalogChoice
 
 KIND_ALIASES = {"model": "models", "engine": "engines", "drafter": "drafters", "hw": "hardware"}
 
@@ -44,8 +45,8 @@ def _print_report(report) -> None:
 
     colours = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     dep = report.deployment
-    err.print(f"[bold]{esc(dep['model'])}[/bold] ({esc(dep['weights'])}) on {dep['gpus']}x {esc(dep['hardware'])}, "
-              f"TP {dep['tp']}, {esc(dep['engine'])}" + (f", drafter {esc(dep['drafter'])}" if dep["drafter"] else ""))
+    data.print(f"[bold]{esc(dep['model'])}[/bold] ({esc(dep['weights'])}) on {dep['gpus']}x {esc(dep['hardware'])}, "
+               f"TP {dep['tp']}, {esc(dep['engine'])}" + (f", drafter {esc(dep['drafter'])}" if dep["drafter"] else ""))
     t = Table(show_header=True, header_style="bold")
     t.add_column("constraint")
     t.add_column("result")
@@ -53,18 +54,18 @@ def _print_report(report) -> None:
     for c in report.constraints:
         col = colours[c.result]
         t.add_row(esc(c.id), f"[{col}]{c.result}[/{col}]", esc(c.message))
-    err.print(t)
+    data.print(t)
     pc = report.memory.per_card
     gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
-    err.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
+    data.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
               f"(weights {gb(pc['weights'])} {report.memory.weights_source}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
               f"KV {gb(pc['kv_needed'])})")
-    err.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
+    data.print(f"KV {report.memory.kv_bytes_per_token} B/token (whole model, {report.memory.kv_dtype}), "
               f"max ctx {report.memory.max_ctx}, capacity {report.memory.kv_capacity_tokens} tokens/card")
     if report.overlays:
-        err.print("overlays: " + ", ".join(report.overlays), markup=False)
+        data.print("overlays: " + ", ".join(report.overlays), markup=False)
     col = {"fits": "green", "tight": "yellow", "fails": "red"}[report.verdict]
-    err.print(f"verdict: [{col}]{report.verdict}[/{col}]")
+    data.print(f"verdict: [{col}]{report.verdict}[/{col}]")
 
 
 def register(cli: click.Group) -> None:
@@ -90,7 +91,7 @@ def register(cli: click.Group) -> None:
                 print_data(f"{k}/{pid}")
 
     @profiles_group.command("show")
-    @click.argument("ref")
+    @click.argument("ref", type=CatalogChoice("profile", validate=False))
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
     def show_cmd(ctx: click.Context, ref: str, as_json: bool) -> None:
@@ -138,17 +139,17 @@ def register(cli: click.Group) -> None:
             status(write_output(output, text.encode(), make_dirs=True), str(output))
 
     @cli.command("fits")
-    @click.option("--model", default=None, help="Model profile id (or give --checkpoint).")
+    @click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
     @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
-    @click.option("--weights", default=None)
-    @click.option("--hardware", required=True)
-    @click.option("--gpus", type=int, default=1, show_default=True)
-    @click.option("--tp", type=int, default=None)
-    @click.option("--engine", default=None)
-    @click.option("--drafter", default=None)
-    @click.option("--ctx", "ctx_len", type=int, default=None)
-    @click.option("--kv-dtype", default=None)
-    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--weights", default=None, type=CatalogChoice("weights"))
+    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+    @click.option("--tp", type=POSITIVE, default=None)
+    @click.option("--engine", default=None, type=CatalogChoice("engine"))
+    @click.option("--drafter", default=None, type=CatalogChoice("drafter"))
+    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+    @click.option("--kv-dtype", default=None, type=CatalogChoice("kv-dtype"))
+    @click.option("--max-seqs", type=POSITIVE, default=None)
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
     def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
@@ -168,12 +169,12 @@ def register(cli: click.Group) -> None:
         ctx.exit(0 if report.ok else 1)
 
     @cli.command("plan")
-    @click.option("--model", default=None, help="Model profile id (or give --checkpoint).")
+    @click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
     @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id (overlay inspect).")
-    @click.option("--hardware", required=True)
-    @click.option("--gpus", type=int, default=1, show_default=True)
-    @click.option("--ctx", "ctx_len", type=int, default=None)
-    @click.option("--max-seqs", type=int, default=None)
+    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+    @click.option("--max-seqs", type=POSITIVE, default=None)
     @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
     @click.option("--json", "as_json", is_flag=True)
     @click.pass_context
@@ -189,23 +190,30 @@ def register(cli: click.Group) -> None:
         if as_json:
             print_json(pl.to_json())
             ctx.exit(0 if pl.options else 1)
-        err.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
-                  + (f" (best {min(limit, len(pl.options))} shown)" if pl.options else ""))
+        shown = min(limit, len(pl.options))
+        data.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
+                   + (f" (best {shown} shown, +{len(pl.options) - shown} more)" if len(pl.options) > shown else ""))
         for i, r in enumerate(pl.options[:limit], 1):
             d = r.deployment
             col = "green" if r.verdict == "fits" else "yellow"
-            err.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} "
-                      + esc(f"{d['engine']:<12} {d['weights']:<21} kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} "
-                            f"drafter={d['drafter'] or '-'}  overlays={','.join(r.overlays) or '-'}"))
+            data.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} "
+                       + esc(f"{d['engine']:<12} {d['weights']:<21} kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} "
+                             f"drafter={d['drafter'] or '-'}  overlays={','.join(r.overlays) or '-'}"))
             for c in r.constraints:
                 if c.result == "warn":
-                    err.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(c.message)}")
+                    data.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(c.message)}")
         if pl.rejected:
-            err.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
+            data.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
             seen: dict[str, list[str]] = {}
             for rj in pl.rejected:
                 d = rj.deployment
                 seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
-            for reason, deps in sorted(seen.items(), key=lambda kv: -len(kv[1]))[:limit]:
-                err.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{' +' + str(len(deps) - 4) if len(deps) > 4 else ''}: {reason}"))
+            groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
+            for reason, deps in groups[:limit]:
+                more = f" +{len(deps) - 4} more" if len(deps) > 4 else ""
+                data.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{more}: {reason}"))
+            hidden = groups[limit:]
+            if hidden:
+                data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "
+                           f"(--limit N or --json for all)")
         ctx.exit(0 if pl.options else 1)

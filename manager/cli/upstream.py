@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status, user_text as esc
+from ..console import data, err, print_data, print_json, status, user_text as esc
 from ..errors import UpstreamError
+from .params import CatalogChoice
 
 _VERDICT_STYLE = {
     "keep": "green", "waiting": "yellow", "drop": "bold magenta", "superseded": "magenta",
@@ -17,8 +18,8 @@ _VERDICT_STYLE = {
 
 def _common(f):  # type: ignore[no-untyped-def]
     options = [
-        click.argument("ids", nargs=-1),
-        click.option("--engine", "engines", multiple=True, metavar="ID", help="Only these engine profiles (repeatable)."),
+        click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False)),
+        click.option("--engine", "engines", multiple=True, metavar="ID", type=CatalogChoice("engine"), help="Only these engine profiles (repeatable)."),
         click.option("--offline", is_flag=True, help="Do not contact GitHub: answer from the cache, saying how old each fact is."),
         click.option("--api-url", default=None, metavar="URL", help="GitHub REST API root (Enterprise, tests). Default https://api.github.com."),
         click.option("--git-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -87,10 +88,10 @@ def register(cli: click.Group) -> None:
             for r in report.results:
                 style = _VERDICT_STYLE.get(r.verdict, "white")
                 extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-                err.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
-                          markup=True)
+                data.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
+                           markup=True)
                 for line in r.evidence:
-                    err.print(f"            - {line}", markup=False)
+                    data.print(f"            - {line}", markup=False)
         counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}
         err.print(f"{len(report.results)} result(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
                   + (" (offline: GitHub facts from the cache only)" if report.offline else ""), markup=False)

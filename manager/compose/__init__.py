@@ -1,9 +1,21 @@
 """Compose deployments: registry, rendering, checks, in-container bundle, image verification."""
 
+from typing import Any
+
 from .registry import Deployment, Registry, load_registry, parse_registry
-from .render import RenderOptions, ServicePlan, render_compose, render_entrypoint, validate_compose_text
 
 __all__ = [
     "Deployment", "Registry", "load_registry", "parse_registry",
     "RenderOptions", "ServicePlan", "render_compose", "render_entrypoint", "validate_compose_text",
 ]
+
+_RENDER = {"RenderOptions", "ServicePlan", "render_compose", "render_entrypoint", "validate_compose_text"}
+
+
+def __getattr__(name: str) -> Any:
+    # rendering needs jinja2, which the in-container bundle leaves out: imported on first use only
+    if name in _RENDER:
+        from . import render
+
+        return getattr(render, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,16 +79,27 @@ def platform_tags(platform: str) -> list[str]:
     return tags
 
 
+# What `apply`, `status` and `build` import at container start: the core dependencies except
+# jinja2 (only `compose render` uses it). The extras stay out: [verify] and [upstream] run on the
+# host, and [kernels]' NVRTC 12 comes with the image's CUDA-12 torch (or --nvrtc).
+BUNDLE_DISTS = ("click", "rich", "pyyaml", "libcst", "pydantic", "packaging", "filelock")
+NOT_BUNDLED = ("jinja2",)
+
+
+def _dist_name(req: str) -> str:
+    return re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
 def runtime_requirements() -> list[str]:
-    """The project's runtime dependencies (from pyproject.toml in a checkout, else the installed metadata)."""
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    if pyproject.is_file():
-        import tomllib
+    """The requirements the bundle installs: BUNDLE_DISTS with the specifiers of the installed metadata."""
+    from importlib.metadata import PackageNotFoundError, requires
 
-        return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
-    from importlib.metadata import requires
-
-    return [r for r in (requires("overlay-manager") or []) if "extra ==" not in r]
+    try:
+        declared = [r for r in (requires("overlay-manager") or []) if "extra ==" not in r]
+    except PackageNotFoundError:  # running from a bare checkout: no metadata, take the names as they are
+        declared = []
+    by_name = {_dist_name(r): r.split(";", 1)[0].strip() for r in declared}
+    return [by_name.get(name, name) for name in BUNDLE_DISTS]
 
 
 def _pip(args: list[str], what: str) -> None:
@@ -129,7 +140,8 @@ def wheel_cache(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool
 
 def _copy_package(dest: Path) -> None:
     src = Path(__file__).resolve().parents[1]
-    shutil.copytree(src, dest / "manager", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # an installed wheel's manager/_catalog is not copied: the bundle's catalog/ is the one it reads
+    shutil.copytree(src, dest / "manager", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_catalog"))
 
 
 def _copy_catalog(catalog: Catalog, dest: Path) -> None:

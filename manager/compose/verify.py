@@ -74,8 +74,8 @@ def _client() -> Any:
     try:
         import docker
         from docker.errors import DockerException
-    except ImportError as exc:  # pragma: no cover - docker is a dependency
-        raise ComposeError(f"the docker SDK is not installed: {exc}") from None
+    except ImportError:
+        raise ComposeError("overlay verify needs the docker SDK: pip install 'overlay-manager[verify]'") from None
     try:
         client = docker.from_env()
         client.ping()

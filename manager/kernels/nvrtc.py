@@ -163,8 +163,8 @@ def find_nvrtc(explicit: str | None = None, arch: str | None = None) -> Nvrtc:
     cands = _candidates(explicit)
     if not cands:
         raise BuildError(
-            "no NVRTC library found: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 "
-            f"nvidia-cuda-cccl-cu12, or pass --nvrtc PATH / set ${ENV_NVRTC}"
+            "no NVRTC library found: pip install 'overlay-manager[kernels]' (the NVRTC 12 wheels "
+            f"nvidia-cuda-nvrtc-cu12, -runtime-cu12, -cccl-cu12), or pass --nvrtc PATH / set ${ENV_NVRTC}"
         )
     rejected: list[str] = []
     for cand in cands:

@@ -19,12 +19,13 @@ import email.utils
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UpstreamError
 from .cache import CacheEntry, FactCache, utcnow
+
+if TYPE_CHECKING:  # httpx is the [upstream] extra: imported only when GitHub is asked
+    import httpx
 
 DEFAULT_API_URL = "https://api.github.com"
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -79,6 +80,16 @@ def _compare_extra(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict):
             out[f"{key}_sha"] = v.get("sha")
     return out
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError:
+        raise UpstreamError(
+            "asking GitHub needs httpx: pip install 'overlay-manager[upstream]' (or pass --offline)"
+        ) from None
+    return httpx
 
 
 def _retry_after(headers: httpx.Headers, now: dt.datetime) -> dt.datetime | None:
@@ -155,8 +166,8 @@ class GitHubClient:
             }
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
-            self._http = httpx.Client(
-                headers=headers, timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0)),
+            self._http = _httpx().Client(
+                headers=headers, timeout=_httpx().Timeout(self.timeout, connect=min(self.timeout, 5.0)),
                 transport=self._transport, follow_redirects=True
             )
         return self._http
@@ -189,7 +200,7 @@ class GitHubClient:
         try:
             self.requests_made += 1
             resp = self._client().get(url, headers=headers)
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             self._blocked = f"GitHub unreachable ({type(exc).__name__})"
             self.unreachable = f"GitHub API {self.api_url} unreachable ({type(exc).__name__}: {str(exc)[:120]})"
             return self._from_cache(url, self._blocked)

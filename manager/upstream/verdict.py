@@ -5,8 +5,10 @@
     drop        the probe says the fix is native at the pin (or the overlay has nothing left to do
                 there although the version is in its range), or the PR merged and the pin contains it
     waiting     the PR merged but the pin does not contain the merge commit
-    keep        the PR is open or closed unmerged (or there is none) and nothing shows a native fix
-    unknown     the facts needed are missing (offline with no cache, PR not found, ancestry unknown)
+    keep        the PR is open or closed unmerged (or there is none and the probe finds the
+                overlay's anchor) and nothing shows a native fix
+    unknown     the facts needed are missing (offline with no cache, PR not found, ancestry unknown,
+                no PR and no probe): never `keep` without evidence
 
 A verified merge in the pin decides first (drop, even when the probe then reports drift:
 the merge itself often rewrites the overlay's anchor). Otherwise source probes come first:
@@ -92,7 +94,12 @@ def decide(
         return Verdict(verdict, tuple(ev))
 
     if not has_upstream:
-        ev.append("verdict keep: no upstream PR recorded and no native fix detected")
+        if probe is None or probe.status not in NOT_NATIVE:
+            # nothing to stand on: no PR to ask about and no probe read the engine's sources
+            ev.append("verdict unknown: no upstream PR recorded and no source probe ran, so nothing shows "
+                      "whether the fix is native at the pin")
+            return Verdict("unknown", tuple(ev))
+        ev.append(f"verdict keep: no upstream PR recorded and the probe finds the overlay's anchor ({probe.status})")
         return Verdict("keep", tuple(ev))
 
     if isinstance(pr, PRUnavailable) or pr is None or pr.state == "not-found":

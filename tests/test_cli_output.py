@@ -1,0 +1,90 @@
+"""Data on stdout, talk on stderr; one --json shape; readable at 80 columns with ids never cut
+(issue 12, points 3 and 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manager.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+OVERLAY_IDS = sorted(p.name for p in (REPO / "overlays").iterdir() if (p / "overlay.yaml").is_file())
+
+
+def _sub(*args: str, columns: int = 80) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OVERLAY_CATALOG=str(REPO), COLUMNS=str(columns))
+    return subprocess.run([sys.executable, "-m", "manager", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(["--catalog", str(REPO), *argv])
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("columns", [80, 50])
+def test_list_is_data_on_stdout_one_line_per_overlay_ids_whole(columns: int) -> None:
+    res = _sub("list", columns=columns)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert all(len(ln) <= columns for ln in lines), lines
+    for oid in OVERLAY_IDS:  # `overlay list | grep ID` finds the whole row
+        rows = [ln for ln in lines if ln.split() and ln.split()[0] == oid]
+        assert len(rows) == 1, (oid, lines)
+    assert len(lines) == 1 + len(OVERLAY_IDS)  # header + one row each
+    assert "catalog" in res.stderr and "catalog" not in res.stdout
+
+
+def test_list_wide_shows_targets() -> None:
+    res = _sub("list", "--wide", columns=160)
+    assert res.returncode == 0 and "vllm/platforms/cuda.py" in res.stdout
+
+
+def test_status_table_on_stdout_keeps_ids_whole_at_80_columns(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    res = _sub("status", "--root", str(tmp_path))
+    lines = res.stdout.splitlines()
+    assert all(len(ln) <= 80 for ln in lines)
+    for oid in OVERLAY_IDS:
+        assert any(ln.split()[:1] == [oid] for ln in lines), (oid, lines)
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["list", "--json"], "overlays"),
+        (["compose", "list", "--json"], "deployments"),
+        (["compose", "check", "--json"], "findings"),
+        (["profiles", "list", "--json"], "models"),
+        (["plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2", "--json"], "options"),
+        (["upstream", "check", "--offline", "--no-probe", "--json"], "results"),
+    ],
+)
+def test_every_query_json_is_an_object_with_a_key_per_collection(argv: list[str], key: str, capsys, tmp_path: Path) -> None:
+    if argv[0] == "upstream":
+        argv = [*argv, "--cache", str(tmp_path / "gh")]
+    rc, out, _ = _run(argv, capsys)
+    assert rc in (0, 1)
+    data = json.loads(out)
+    assert isinstance(data, dict) and isinstance(data[key], list) and data[key]
+
+
+def test_plan_says_how_many_more_it_did_not_show(capsys) -> None:
+    rc, out, _ = _run(["plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2",
+                       "--limit", "1"], capsys)
+    full = json.loads(_run(["plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2",
+                            "--json"], capsys)[1])
+    n_opt, n_rej = len(full["options"]), len(full["rejected"])
+    assert n_opt > 1 and n_rej > 1
+    text = " ".join(out.split())
+    assert f"{n_opt} deployments fit (best 1 shown, +{n_opt - 1} more)" in text
+    assert f"rejected ({n_rej})" in text and " more rejected, for " in text
+    shown = text.count(" x TP")
+    assert shown == 1
