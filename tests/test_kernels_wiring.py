@@ -242,3 +242,20 @@ def test_marker_lines_name_each_kind_of_launch_once_with_the_pid(route, fake_loa
     assert all(f"pid {os.getpid()}" in m for m in ran)
     assert "4 splits" in ran[1] and "max_seq_len 9" in ran[3]
     assert any("sm70-d512-attention kernels (compute_70 ptx)" in r.getMessage() for r in caplog.records)
+
+
+def test_decode_captured_in_a_cuda_graph_sizes_its_splits_for_the_longest_context(route, monkeypatch):
+    """Under capture vLLM's dummy decode has seq_len 1; the graph replays at any length, so the route
+    passes the block table's capacity (max blocks x block size) as max_seq_len instead."""
+    mod, torch = route
+    rec = _Recorder()
+    mod._state["attn"] = rec
+    q, kc, out = _tensors(torch, torch.float16)
+    meta = _Meta(torch, 1)
+    meta.block_table = torch.zeros((3, 2048), dtype=torch.int32)   # 2048 blocks x 16 = 32768 tokens
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, meta) is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, meta) is True
+    assert [c[2] for c in rec.calls] == [32768, 9]

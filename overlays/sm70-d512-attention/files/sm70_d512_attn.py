@@ -83,10 +83,16 @@ def sm70_d512_forward(impl, query, key_cache, value_cache, output, attn_metadata
     if attn_metadata.max_query_len == 1:
         n = seq_lens.shape[0]
         out = output[:n].view(n, heads, hd)
+        max_seq_len = attn_metadata.max_seq_len
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # A captured decode graph replays for every context length, but the split count is fixed
+            # at capture (where vLLM's dummy batches have seq_len 1): size it for the longest context
+            # the block table can hold. Empty splits are neutral in the merge, so shorter ones stay exact.
+            max_seq_len = max(max_seq_len, attn_metadata.block_table.shape[1] * key_cache.shape[1])
         attn.decode(query[:n].view(n, heads, hd), key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                    attn_metadata.max_seq_len, impl.scale, window=window, out=out)
+                    max_seq_len, impl.scale, window=window, out=out)
         splits = getattr(attn, "last_splits", 1)
-        detail = f"{n} seqs, max_seq_len {attn_metadata.max_seq_len}, {splits} splits"
+        detail = f"{n} seqs, max_seq_len {max_seq_len}, {splits} splits"
         _ran("decode", detail)
         if splits > 1:
             _ran("split decode", detail)
