@@ -13,7 +13,8 @@ full = all four overlays), then runs each engine configuration in its own proces
 
 a. #40886 A/B (eager) on the compressed-tensors W4A16 MoE checkpoints, group 32 (Marlin MoE) and
    group 16 (not Marlin: the Triton fused-MoE WNA16 path): base → the KeyError, pr40886 → greedy
-   tokens, compared with transformers (fp32, on the GPU) over the dequantized checkpoint;
+   tokens, compared with transformers' forward pass (the checkpoint factory's reference: fp32, eager
+   attention) over the dequantized checkpoint;
    plus stock vLLM on the dense checkpoint (the convertor's error, for context).
 b. D=512 route A/B with CUDA graphs (no enforce_eager) on the full root: OVERLAY_D512=off (vLLM's
    Triton path) vs force (the sm70-d512-attention kernels, compute_70 PTX JIT-run on sm_90), fp16,
@@ -222,6 +223,8 @@ def plan(work: Path, phases: set[str]) -> list[dict]:
                          "model": str(Path(m) / "dequantized"), "group": g})
     if "b" in phases or "c" in phases:
         for model in ("dense", "moe"):
+            if "b" in phases:
+                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": str(ck / model)})
             for mode in ("off", "force"):
                 runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": str(ck / model),
                              "eager": False, "d512": mode, "long": model == "dense" and "b" in phases,
@@ -313,26 +316,21 @@ def throughput(llm) -> dict:
 
 
 def reference(spec: dict) -> dict:
-    """transformers' greedy decode (fp32, GPU) over the dequantized checkpoint: the tokens to match."""
+    """The factory's transformers reference (fp32, eager attention) over the dequantized checkpoint."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
+    from manager.testing.checkpoints import reference as factory_reference
 
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).to("cuda").eval()
-    res = {"name": spec["name"], "transformers": transformers.__version__, "class": type(model).__name__, "short": []}
-    with torch.no_grad():
-        for p in prompts():
-            ids = list(p)
-            steps = []
-            for _ in range(MAX_TOKENS):
-                logits = model(torch.tensor([ids], device="cuda")).logits[0, -1].float()
-                lp = torch.log_softmax(logits, -1)
-                tok = int(torch.argmax(lp))
-                top = torch.topk(lp, 5)
-                steps.append({"token": tok, "logprob": float(lp[tok]),
-                              "top": [(int(i), float(v)) for v, i in zip(top.values, top.indices)]})
-                ids.append(tok)
-            res["short"].append({"tokens": [s["token"] for s in steps], "steps": steps})
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    res = {"name": spec["name"], "transformers": transformers.__version__, "torch": torch.__version__,
+           "model": spec["model"], "short": []}
+    t0 = time.time()
+    for p in prompts():
+        r = factory_reference(spec["model"], p, MAX_TOKENS)
+        res["short"].append({"tokens": list(r.tokens),
+                             "steps": [{"token": t, "logprob": lp, "top": [list(x) for x in top]}
+                                       for t, lp, top in zip(r.tokens, r.token_logprobs, r.top_logprobs)]})
+    res["seconds"] = round(time.time() - t0, 1)
     return res
 
 
@@ -424,6 +422,10 @@ def summarize(results: dict) -> dict:
             c["markers_force"] = force.get("markers", [])
             c["markers_off"] = off.get("markers", [])
             s[f"b-{model}"] = c
+        ref = results.get(f"b-{model}-reference")
+        for mode, r in (("off", off), ("force", force)):
+            if r and ref and "short" in r and "short" in ref:
+                s[f"b-{model}-{mode}-vs-transformers"] = compare(r["short"], ref["short"])
         if off and force and "long" in off and "long" in force:
             s[f"b-{model}-long"] = compare([off["long"]], [force["long"]]) | {"tolerance": TOL_ROUTE,
                                                                              "seconds_off": off["long"]["seconds"],
