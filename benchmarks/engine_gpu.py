@@ -13,8 +13,8 @@ full = all four overlays), then runs each engine configuration in its own proces
 
 a. #40886 A/B (eager) on the compressed-tensors W4A16 MoE checkpoints, group 32 (Marlin MoE) and
    group 16 (not Marlin: the Triton fused-MoE WNA16 path): base → the KeyError, pr40886 → greedy
-   tokens, compared with transformers' forward pass (the checkpoint factory's reference: fp32, eager
-   attention) over the dequantized checkpoint;
+   tokens, compared with transformers' forward pass (fp32, eager attention, on the GPU: the checkpoint
+   factory's reference computation) over the dequantized checkpoint;
    plus stock vLLM on the dense checkpoint (the convertor's error, for context).
 b. D=512 route A/B with CUDA graphs (no enforce_eager) on the full root: OVERLAY_D512=off (vLLM's
    Triton path) vs force (the sm70-d512-attention kernels, compute_70 PTX JIT-run on sm_90), fp16,
@@ -259,8 +259,9 @@ def worker(spec: dict) -> dict:
         kw.update(max_model_len=2048)
     if not kw["enforce_eager"]:
         kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+    # no CUDA call before LLM(): an initialised CUDA context would make vLLM spawn instead of fork
     res: dict = {"name": spec["name"], "pid": os.getpid(), "torch": torch.__version__,
-                 "device": torch.cuda.get_device_name(0), "llm_kwargs": {k: v for k, v in kw.items()}}
+                 "llm_kwargs": {k: v for k, v in kw.items()}}
     import vllm
 
     res["vllm"] = vllm.__version__
@@ -268,6 +269,7 @@ def worker(spec: dict) -> dict:
     t0 = time.time()
     llm = LLM(**kw)
     res["start_s"] = round(time.time() - t0, 1)
+    res["device"] = torch.cuda.get_device_name(0)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5, ignore_eos=True, detokenize=False)
     if spec.get("short", True):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts()], greedy, use_tqdm=False)
@@ -316,20 +318,35 @@ def throughput(llm) -> dict:
 
 
 def reference(spec: dict) -> dict:
-    """The factory's transformers reference (fp32, eager attention) over the dequantized checkpoint."""
+    """transformers' greedy decode over the (dequantized) float checkpoint: fp32, eager attention, on the GPU.
+
+    The same computation as the checkpoint factory's `reference()` (manager.testing.checkpoints), with the
+    model loaded once and run on the GPU (the factory's CPU loop took minutes per checkpoint); no TF32.
+    """
     import torch
     import transformers
-    from manager.testing.checkpoints import reference as factory_reference
 
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
-    res = {"name": spec["name"], "transformers": transformers.__version__, "torch": torch.__version__,
-           "model": spec["model"], "short": []}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
-    for p in prompts():
-        r = factory_reference(spec["model"], p, MAX_TOKENS)
-        res["short"].append({"tokens": list(r.tokens),
-                             "steps": [{"token": t, "logprob": lp, "top": [list(x) for x in top]}
-                                       for t, lp, top in zip(r.tokens, r.token_logprobs, r.top_logprobs)]})
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
+                                                              attn_implementation="eager").to(dev).eval()
+    res = {"name": spec["name"], "transformers": transformers.__version__, "torch": torch.__version__,
+           "model": spec["model"], "class": type(model).__name__, "device": dev, "short": []}
+    with torch.no_grad():
+        for p in prompts():
+            ids = list(p)
+            steps = []
+            for _ in range(MAX_TOKENS):
+                logits = model(torch.tensor([ids], device=dev)).logits[0, -1].float()
+                lp = torch.log_softmax(logits, -1)
+                vals, idx = torch.topk(lp, 5)
+                tok = int(idx[0])
+                steps.append({"token": tok, "logprob": float(vals[0]),
+                              "top": [[int(i), float(v)] for i, v in zip(idx, vals)]})
+                ids.append(tok)
+            res["short"].append({"tokens": [x["token"] for x in steps], "steps": steps})
     res["seconds"] = round(time.time() - t0, 1)
     return res
 
@@ -448,7 +465,8 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool) -> int:
+def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool,
+        only: tuple[str, ...] = ()) -> int:
     start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "runs": {}}
@@ -464,6 +482,8 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
     if dry:
         doc["roots"] = doc["install"].get("roots")
     for spec in plan(work, phases):
+        if only and not any(spec["name"].startswith(o) for o in only):
+            continue
         left = budget_s - (time.time() - start)
         if left < 45 and not dry:
             say(f"skip {spec['name']}: {left:.0f} s of the budget left")
@@ -503,6 +523,7 @@ def main(argv=None) -> int:
     u.add_argument("--out", type=Path, required=True)
     u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c")
     u.add_argument("--budget-s", type=float, default=540.0, help="stop starting engines after this many seconds")
+    u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
     u.add_argument("--dry-run", action="store_true")
     w = sub.add_parser("worker")
     w.add_argument("spec", type=Path)
@@ -525,7 +546,8 @@ def main(argv=None) -> int:
     if bad:
         print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c)", file=sys.stderr)
         return 1
-    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run)
+    only = tuple(o.strip() for o in args.only.split(",") if o.strip())
+    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only)
 
 
 if __name__ == "__main__":

@@ -54,11 +54,11 @@ FA3 = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
 
 # What vLLM 0.20.0 imports at start that the H200 image (device KINDS.md package list, 2026-11-17)
 # lacks, with the overlay tool's own needs; versions resolved from PyPI on 2026-11-30 within vLLM's
-# Requires-Dist (xgrammar 0.1.33: 0.2.x needs apache-tvm-ffi >= 0.1.11, vLLM pins 0.1.9; pydantic-core
-# is pydantic 2.12.5's exact pin). The heavy GPU extras (flashinfer, tilelang, cutlass-dsl, quack)
-# are not carried: nothing these runs start imports them.
+# Requires-Dist (pydantic-core is pydantic 2.12.5's exact pin). Not carried, since nothing these runs
+# start imports them: the heavy GPU extras (flashinfer, tilelang, cutlass-dsl, quack, apache-tvm-ffi)
+# and xgrammar (42 MB; vLLM 0.20.0 loads it lazily, for structured-output requests only).
 DEPENDENCY_WHEELS = (
-    "annotated-types==0.8.0", "anthropic==2.14.0", "apache-tvm-ffi==0.1.9", "astor==0.8.1",
+    "annotated-types==0.8.0", "anthropic==2.14.0", "astor==0.8.1",
     "blake3==1.0.11", "cachetools==8.0.2", "cbor2==6.3.0", "compressed-tensors==0.15.0.1",
     "depyf==0.20.0", "dill==0.4.1", "diskcache==5.6.3", "distro==1.9.0", "docker==7.2.0",
     "docstring-parser==0.18.0", "fastapi==0.165.0", "gguf==0.19.0", "ijson==3.6.0",
@@ -71,7 +71,7 @@ DEPENDENCY_WHEELS = (
     "pybase64==1.5.1", "pycountry==26.2.16", "pydantic==2.12.5", "pydantic-core==2.41.5",
     "pydantic-extra-types==2.11.1", "python-json-logger==4.2.0", "pyzmq==27.3.0", "referencing==0.37.0",
     "rpds-py==2026.9.1", "setproctitle==1.3.8", "sniffio==1.3.1", "starlette==1.10.0",
-    "supervisor==4.3.0", "typing-inspection==0.4.5", "watchfiles==1.3.0", "xgrammar==0.1.33",
+    "supervisor==4.3.0", "typing-inspection==0.4.5", "watchfiles==1.3.0",
 )
 # libcst >= 1.8 ships only manylinux_2_28 wheels for cp312 (pip matches each N exactly).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
