@@ -481,6 +481,15 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
         return 1
     if dry:
         doc["roots"] = doc["install"].get("roots")
+    else:   # one cheap import first: a missing module stops here, not once per engine start
+        proc = subprocess.run([sys.executable, "-c", "import vllm, vllm.entrypoints.llm, vllm.model_executor.models.gemma4;"
+                               "print('import ok', vllm.__version__)"], capture_output=True, text=True,
+                              env=_env_for(work, "full"))
+        doc["import_check"] = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        say(f"import check: {' | '.join(doc['import_check'])}")
+        if proc.returncode != 0:
+            res_file.write_text(json.dumps(doc, indent=1))
+            return 1
     for spec in plan(work, phases):
         if only and not any(spec["name"].startswith(o) for o in only):
             continue

@@ -57,15 +57,17 @@ FA3 = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
 # Requires-Dist (pydantic-core is pydantic 2.12.5's exact pin). Not carried, since nothing these runs
 # start imports them: the heavy GPU extras (flashinfer, tilelang, cutlass-dsl, quack, apache-tvm-ffi)
 # and xgrammar (42 MB; vLLM 0.20.0 loads it lazily, for structured-output requests only).
+# openai 2.x and anthropic 0.x: openai >= 3 and anthropic >= 1 import `httpx2`, which the image lacks
+# (seen on the H200, 2026-11-30: "ModuleNotFoundError: No module named 'httpx2'" from openai/_types.py).
 DEPENDENCY_WHEELS = (
-    "annotated-types==0.8.0", "anthropic==2.14.0", "astor==0.8.1",
+    "annotated-types==0.8.0", "anthropic==0.125.0", "astor==0.8.1",
     "blake3==1.0.11", "cachetools==8.0.2", "cbor2==6.3.0", "compressed-tensors==0.15.0.1",
     "depyf==0.20.0", "dill==0.4.1", "diskcache==5.6.3", "distro==1.9.0", "docker==7.2.0",
     "docstring-parser==0.18.0", "fastapi==0.165.0", "gguf==0.19.0", "ijson==3.6.0",
-    "importlib-metadata==10.2.0", "interegular==0.3.3", "jiter==0.19.0", "jmespath==1.1.0",
+    "interegular==0.3.3", "jiter==0.19.0", "jmespath==1.1.0",
     "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "lark==1.2.2", "libcst==1.9.0",
     "llguidance==1.3.0", "lm-format-enforcer==0.11.3", "loguru==0.7.3", "mistral-common==1.13.1",
-    "model-hosting-container-standards==0.1.16", "msgspec==0.23.0", "openai==3.57.0",
+    "model-hosting-container-standards==0.1.16", "msgspec==0.23.0", "openai==2.54.0",
     "openai-harmony==0.0.8", "opentelemetry-api==1.45.2", "outlines-core==0.2.14",
     "partial-json-parser==0.2.1.1.post7", "prometheus-fastapi-instrumentator==8.1.0",
     "pybase64==1.5.1", "pycountry==26.2.16", "pydantic==2.12.5", "pydantic-core==2.41.5",
@@ -190,6 +192,58 @@ def _dist_of(wheel: Path) -> str:
 
 def _version_of(wheel: Path) -> str:
     return wheel.name.split("-")[1]
+
+
+# The H200 image's Python packages (device KINDS.md, "Python packages already there", read 2026-11-17).
+IMAGE_PACKAGES = frozenset("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
+charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
+cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools
+formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna
+imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
+lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
+matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals
+networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13
+nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
+pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
+pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
+python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
+statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
+tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
+triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+""".split())
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def unmet_requirements(wheels: list[Path], image: frozenset[str] = IMAGE_PACKAGES) -> list[str]:
+    """Requires-Dist lines (no extras; markers for CPython 3.12 on Linux x86_64) that neither a carried
+    wheel nor the image satisfies by name: "<wheel>: <requirement>"."""
+    from packaging.requirements import Requirement
+
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    have = {_norm(_dist_of(w)) for w in wheels} | {_norm(n) for n in image}
+    out = []
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            lines = z.read(meta).decode("utf-8", "replace").splitlines()
+        for ln in lines:
+            if not ln.startswith("Requires-Dist:"):
+                continue
+            req = Requirement(ln.split(":", 1)[1].strip())
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            if _norm(req.name) not in have:
+                out.append(f"{w.name}: {req}")
+    return out
 
 
 def check_one_version_each(specs) -> None:
@@ -397,6 +451,9 @@ def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, chec
 
     # 2. dependency wheels: one uncompressed tar (wheels are zip files already)
     wheels = fetch_dependency_wheels(cache)
+    unmet = unmet_requirements(wheels)
+    if unmet:
+        raise PrepareError("dependency wheels need what neither they nor the H200 image provide: " + "; ".join(unmet))
     deps_tar = work / "deps.tar"
     with tarfile.open(deps_tar, "w") as t:
         for w in sorted(wheels):

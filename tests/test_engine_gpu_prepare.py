@@ -279,3 +279,27 @@ def test_engine_gpu_arguments_fail_with_one_line(tmp_path, argv, msg):
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and msg in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _meta_wheel(path: Path, name: str, requires: list[str]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    return path
+
+
+def test_requirements_neither_carried_nor_in_the_image_are_reported(tmp_path):
+    """What broke the first H200 run: openai 3.x needs httpx2, which the image lacks."""
+    a = _meta_wheel(tmp_path / "openai-3.57.0-py3-none-any.whl", "openai",
+                    ["httpx2<3,>=2.12.0", "pydantic<3", "numpy", "foo; extra == 'x'", "pywin32; sys_platform == 'win32'"])
+    b = _meta_wheel(tmp_path / "pydantic-2.12.5-py3-none-any.whl", "pydantic", ["typing-extensions>=4.14.1"])
+    assert prep.unmet_requirements([a, b]) == ["openai-3.57.0-py3-none-any.whl: httpx2<3,>=2.12.0"]
+
+
+def test_the_pinned_dependency_set_is_closed_over_the_image_when_cached():
+    deps = prep.cache_root() / "deps"
+    wheels = [p for s in prep.DEPENDENCY_WHEELS
+              for p in deps.glob(f"{prep._wheel_name(s)}-{s.split('==')[1]}-*.whl")]
+    if len(wheels) != len(prep.DEPENDENCY_WHEELS):
+        pytest.skip("the dependency wheels are not all cached (run benchmarks/engine_gpu_prepare.py once)")
+    assert prep.unmet_requirements(wheels) == []
