@@ -184,8 +184,10 @@ def make_roots(work: Path) -> dict:
         shutil.copytree(work / "vllm", root, copy_function=os.link)
         rec = {"overlays": list(ids)}
         if ids:
+            # cwd=work: `python -m` puts the cwd first on sys.path, and the device runs commands in a copy of
+            # the lead's checkout, whose own manager/ and overlays/ would be applied instead (seen on the H200)
             proc = subprocess.run([sys.executable, "-m", "manager", "apply", *ids, "--root", str(root)],
-                                  capture_output=True, text=True, env=_env_for(work))
+                                  capture_output=True, text=True, env=_env_for(work), cwd=str(work))
             rec["apply_rc"] = proc.returncode
             rec["apply"] = (proc.stderr + proc.stdout).strip().splitlines()[-len(ids) - 2:]
             if proc.returncode != 0:
@@ -405,7 +407,7 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
     say(f"start {spec['name']}")
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(work))
         log, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         log = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")) + \
