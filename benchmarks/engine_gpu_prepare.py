@@ -55,8 +55,9 @@ FA3 = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
 # What vLLM 0.20.0 imports at start that the H200 image (device KINDS.md package list, 2026-11-17)
 # lacks, with the overlay tool's own needs; versions resolved from PyPI on 2026-11-30 within vLLM's
 # Requires-Dist (pydantic-core is pydantic 2.12.5's exact pin). Not carried, since nothing these runs
-# start imports them: the heavy GPU extras (flashinfer, tilelang, cutlass-dsl, quack, apache-tvm-ffi)
-# and xgrammar (42 MB; vLLM 0.20.0 loads it lazily, for structured-output requests only).
+# start imports them: the heavy GPU extras (flashinfer, tilelang, cutlass-dsl, quack, apache-tvm-ffi).
+# xgrammar IS needed (42 MB): `import vllm.entrypoints.llm` failed without it on the H200 (2026-11-30,
+# "No module named 'xgrammar'"); 0.1.33 because 0.2.x needs apache-tvm-ffi >= 0.1.11 (vLLM pins 0.1.9).
 # openai 2.x and anthropic 0.x: openai >= 3 and anthropic >= 1 import `httpx2`, which the image lacks
 # (seen on the H200, 2026-11-30: "ModuleNotFoundError: No module named 'httpx2'" from openai/_types.py).
 DEPENDENCY_WHEELS = (
@@ -73,7 +74,7 @@ DEPENDENCY_WHEELS = (
     "pybase64==1.5.1", "pycountry==26.2.16", "pydantic==2.12.5", "pydantic-core==2.41.5",
     "pydantic-extra-types==2.11.1", "python-json-logger==4.2.0", "pyzmq==27.3.0", "referencing==0.37.0",
     "rpds-py==2026.9.1", "setproctitle==1.3.8", "sniffio==1.3.1", "starlette==1.10.0",
-    "supervisor==4.3.0", "typing-inspection==0.4.5", "watchfiles==1.3.0",
+    "supervisor==4.3.0", "typing-inspection==0.4.5", "watchfiles==1.3.0", "xgrammar==0.1.33",
 )
 # libcst >= 1.8 ships only manylinux_2_28 wheels for cp312 (pip matches each N exactly).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
