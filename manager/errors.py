@@ -43,3 +43,7 @@ class ReleaseError(ManagerError):
 
 class InspectError(ManagerError):
     """A checkpoint (config.json, index, safetensors headers) is unreadable or malformed."""
+
+
+class EngineError(ManagerError):
+    """A real engine (a vLLM install used by the test harness) could not be installed, started or queried."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 import types
 
@@ -171,3 +172,90 @@ def test_disabled_by_environment(route, monkeypatch):
     q, kc, out = _tensors(torch, torch.float16)
     assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 1)) is False
     assert mod._state["attn"] is None
+
+
+# --- OVERLAY_D512: a test switch, off by default on anything but compute capability 7.0 ---------
+
+
+class _Loaded:
+    """What d512.load returns: objects for the log line, decode/prefill recording like _Recorder."""
+
+    def __init__(self, splits=1):
+        self.k = types.SimpleNamespace(objects=[types.SimpleNamespace(arch="compute_70", kind="ptx")])
+        self.last_splits = splits
+        self.calls = []
+
+    def decode(self, *a, **kw):
+        self.calls.append("decode")
+
+    def prefill(self, *a, **kw):
+        self.calls.append("prefill")
+
+
+@pytest.fixture
+def fake_loader(route, monkeypatch):
+    """manager.kernels.d512.load replaced by a recorder of its calls."""
+    from manager.kernels import d512
+
+    loads = []
+    kernels = _Loaded(splits=4)
+
+    def load(cache=None, **kw):
+        loads.append(cache)
+        return kernels
+
+    monkeypatch.setattr(d512, "load", load)
+    return loads, kernels
+
+
+@pytest.mark.parametrize("mode, capability, routed", [
+    (None, (9, 0), False),       # default (unset) on an H200: stays on Triton, kernels never loaded
+    ("auto", (8, 6), False),     # explicit auto on an RTX 3090: the same
+    (None, (7, 0), True),        # default on a V100: routed
+    ("force", (9, 0), True),     # the test switch: routed on any GPU
+    ("off", (7, 0), False),      # off wins even on a V100
+])
+def test_route_default_is_sm70_only_and_force_is_an_explicit_switch(route, fake_loader, monkeypatch, mode, capability, routed):
+    mod, torch = route
+    loads, kernels = fake_loader
+    if mode is None:
+        monkeypatch.delenv("OVERLAY_D512", raising=False)
+    else:
+        monkeypatch.setenv("OVERLAY_D512", mode)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    q, kc, out = _tensors(torch, torch.float16)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, 1)) is routed
+    assert len(loads) == (1 if routed else 0)
+    assert kernels.calls == (["decode"] if routed else [])
+
+
+def test_marker_lines_name_each_kind_of_launch_once_with_the_pid(route, fake_loader, monkeypatch, caplog):
+    mod, torch = route
+    monkeypatch.setenv("OVERLAY_D512", "force")
+    q, kc, out = _tensors(torch, torch.float16)
+    with caplog.at_level(logging.INFO):
+        for mql in (1, 1, 7, 7):   # decode twice (4 splits), then a prefill whose context exceeds the chunk, twice
+            assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, _Meta(torch, mql)) is True
+    ran = [r.getMessage() for r in caplog.records if " ran on sm70-d512-attention kernels in pid " in r.getMessage()]
+    kinds = [m.split("head_dim-512 attention: ")[1].split(" ran ")[0] for m in ran]
+    assert kinds == ["decode", "split decode", "prefill", "chunked prefill"]
+    assert all(f"pid {os.getpid()}" in m for m in ran)
+    assert "4 splits" in ran[1] and "max_seq_len 9" in ran[3]
+    assert any("sm70-d512-attention kernels (compute_70 ptx)" in r.getMessage() for r in caplog.records)
+
+
+def test_decode_captured_in_a_cuda_graph_sizes_its_splits_for_the_longest_context(route, monkeypatch):
+    """Under capture vLLM's dummy decode has seq_len 1; the graph replays at any length, so the route
+    passes the block table's capacity (max blocks x block size) as max_seq_len instead."""
+    mod, torch = route
+    rec = _Recorder()
+    mod._state["attn"] = rec
+    q, kc, out = _tensors(torch, torch.float16)
+    meta = _Meta(torch, 1)
+    meta.block_table = torch.zeros((3, 2048), dtype=torch.int32)   # 2048 blocks x 16 = 32768 tokens
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, meta) is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert mod.sm70_d512_forward(_Impl(), q, kc, kc, out, meta) is True
+    assert [c[2] for c in rec.calls] == [32768, 9]

@@ -55,6 +55,7 @@ class D512Attention:
         self.k = kernels
         self.num_sms = num_sms
         self.slots = num_sms * max(1, decode_blocks_per_sm)
+        self.last_splits = 1
 
     def pick_splits(self, num_seqs: int, num_kv_heads: int, group: int, max_seq_len: int) -> int:
         """Split the context so the decode grid fills whole waves of resident blocks.
@@ -84,6 +85,7 @@ class D512Attention:
         group = num_q_heads // num_kv_heads
         eff = min(max_seq_len, window) if window > 0 else max_seq_len
         splits = num_splits or self.pick_splits(num_seqs, num_kv_heads, group, eff)
+        self.last_splits = splits  # what the last decode used (the route's marker line reports it)
         out = torch.empty_like(q) if out is None else out
         if splits > 1:
             part_o = torch.empty((splits, num_seqs, num_q_heads, HEAD_DIM), dtype=torch.float32, device=q.device)

@@ -9,7 +9,9 @@ or kernels that are not built/loadable (logged once).
 The kernels come from the `overlay build` cache ($OVERLAY_KERNEL_CACHE, the compose
 volume); the loader is the overlay-manager package (`manager.kernels.d512`), found on
 sys.path or under $OVERLAY_MANAGER_HOME. OVERLAY_D512=off disables the route,
-OVERLAY_D512=force enables it on any GPU (testing).
+OVERLAY_D512=force enables it on any GPU (a test switch; unset = auto = compute capability 7.0 only).
+The first decode, split decode, prefill and chunked prefill that run on the kernels are each logged
+once ("head_dim-512 attention: <kind> ran ... pid N"): the marker that they ran in the engine's worker.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ def _kernels():
     return attn
 
 
+def _ran(kind: str, detail: str) -> None:
+    seen = _state.setdefault("ran", set())
+    if kind not in seen:
+        seen.add(kind)
+        logger.info("head_dim-512 attention: %s ran on sm70-d512-attention kernels in pid %d (%s)",
+                    kind, os.getpid(), detail)
+
+
 def sm70_d512_forward(impl, query, key_cache, value_cache, output, attn_metadata) -> bool:
     if (
         query.dtype != torch.float16
@@ -73,12 +83,27 @@ def sm70_d512_forward(impl, query, key_cache, value_cache, output, attn_metadata
     if attn_metadata.max_query_len == 1:
         n = seq_lens.shape[0]
         out = output[:n].view(n, heads, hd)
+        max_seq_len = attn_metadata.max_seq_len
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # A captured decode graph replays for every context length, but the split count is fixed
+            # at capture (where vLLM's dummy batches have seq_len 1): size it for the longest context
+            # the block table can hold. Empty splits are neutral in the merge, so shorter ones stay exact.
+            max_seq_len = max(max_seq_len, attn_metadata.block_table.shape[1] * key_cache.shape[1])
         attn.decode(query[:n].view(n, heads, hd), key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                    attn_metadata.max_seq_len, impl.scale, window=window, out=out)
+                    max_seq_len, impl.scale, window=window, out=out)
+        splits = getattr(attn, "last_splits", 1)
+        detail = f"{n} seqs, max_seq_len {max_seq_len}, {splits} splits"
+        _ran("decode", detail)
+        if splits > 1:
+            _ran("split decode", detail)
     else:
         n = attn_metadata.num_actual_tokens
         out = output[:n].view(n, heads, hd)
         attn.prefill(query[:n].view(n, heads, hd), key_cache, value_cache, attn_metadata.block_table,
                      attn_metadata.query_start_loc, seq_lens, attn_metadata.max_query_len, impl.scale,
                      causal=True, window=window, out=out)
+        detail = f"{n} tokens, max_query_len {attn_metadata.max_query_len}, max_seq_len {attn_metadata.max_seq_len}"
+        _ran("prefill", detail)
+        if attn_metadata.max_seq_len > attn_metadata.max_query_len:
+            _ran("chunked prefill", detail)
     return True

@@ -1,0 +1,565 @@
+"""The real vLLM 0.20.0 engine on the H200: #40886 generating, and the D=512 route A/B under CUDA graphs.
+
+Runs on the GPU machine from what benchmarks/engine_gpu_prepare.py staged (driver: engine_gpu.sh):
+
+    engine_gpu.py receive --manifest M --work W DIR     keep this call's pieces (sha256-checked) in W/in
+    engine_gpu.py run --manifest M --work W --out OUT [--phases install,a,b,c] [--budget-s 540] [--dry-run]
+
+`run` first installs what has arrived (once: join the parts, unpack vLLM without FA2, `pip install
+--no-deps --target W/site` the dependency wheels, unpack the kernel cache, checkpoints and project),
+makes four hard-linked copies of vLLM with different overlays applied by `overlay apply`
+(stock; base = gemma4-convertor-per-layer; pr40886 = base + vllm-pr40886-gemma4-awq-moe-keys;
+full = all four overlays), then runs each engine configuration in its own process:
+
+a. #40886 A/B (eager) on the compressed-tensors W4A16 MoE checkpoints, group 32 (Marlin MoE) and
+   group 16 (not Marlin: the Triton fused-MoE WNA16 path): base → the KeyError, pr40886 → greedy
+   tokens, compared with transformers' forward pass (fp32, eager attention, on the GPU: the checkpoint
+   factory's reference computation) over the dequantized checkpoint;
+   plus stock vLLM on the dense checkpoint (the convertor's error, for context).
+b. D=512 route A/B with CUDA graphs (no enforce_eager) on the full root: OVERLAY_D512=off (vLLM's
+   Triton path) vs force (the sm70-d512-attention kernels, compute_70 PTX JIT-run on sm_90), fp16,
+   dense and MoE: greedy tokens and logprobs, the marker lines the route logs in the engine-core
+   process, and (dense) one long request through chunked prefill and split decode.
+c. throughput, route off vs on (dense): prefill tokens/s, decode tokens/s (short and long context),
+   medians of 3.
+
+Writes OUT/results.json, OUT/results.md and OUT/logs.txt. `--dry-run` does the install (without
+pip), the overlay applies and prints the planned engine runs, with no GPU and no engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOTS = {
+    "stock": (),
+    "base": ("gemma4-convertor-per-layer",),
+    "pr40886": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys"),
+    "full": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches",
+             "sm70-d512-attention"),
+}
+MARKER = "head_dim-512 attention:"
+# Tolerances on the logprob of each greedy token while the token streams agree (stated up front):
+TOL_W4A16 = 5e-2   # vLLM fp16 W4A16 kernels (fp16 activations) vs transformers fp32 on the dequantized weights
+TOL_ROUTE = 1e-2   # fp16 D=512 kernels vs vLLM's fp16 Triton attention (same engine otherwise)
+MAX_TOKENS = 16
+LONG_PROMPT = 24576
+LONG_TOKENS = 32
+CHUNK = 4096       # max_num_batched_tokens: a 24K prompt is prefilled in 6 chunks
+SEED = 1234
+MIB = 1 << 20
+
+
+def say(msg: str) -> None:
+    print(f"[engine_gpu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(MIB), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_manifest(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+# --- receive / install -------------------------------------------------------------------------
+
+
+def receive(manifest: dict, work: Path, src: Path) -> dict:
+    """Copy src's pieces into work/in after checking each one's sha256 (idempotent)."""
+    pieces = {p["name"]: p for p in manifest["pieces"]}
+    inbox = work / "in"
+    inbox.mkdir(parents=True, exist_ok=True)
+    got, bad = [], []
+    for f in sorted(Path(src).iterdir()):
+        p = pieces.get(f.name)
+        if p is None:
+            bad.append(f"{f.name}: not in the manifest")
+            continue
+        dest = inbox / f.name
+        if dest.exists() and dest.stat().st_size == p["size"] and sha256_file(dest) == p["sha256"]:
+            got.append(f.name)
+            continue
+        if sha256_file(f) != p["sha256"]:
+            bad.append(f"{f.name}: sha256 mismatch")
+            continue
+        shutil.copyfile(f, dest.with_name(dest.name + ".tmp"))
+        os.replace(dest.with_name(dest.name + ".tmp"), dest)
+        got.append(f.name)
+    have = {f.name for f in inbox.iterdir()}
+    missing = sorted(set(pieces) - have)
+    say(f"received {len(got)} piece(s) from {src}; {len(have & set(pieces))}/{len(pieces)} here"
+        + (f"; missing {', '.join(missing)}" if missing else "; all pieces here"))
+    for b in bad:
+        say(f"REJECTED {b}")
+    return {"received": got, "rejected": bad, "missing": missing}
+
+
+def _join(manifest: dict, work: Path, group: str) -> Path:
+    g = manifest["groups"][group]
+    out = work / "joined" / group
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as f:
+        for name in g["parts"]:
+            with open(work / "in" / name, "rb") as part:
+                shutil.copyfileobj(part, f, 16 * MIB)
+    if sha256_file(out) != g["sha256"]:
+        raise SystemExit(f"engine_gpu: joined {group} does not match its sha256 (a part is corrupt)")
+    return out
+
+
+def install(manifest: dict, work: Path, dry: bool = False) -> dict:
+    """Join and unpack every group whose parts are all here (once each); build the overlay roots."""
+    report = {}
+    have = {f.name for f in (work / "in").iterdir()} if (work / "in").exists() else set()
+    dest_of = {"vllm": work / "vllm", "kernels": work / "kernels", "checkpoints": work / "ckpt",
+               "project": work / "project", "deps": work / "wheels"}
+    for group, g in manifest["groups"].items():
+        done = work / f".done-{group}"
+        if done.exists():
+            report[group] = "installed earlier"
+            continue
+        if not set(g["parts"]) <= have:
+            report[group] = f"waiting for {len(set(g['parts']) - have)} part(s)"
+            continue
+        t0 = time.time()
+        joined = _join(manifest, work, group)
+        dest = dest_of[group]
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        with tarfile.open(joined) as t:
+            t.extractall(dest, filter="tar") if sys.version_info >= (3, 12) else t.extractall(dest)
+        if group == "deps" and not dry:
+            wheels = sorted(str(p) for p in dest.glob("*.whl"))
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                   "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(work / "site"),
+                                   *wheels], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"engine_gpu: pip install of the dependency wheels failed: {proc.stderr[-800:]}")
+        joined.unlink()
+        done.write_text("ok\n")
+        report[group] = f"installed in {time.time() - t0:.1f} s"
+    for group, r in report.items():
+        say(f"{group}: {r}")
+    if (work / ".done-vllm").exists() and (work / ".done-project").exists():
+        report["roots"] = make_roots(work)
+    return report
+
+
+def _env_for(work: Path, root: str | None = None, **extra: str) -> dict:
+    paths = ([str(work / "roots" / root)] if root else []) + [str(work / "site"), str(work / "project")]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(extra)
+    return env
+
+
+def make_roots(work: Path) -> dict:
+    """Hard-linked copies of the unpacked vLLM with each root's overlays applied (once)."""
+    out = {}
+    for name, ids in ROOTS.items():
+        root = work / "roots" / name
+        done = root / ".ready"
+        if done.exists():
+            out[name] = json.loads(done.read_text())
+            continue
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(work / "vllm", root, copy_function=os.link)
+        rec = {"overlays": list(ids)}
+        if ids:
+            # cwd=work: `python -m` puts the cwd first on sys.path, and the device runs commands in a copy of
+            # the lead's checkout, whose own manager/ and overlays/ would be applied instead (seen on the H200)
+            proc = subprocess.run([sys.executable, "-m", "manager", "apply", *ids, "--root", str(root)],
+                                  capture_output=True, text=True, env=_env_for(work), cwd=str(work))
+            rec["apply_rc"] = proc.returncode
+            rec["apply"] = (proc.stderr + proc.stdout).strip().splitlines()[-len(ids) - 2:]
+            if proc.returncode != 0:
+                raise SystemExit(f"engine_gpu: overlay apply {' '.join(ids)} on {root} failed:\n{proc.stderr[-1500:]}")
+        done.write_text(json.dumps(rec))
+        say(f"root {name}: {', '.join(ids) or 'no overlays'}")
+        out[name] = rec
+    return out
+
+
+# --- the planned engine runs -------------------------------------------------------------------
+
+
+def prompts(n: int = 4, length: int = 24, vocab: int = 512, seed: int = SEED) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    lo = 8  # keep clear of pad/bos/eos ids at the start of a tiny vocabulary
+    return [[rng.randrange(lo, vocab) for _ in range(length + 3 * i)] for i in range(n)]
+
+
+def plan(work: Path, phases: set[str]) -> list[dict]:
+    ck = work / "ckpt"
+    runs: list[dict] = []
+    if "a" in phases:
+        runs.append({"name": "a-stock-dense", "phase": "a", "root": "stock", "model": str(ck / "dense"),
+                     "eager": True, "expect_error": True})
+        for g in (32, 16):
+            m = str(ck / ("ct-w4a16-moe" if g == 32 else f"ct-w4a16-moe-g{g}"))
+            runs.append({"name": f"a-g{g}-unpatched", "phase": "a", "root": "base", "model": m, "eager": True,
+                         "expect_error": True, "group": g})
+            runs.append({"name": f"a-g{g}-patched", "phase": "a", "root": "pr40886", "model": m, "eager": True,
+                         "group": g})
+            runs.append({"name": f"a-g{g}-reference", "phase": "a", "kind": "reference",
+                         "model": str(Path(m) / "dequantized"), "group": g})
+    if "b" in phases or "c" in phases:
+        for model in ("dense", "moe"):
+            if "b" in phases:
+                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": str(ck / model)})
+            for mode in ("off", "force"):
+                runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": str(ck / model),
+                             "eager": False, "d512": mode, "long": model == "dense" and "b" in phases,
+                             "throughput": model == "dense" and "c" in phases, "short": "b" in phases})
+    return runs
+
+
+# --- worker: one engine configuration in its own process ---------------------------------------
+
+
+def _lp_record(out) -> dict:
+    c = out.outputs[0]
+    steps = []
+    for tok, lp in zip(c.token_ids, c.logprobs or []):
+        steps.append({"token": int(tok), "logprob": float(lp[tok].logprob),
+                      "top": sorted(((int(k), float(v.logprob)) for k, v in lp.items()), key=lambda kv: -kv[1])[:5]})
+    return {"tokens": [int(t) for t in c.token_ids], "steps": steps}
+
+
+def worker(spec: dict) -> dict:
+    import torch
+    from vllm import LLM, SamplingParams
+
+    long_len = LONG_PROMPT + LONG_TOKENS + 64
+    kw = dict(model=spec["model"], dtype="float16", skip_tokenizer_init=True, seed=0,
+              gpu_memory_utilization=0.40, max_num_seqs=64, enable_prefix_caching=False,
+              enforce_eager=spec.get("eager", False))
+    if spec.get("long") or spec.get("throughput"):
+        kw.update(max_model_len=long_len, max_num_batched_tokens=CHUNK, enable_chunked_prefill=True,
+                  hf_overrides={"max_position_embeddings": long_len})
+    else:
+        kw.update(max_model_len=2048)
+    if not kw["enforce_eager"]:
+        kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+    # no CUDA call before LLM(): an initialised CUDA context would make vLLM spawn instead of fork
+    res: dict = {"name": spec["name"], "pid": os.getpid(), "torch": torch.__version__,
+                 "llm_kwargs": {k: v for k, v in kw.items()}}
+    import vllm
+
+    res["vllm"] = vllm.__version__
+    res["vllm_file"] = vllm.__file__
+    t0 = time.time()
+    llm = LLM(**kw)
+    res["start_s"] = round(time.time() - t0, 1)
+    res["device"] = torch.cuda.get_device_name(0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5, ignore_eos=True, detokenize=False)
+    if spec.get("short", True):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts()], greedy, use_tqdm=False)
+        res["short"] = [_lp_record(o) for o in outs]
+    if spec.get("long"):
+        import random
+
+        rng = random.Random(SEED + 1)
+        p = [rng.randrange(8, 512) for _ in range(LONG_PROMPT)]
+        sp = SamplingParams(temperature=0.0, max_tokens=LONG_TOKENS, logprobs=5, ignore_eos=True, detokenize=False)
+        t = time.perf_counter()
+        o = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
+        res["long"] = _lp_record(o) | {"prompt_tokens": LONG_PROMPT, "seconds": round(time.perf_counter() - t, 3)}
+    if spec.get("throughput"):
+        res["throughput"] = throughput(llm)
+    return res
+
+
+def throughput(llm) -> dict:
+    """Prefill and decode tokens/s (median of 3 after a warm-up) for three shapes."""
+    from vllm import SamplingParams
+
+    def timed(ps, n):
+        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+        t = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+        return time.perf_counter() - t
+
+    cases = {"prefill 8x4096": (8, 4096, 1), "decode 64x256 +128": (64, 256, 128), "decode 8x8192 +128": (8, 8192, 128)}
+    out = {}
+    for label, (b, L, n) in cases.items():
+        ps = prompts(b, L)
+        ps = [p[:L] for p in ps]
+        timed(ps, n)  # warm-up
+        if n == 1:
+            ts = [timed(ps, 1) for _ in range(3)]
+            med = statistics.median(ts)
+            out[label] = {"tokens_per_s": round(b * L / med, 1), "seconds": [round(x, 4) for x in ts]}
+        else:
+            t1 = [timed(ps, 1) for _ in range(3)]
+            tn = [timed(ps, n) for _ in range(3)]
+            dec = statistics.median(tn) - statistics.median(t1)
+            out[label] = {"tokens_per_s": round(b * (n - 1) / dec, 1), "seconds_prefill_only": [round(x, 4) for x in t1],
+                          "seconds_total": [round(x, 4) for x in tn]}
+    return out
+
+
+def reference(spec: dict) -> dict:
+    """transformers' greedy decode over the (dequantized) float checkpoint: fp32, eager attention, on the GPU.
+
+    The same computation as the checkpoint factory's `reference()` (manager.testing.checkpoints), with the
+    model loaded once and run on the GPU (the factory's CPU loop took minutes per checkpoint); no TF32.
+    """
+    import torch
+    import transformers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.time()
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
+                                                              attn_implementation="eager").to(dev).eval()
+    res = {"name": spec["name"], "transformers": transformers.__version__, "torch": torch.__version__,
+           "model": spec["model"], "class": type(model).__name__, "device": dev, "short": []}
+    with torch.no_grad():
+        for p in prompts():
+            ids = list(p)
+            steps = []
+            for _ in range(MAX_TOKENS):
+                logits = model(torch.tensor([ids], device=dev)).logits[0, -1].float()
+                lp = torch.log_softmax(logits, -1)
+                vals, idx = torch.topk(lp, 5)
+                tok = int(idx[0])
+                steps.append({"token": tok, "logprob": float(vals[0]),
+                              "top": [[int(i), float(v)] for i, v in zip(idx, vals)]})
+                ids.append(tok)
+            res["short"].append({"tokens": [x["token"] for x in steps], "steps": steps})
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+# --- comparison --------------------------------------------------------------------------------
+
+
+def compare(a: list[dict], b: list[dict]) -> dict:
+    """Token agreement and the largest |logprob difference| of the chosen tokens while they agree."""
+    equal = total = 0
+    worst = 0.0
+    first_div = []
+    for x, y in zip(a, b):
+        n = min(len(x["tokens"]), len(y["tokens"]))
+        k = next((i for i in range(n) if x["tokens"][i] != y["tokens"][i]), n)
+        first_div.append(None if k == n else k)
+        equal += k
+        total += n
+        for i in range(k):
+            worst = max(worst, abs(x["steps"][i]["logprob"] - y["steps"][i]["logprob"]))
+    return {"tokens_equal": equal, "tokens": total, "identical": equal == total and len(a) == len(b),
+            "max_abs_logprob_diff": worst, "first_divergence": first_div}
+
+
+def first_error_line(log: str) -> str | None:
+    """The root-cause exception line of a failed engine start (not vLLM's wrapper)."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    pat = re.compile(r"(?:^|\s)((?:[\w.]+\.)?\w*(?:Error|Exception)\b: .*)$")
+    for ln in lines:
+        m = pat.search(ln)
+        if m and "Engine core initialization failed" not in ln and "Traceback" not in ln:
+            return m.group(1)[:400]
+    return None
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dict:
+    env_extra = {"OVERLAY_KERNEL_CACHE": str(work / "kernels"), "OVERLAY_MANAGER_HOME": str(work / "project"),
+                 "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
+    if "d512" in spec:
+        env_extra["OVERLAY_D512"] = spec["d512"]
+    env = _env_for(work, spec.get("root"), **env_extra)
+    if spec.get("kind") == "reference":   # the image's transformers, none of the carried packages
+        env = dict(os.environ, PYTHONPATH=str(work / "project"), PYTHONUNBUFFERED="1")
+    spec_path = out / "specs" / f"{spec['name']}.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(json.dumps(spec))
+    res_path = out / "specs" / f"{spec['name']}.result.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "worker", str(spec_path), str(res_path)]
+    if dry:
+        say(f"dry-run {spec['name']}: PYTHONPATH={env['PYTHONPATH']} OVERLAY_D512={env.get('OVERLAY_D512', '-')} "
+            f"model={spec['model']} ({'present' if Path(spec['model']).is_dir() else 'MISSING'})")
+        return {"name": spec["name"], "dry_run": True, "model_present": Path(spec["model"]).is_dir()}
+    say(f"start {spec['name']}")
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(work))
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")) + \
+              ((exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or ""))
+        rc = "timeout"
+    res = json.loads(res_path.read_text()) if res_path.exists() else {"name": spec["name"]}
+    res.update(rc=rc, wall_s=round(time.time() - t0, 1))
+    if rc != 0:
+        res["error"] = first_error_line(log)
+    res["markers"] = [ln.strip()[:300] for ln in log.splitlines() if MARKER in ln][:12]
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "logs" / f"{spec['name']}.log").write_text(log)
+    say(f"done {spec['name']}: rc={rc} in {res['wall_s']} s" + (f" error: {res.get('error')}" if rc != 0 else ""))
+    return res
+
+
+def summarize(results: dict) -> dict:
+    s: dict = {}
+    for g in (32, 16):
+        pa, un, ref = (results.get(f"a-g{g}-{k}") for k in ("patched", "unpatched", "reference"))
+        if pa and ref and "short" in pa and "short" in ref:
+            s[f"a-g{g}"] = compare(pa["short"], ref["short"]) | {"tolerance": TOL_W4A16}
+            s[f"a-g{g}"]["within_tolerance"] = s[f"a-g{g}"]["max_abs_logprob_diff"] <= TOL_W4A16
+        if un:
+            s.setdefault(f"a-g{g}", {})["unpatched_error"] = un.get("error")
+    for model in ("dense", "moe"):
+        off, force = results.get(f"b-{model}-off"), results.get(f"b-{model}-force")
+        if off and force and "short" in off and "short" in force:
+            c = compare(off["short"], force["short"]) | {"tolerance": TOL_ROUTE}
+            c["within_tolerance"] = c["max_abs_logprob_diff"] <= TOL_ROUTE
+            c["markers_force"] = force.get("markers", [])
+            c["markers_off"] = off.get("markers", [])
+            s[f"b-{model}"] = c
+        ref = results.get(f"b-{model}-reference")
+        for mode, r in (("off", off), ("force", force)):
+            if r and ref and "short" in r and "short" in ref:
+                s[f"b-{model}-{mode}-vs-transformers"] = compare(r["short"], ref["short"])
+        if off and force and "long" in off and "long" in force:
+            s[f"b-{model}-long"] = compare([off["long"]], [force["long"]]) | {"tolerance": TOL_ROUTE,
+                                                                             "seconds_off": off["long"]["seconds"],
+                                                                             "seconds_force": force["long"]["seconds"]}
+        if off and force and "throughput" in off and "throughput" in force:
+            s[f"c-{model}"] = {k: {"off": off["throughput"][k]["tokens_per_s"],
+                                   "force": force["throughput"][k]["tokens_per_s"],
+                                   "ratio_force_over_off": round(force["throughput"][k]["tokens_per_s"]
+                                                                 / off["throughput"][k]["tokens_per_s"], 3)}
+                               for k in off["throughput"]}
+    return s
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# engine_gpu results ({doc['date']})", ""]
+    for r in doc["runs"].values():
+        lines.append(f"- {r['name']}: rc={r.get('rc')} wall={r.get('wall_s')} s start={r.get('start_s')} s"
+                     + (f" error=`{r.get('error')}`" if r.get("error") else ""))
+    lines += ["", "```json", json.dumps(doc["summary"], indent=1), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool,
+        only: tuple[str, ...] = ()) -> int:
+    start = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "runs": {}}
+    res_file = out / "results.json"
+    if res_file.exists():
+        doc["runs"] = json.loads(res_file.read_text()).get("runs", {})
+    doc["install"] = install(manifest, work, dry)
+    missing = [g for g, r in doc["install"].items() if str(r).startswith("waiting")]
+    if missing:
+        say(f"cannot run yet: {', '.join(missing)} incomplete")
+        res_file.write_text(json.dumps(doc, indent=1))
+        return 1
+    if dry:
+        doc["roots"] = doc["install"].get("roots")
+    else:   # one cheap import first: a missing module stops here, not once per engine start
+        proc = subprocess.run([sys.executable, "-c", "import vllm, vllm.entrypoints.llm, vllm.model_executor.models.gemma4;"
+                               "print('import ok', vllm.__version__)"], capture_output=True, text=True,
+                              env=_env_for(work, "full"))
+        doc["import_check"] = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        say(f"import check: {' | '.join(doc['import_check'])}")
+        if proc.returncode != 0:
+            res_file.write_text(json.dumps(doc, indent=1))
+            return 1
+    for spec in plan(work, phases):
+        if only and not any(spec["name"].startswith(o) for o in only):
+            continue
+        left = budget_s - (time.time() - start)
+        if left < 45 and not dry:
+            say(f"skip {spec['name']}: {left:.0f} s of the budget left")
+            doc["runs"][spec["name"]] = {"name": spec["name"], "skipped": "budget"}
+            continue
+        limit = min(left - 15, 240 if spec.get("throughput") or spec.get("long") else 180)
+        doc["runs"][spec["name"]] = run_one(spec, work, out, limit, dry)
+        doc["summary"] = summarize(doc["runs"])
+        res_file.write_text(json.dumps(doc, indent=1))   # partial results survive a kill
+    doc["summary"] = summarize(doc["runs"])
+    res_file.write_text(json.dumps(doc, indent=1))
+    (out / "results.md").write_text(markdown(doc))
+    logs = sorted((out / "logs").glob("*.log")) if (out / "logs").exists() else []
+    with open(out / "logs.txt", "w") as f:
+        for p in logs:
+            text = p.read_text().splitlines()
+            keep = [ln for ln in text if MARKER in ln or "Error" in ln or "error" in ln][:40]
+            f.write(f"===== {p.name} ({len(text)} lines): markers/errors, then the last 40 lines\n")
+            f.write("\n".join(keep + ["-----"] + text[-40:]) + "\n")
+    if not dry and (out / "logs").exists():
+        shutil.rmtree(out / "logs")   # only 8 files come back: the digest above replaces them
+        shutil.rmtree(out / "specs", ignore_errors=True)
+    say(f"results in {res_file}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("receive")
+    r.add_argument("src", type=Path)
+    r.add_argument("--manifest", type=Path, required=True)
+    r.add_argument("--work", type=Path, required=True)
+    u = sub.add_parser("run")
+    u.add_argument("--manifest", type=Path, required=True)
+    u.add_argument("--work", type=Path, required=True)
+    u.add_argument("--out", type=Path, required=True)
+    u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c")
+    u.add_argument("--budget-s", type=float, default=540.0, help="stop starting engines after this many seconds")
+    u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
+    u.add_argument("--dry-run", action="store_true")
+    w = sub.add_parser("worker")
+    w.add_argument("spec", type=Path)
+    w.add_argument("result", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "worker":
+        spec = json.loads(args.spec.read_text())
+        res = reference(spec) if spec.get("kind") == "reference" else worker(spec)
+        args.result.write_text(json.dumps(res))
+        return 0
+    if not args.manifest.is_file():
+        print(f"engine_gpu: {args.manifest}: no such manifest (run engine_gpu_prepare.py first)", file=sys.stderr)
+        return 1
+    manifest = load_manifest(args.manifest)
+    if args.cmd == "receive":
+        rep = receive(manifest, args.work, args.src)
+        return 1 if rep["rejected"] else 0
+    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    bad = phases - {"install", "a", "b", "c"}
+    if bad:
+        print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c)", file=sys.stderr)
+        return 1
+    only = tuple(o.strip() for o in args.only.split(",") if o.strip())
+    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

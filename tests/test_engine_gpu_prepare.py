@@ -1,0 +1,305 @@
+"""The CPU side of the H200 engine run: wheel stripping, parts, the carry plan, receive/install, the run plan.
+
+benchmarks/engine_gpu_prepare.py and benchmarks/engine_gpu.py are scripts; they are loaded by path.
+Nothing here downloads: the one test on the real vLLM wheel runs only when it is already cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+MIB = 1 << 20
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+prep = _load("engine_gpu_prepare")
+egpu = _load("engine_gpu")
+
+
+def _fake_wheel(path: Path, fa2: bool = True, fa3: bool = True) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("vllm/__init__.py", "__version__ = '0.20.0'\n")
+        z.writestr("vllm/_C.abi3.so", b"\x7fELF" + b"c" * 1000)
+        z.writestr("vllm/vllm_flash_attn/__init__.py", "")
+        if fa2:
+            z.writestr(prep.FA2, b"2" * 5000)
+        if fa3:
+            z.writestr(prep.FA3, b"3" * 3000)
+        z.writestr("vllm-0.20.0.dist-info/METADATA", "Name: vllm\nVersion: 0.20.0\n")
+    return path
+
+
+# --- the wheel ---------------------------------------------------------------------------------
+
+
+def test_stripped_wheel_lacks_fa2_but_keeps_fa3_and_the_dist_info(tmp_path):
+    info = prep.strip_vllm_wheel(_fake_wheel(tmp_path / "v.whl"), tmp_path / "tree")
+    assert not (tmp_path / "tree" / prep.FA2).exists()
+    assert (tmp_path / "tree" / prep.FA3).read_bytes() == b"3" * 3000
+    assert (tmp_path / "tree" / "vllm-0.20.0.dist-info" / "METADATA").exists()
+    assert info["dropped"] == [prep.FA2] and info["dropped_bytes"] == 5000 and info["files"] == 5
+
+
+def test_a_wheel_without_fa3_is_refused_since_registry_inspection_needs_one_fa_library(tmp_path):
+    with pytest.raises(prep.PrepareError, match="_vllm_fa3_C.abi3.so missing"):
+        prep.strip_vllm_wheel(_fake_wheel(tmp_path / "v.whl", fa3=False), tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+
+
+def test_a_wheel_without_fa2_is_refused_as_the_wrong_wheel(tmp_path):
+    with pytest.raises(prep.PrepareError, match="_vllm_fa2_C.abi3.so not in the wheel"):
+        prep.strip_vllm_wheel(_fake_wheel(tmp_path / "v.whl", fa2=False), tmp_path / "tree")
+
+
+# --- dependency list ---------------------------------------------------------------------------
+
+
+def test_dependency_wheels_are_pinned_once_each_and_cover_the_overlay_tool():
+    prep.check_one_version_each(prep.DEPENDENCY_WHEELS)
+    names = {s.split("==")[0] for s in prep.DEPENDENCY_WHEELS}
+    assert {"pydantic", "pydantic-core", "libcst", "compressed-tensors", "pycountry"} <= names
+    libcst = next(s for s in prep.DEPENDENCY_WHEELS if s.startswith("libcst=="))
+    assert tuple(int(x) for x in libcst.split("==")[1].split(".")[:2]) >= (1, 8)
+    assert "manylinux_2_28_x86_64" in prep.PLATFORMS   # libcst >= 1.8 has only manylinux_2_28 cp312 wheels
+    assert not names & {"torch", "transformers", "triton", "numpy", "vllm"}   # the image's own
+
+
+@pytest.mark.parametrize("specs, msg", [
+    (("pydantic==2.12.5", "Pydantic==2.11.0"), "listed twice"),
+    (("libcst",), "not pinned"),
+])
+def test_two_versions_or_an_unpinned_name_are_refused(specs, msg):
+    with pytest.raises(prep.PrepareError, match=msg):
+        prep.check_one_version_each(specs)
+
+
+# --- parts and the carry plan ------------------------------------------------------------------
+
+
+def test_split_parts_are_at_most_the_part_size_and_join_back_to_the_same_bytes(tmp_path):
+    data = bytes(range(256)) * 4099          # 1,049,344 bytes: 4 parts of 300,000 + a tail
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    parts = prep.split_file(src, 300_000, tmp_path / "parts", "blob")
+    assert [p.size for p in parts] == [300_000, 300_000, 300_000, 149_344]
+    assert [p.index for p in parts] == [0, 1, 2, 3]
+    work = tmp_path / "work"
+    (work / "in").mkdir(parents=True)
+    for p in parts:
+        (work / "in" / p.name).write_bytes((tmp_path / "parts" / p.name).read_bytes())
+    manifest = {"groups": {"blob": {"parts": [p.name for p in parts], "sha256": hashlib.sha256(data).hexdigest()}}}
+    assert egpu._join(manifest, work, "blob").read_bytes() == data
+
+
+def test_a_corrupt_part_stops_the_join(tmp_path):
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 1000)
+    parts = prep.split_file(src, 400, tmp_path / "in", "blob")
+    (tmp_path / "in" / parts[1].name).write_bytes(b"y" * 400)
+    manifest = {"groups": {"blob": {"parts": [p.name for p in parts], "sha256": hashlib.sha256(b"x" * 1000).hexdigest()}}}
+    with pytest.raises(SystemExit, match="blob does not match its sha256"):
+        egpu._join(manifest, tmp_path, "blob")
+
+
+def _pieces(sizes):
+    return [prep.Piece(f"p{i}", s, "0" * 64, f"g{i}") for i, s in enumerate(sizes)]
+
+
+def test_carry_plan_keeps_every_call_within_the_limit_with_the_fixed_bytes(tmp_path):
+    sizes = [55 * MIB, 55 * MIB, 50 * MIB, 42 * MIB, 3 * MIB, 2 * MIB, 1 * MIB]
+    plan = prep.plan_calls(_pieces(sizes), 60 * MIB, fixed=2 * MIB)
+    placed = [n for call in plan.calls for n in call]
+    assert sorted(placed) == sorted(f"p{i}" for i in range(len(sizes)))   # every piece exactly once
+    assert all(s <= 60 * MIB for s in plan.sizes)
+    assert plan.calls[0] == ("p0", "p4")          # largest first; small pieces fill the gaps
+    assert len(plan.calls) == 4                   # 208 MiB of pieces: the fewest 58-MiB calls
+
+
+def test_a_piece_larger_than_one_call_is_an_error_naming_it():
+    with pytest.raises(prep.PrepareError, match=r"p1: 59.0 MiB does not fit a call"):
+        prep.plan_calls(_pieces([1 * MIB, 59 * MIB]), 60 * MIB, fixed=2 * MIB)
+
+
+def test_call_commands_receive_each_call_and_only_the_last_runs():
+    cmds = [prep.call_command(n, n == 3, ".gpu") for n in (1, 2, 3)]
+    assert cmds[0] == "bash .gpu/common/engine_gpu.sh receive .gpu/call1"
+    assert "run" not in cmds[1].split("receive")[1]
+    assert cmds[2].endswith("&& bash .gpu/common/engine_gpu.sh run")
+
+
+@pytest.mark.parametrize("args", [["--part-mib", "70"], ["--part-mib", "50", "--call-mib", "40"]])
+def test_prepare_refuses_parts_or_calls_over_the_device_limit(tmp_path, args, capsys):
+    assert prep.main(["--out", str(tmp_path / "o"), *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "need 1 <= part <= call <= 64" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_real_wheel_carry_plan_fits_the_device_limits(tmp_path):
+    """On the cached stripped vLLM (prepared once by the script): parts <= 55 MiB, calls <= 64 MiB."""
+    packed = prep.cache_root() / f"vllm-{prep.VLLM_VERSION}-nofa2.tar.xz"
+    if not packed.exists():
+        pytest.skip("the stripped vLLM wheel is not cached (run benchmarks/engine_gpu_prepare.py once)")
+    meta = json.loads(packed.with_suffix(".json").read_text())
+    assert meta["dropped"] == [prep.FA2] and meta["dropped_bytes"] > 150 * MIB
+    with tarfile.open(packed) as t:
+        names = set(t.getnames())
+    assert prep.FA3 in names and prep.FA2 not in names and "vllm/_C.abi3.so" in names
+    parts = prep.split_file(packed, 55 * MIB, tmp_path, "vllm")
+    assert all(p.size <= 55 * MIB for p in parts)
+    plan = prep.plan_calls(parts + _pieces([45 * MIB]), 60 * MIB, fixed=2 * MIB)
+    assert all(s <= 64 * MIB for s in plan.sizes)
+
+
+# --- GPU side without a GPU: receive, install, plan, compare -----------------------------------
+
+
+def _manifest(tmp_path: Path) -> tuple[dict, Path]:
+    """A two-group manifest (a tar.xz project and a split 'vllm') staged like the prepare script does."""
+    src = tmp_path / "src"
+    (src / "vllm").mkdir(parents=True)
+    (src / "vllm" / "__init__.py").write_text("x = 1\n")
+    packed = prep.pack_dir(src, tmp_path / "vllm.tar.xz")
+    proj = tmp_path / "proj"
+    (proj / "manager").mkdir(parents=True)
+    (proj / "manager" / "__init__.py").write_text("")
+    ppacked = prep.pack_dir(proj, tmp_path / "project.tar.xz")
+    stage = tmp_path / "stage"
+    pieces = prep.split_file(packed, 100, stage, "vllm") + prep.split_file(ppacked, 10_000, stage, "project")
+    groups = {g: {"kind": "tar.xz", "sha256": prep.sha256_file(p), "parts": [x.name for x in pieces if x.group == g]}
+              for g, p in (("vllm", packed), ("project", ppacked))}
+    doc = {"pieces": [{"name": p.name, "size": p.size, "sha256": p.sha256, "group": p.group, "index": p.index}
+                      for p in pieces], "groups": groups}
+    return doc, stage
+
+
+def test_receive_checks_each_piece_and_is_idempotent(tmp_path):
+    doc, stage = _manifest(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    first = doc["pieces"][0]["name"]
+    (bad / first).write_bytes(b"not it")
+    (bad / "stranger.bin").write_bytes(b"?")
+    rep = egpu.receive(doc, tmp_path / "w", bad)
+    assert sorted(rep["rejected"]) == sorted([f"{first}: sha256 mismatch", "stranger.bin: not in the manifest"])
+    assert not (tmp_path / "w" / "in" / first).exists()
+    rep = egpu.receive(doc, tmp_path / "w", stage)
+    assert rep["missing"] == [] and not rep["rejected"]
+    assert egpu.receive(doc, tmp_path / "w", stage)["missing"] == []
+
+
+def test_install_unpacks_complete_groups_once_and_waits_for_missing_parts(tmp_path):
+    doc, stage = _manifest(tmp_path)
+    work = tmp_path / "w"
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for p in doc["groups"]["project"]["parts"]:
+        (partial / p).write_bytes((stage / p).read_bytes())
+    egpu.receive(doc, work, partial)
+    rep = egpu.install(doc, work, dry=True)
+    assert rep["vllm"].startswith("waiting for") and rep["project"].startswith("installed in")
+    assert (work / "project" / "manager" / "__init__.py").exists() and not (work / "vllm").exists()
+    egpu.receive(doc, work, stage)
+    monkey_roots = egpu.ROOTS
+    try:
+        egpu.ROOTS = {"stock": ()}
+        rep = egpu.install(doc, work, dry=True)
+    finally:
+        egpu.ROOTS = monkey_roots
+    assert rep["project"] == "installed earlier" and rep["vllm"].startswith("installed in")
+    assert (work / "roots" / "stock" / "vllm" / "__init__.py").read_text() == "x = 1\n"
+
+
+def test_run_plan_covers_both_ab_tables_with_cuda_graphs_on_for_the_route(tmp_path):
+    runs = {r["name"]: r for r in egpu.plan(tmp_path, {"a", "b", "c"})}
+    for g in (32, 16):
+        assert runs[f"a-g{g}-unpatched"]["root"] == "base" and runs[f"a-g{g}-unpatched"]["expect_error"]
+        assert runs[f"a-g{g}-patched"]["root"] == "pr40886"
+        assert runs[f"a-g{g}-reference"]["model"].endswith("dequantized")
+    assert "vllm-pr40886-gemma4-awq-moe-keys" not in egpu.ROOTS["base"]
+    assert set(egpu.ROOTS["full"]) >= {"dynamo-dict-caches", "sm70-d512-attention"}
+    for model in ("dense", "moe"):
+        for mode in ("off", "force"):
+            r = runs[f"b-{model}-{mode}"]
+            assert r["eager"] is False and r["d512"] == mode and r["root"] == "full"
+    assert runs["b-dense-force"]["long"] and runs["b-dense-force"]["throughput"]
+    assert not runs["b-moe-force"]["throughput"]
+    assert egpu.LONG_PROMPT >= 16384 and egpu.LONG_PROMPT > 4 * egpu.CHUNK   # several chunks
+
+
+def _rec(tokens, lps):
+    return {"tokens": tokens, "steps": [{"token": t, "logprob": lp} for t, lp in zip(tokens, lps)]}
+
+
+def test_compare_counts_agreeing_tokens_and_the_worst_logprob_gap_before_divergence():
+    a = [_rec([5, 6, 7], [-1.0, -2.0, -3.0]), _rec([1, 2], [-0.5, -0.5])]
+    b = [_rec([5, 6, 9], [-1.01, -2.5, -0.1]), _rec([1, 2], [-0.5, -0.48])]
+    c = egpu.compare(a, b)
+    assert c["tokens_equal"] == 4 and c["tokens"] == 5 and not c["identical"]
+    assert c["first_divergence"] == [2, None]
+    assert c["max_abs_logprob_diff"] == pytest.approx(0.5)   # step 1 of the first prompt; step 2 diverged
+
+
+def test_first_error_line_finds_the_root_cause_not_the_wrapper():
+    log = ("(EngineCore_DP0 pid=77) Traceback (most recent call last):\n"
+           "(EngineCore_DP0 pid=77)   File \"x.py\", line 3, in load\n"
+           "(EngineCore_DP0 pid=77) KeyError: 'layers.0.moe.experts.0.down_proj_packed'\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert egpu.first_error_line(log) == "KeyError: 'layers.0.moe.experts.0.down_proj_packed'"
+    assert egpu.first_error_line("all fine\n") is None
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["run", "--manifest", "{m}", "--work", "{w}", "--out", "{w}/o", "--phases", "a,z"], "unknown phase(s) z"),
+    (["run", "--manifest", "{w}/nope.json", "--work", "{w}", "--out", "{w}/o"], "no such manifest"),
+])
+def test_engine_gpu_arguments_fail_with_one_line(tmp_path, argv, msg):
+    m = tmp_path / "manifest.json"
+    m.write_text(json.dumps({"pieces": [], "groups": {}}))
+    argv = [a.format(m=m, w=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, str(BENCH / "engine_gpu.py"), *argv], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1 and msg in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def _meta_wheel(path: Path, name: str, requires: list[str]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    return path
+
+
+def test_requirements_neither_carried_nor_in_the_image_are_reported(tmp_path):
+    """What broke the first H200 run: openai 3.x needs httpx2, which the image lacks."""
+    a = _meta_wheel(tmp_path / "openai-3.57.0-py3-none-any.whl", "openai",
+                    ["httpx2<3,>=2.12.0", "pydantic<3", "numpy", "foo; extra == 'x'", "pywin32; sys_platform == 'win32'"])
+    b = _meta_wheel(tmp_path / "pydantic-2.12.5-py3-none-any.whl", "pydantic", ["typing-extensions>=4.14.1"])
+    assert prep.unmet_requirements([a, b]) == ["openai-3.57.0-py3-none-any.whl: httpx2<3,>=2.12.0"]
+
+
+def test_the_pinned_dependency_set_is_closed_over_the_image_when_cached():
+    deps = prep.cache_root() / "deps"
+    wheels = [p for s in prep.DEPENDENCY_WHEELS
+              for p in deps.glob(f"{prep._wheel_name(s)}-{s.split('==')[1]}-*.whl")]
+    if len(wheels) != len(prep.DEPENDENCY_WHEELS):
+        pytest.skip("the dependency wheels are not all cached (run benchmarks/engine_gpu_prepare.py once)")
+    assert prep.unmet_requirements(wheels) == []
