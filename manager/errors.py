@@ -39,3 +39,7 @@ class BuildError(ManagerError):
 
 class ReleaseError(ManagerError):
     """A vLLM release's sources could not be downloaded or extracted."""
+
+
+class EngineError(ManagerError):
+    """A real engine (a vLLM install used by the test harness) could not be installed, started or queried."""

@@ -1,0 +1,412 @@
+"""Tiny random Gemma-4 checkpoints in the released config forms, with a transformers reference.
+
+API (torch, transformers, tokenizers and safetensors are imported lazily, inside the functions):
+
+    build_checkpoint(kind, dest, *, seed=0, transformers_form="released", dtype=None) -> CheckpointInfo
+    reference(checkpoint_dir, prompt_ids, n_tokens, top_k=5) -> Reference
+    KINDS                                   the kind names build_checkpoint knows
+    register_kind(name, builder)            extension point (unified 12B, 26B-A4B + MTP assistant pairs, ...)
+
+Kinds (all: vocab 512 byte-level BPE tokenizer, hidden 128, 6 layers of which layers 2 and 5 are full attention,
+4 query heads, sliding: 2 KV heads x head_dim 64, global: 1 KV head x global_head_dim 512, attention_k_eq_v,
+sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [Gemma4ForCausalLM]):
+  dense                      float32, dense MLP only.
+  moe                        float32, + MoE block: 4 experts, top-2, moe_intermediate_size 64.
+  ct-w4a16-moe               the moe model with its experts quantized the way compressed-tensors "pack-quantized"
+                             W4A16 checkpoints store them (symmetric int4, group 32, fused 3-D
+                             `experts.{gate_up,down}_proj_{packed,scale}`); everything else stays bfloat16.
+  ct-w4a16-moe-g16           the same with group size 16.
+  ct-w4a16-moe-shape         group 32, plus fused `experts.{gate_up,down}_proj_shape` tensors ([E, 2] int32, the
+                             per-expert [out, in] like compressed-tensors' per-module `weight_shape`).
+  ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
+The ct kinds also write `dest/dequantized/`: the same model with the dequantized expert weights in float form, the
+model a quantized engine computes; `reference()` on a ct checkpoint uses it.
+
+Constraints the shapes respect (facts/real-engine.md): vLLM's hybrid KV-cache manager needs the page sizes of the
+layer groups to divide each other (sliding 2 x 64 = 128 divides global 1 x 512); the CPU fused-MoE kernel needs MoE
+intermediate sizes that are multiples of 32 (64). The int4 groups divide both K dims (hidden 128, intermediate 64).
+
+`transformers_form`:
+  "released"   config.json as released checkpoints carry it: flat `global_head_dim` / `num_global_key_value_heads`,
+               no `per_layer_config` (transformers >= 5.15's save_pretrained writes the latter; we rewrite it).
+  "saved"      config.json exactly as the running transformers' save_pretrained wrote it.
+Building needs transformers >= 5.5 (Gemma-4 config classes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ManagerError
+
+LAYER_TYPES = ("sliding_attention", "sliding_attention", "full_attention") * 2
+TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    global_head_dim=512,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    sliding_window=32,
+    hidden_size_per_layer_input=0,
+    vocab_size_per_layer_input=512,
+    max_position_embeddings=4096,
+    final_logit_softcapping=30.0,
+    tie_word_embeddings=True,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
+MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64)
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")  # ids 0, 1, 2 (the config's pad/eos/bos)
+# A fixed corpus: the tokenizer is trained on it, so the same input always gives the same vocabulary.
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Overlays patch vLLM for GPUs that upstream does not cover yet: V100 and RTX 3090. " * 4,
+    "Gemma four has sliding and full attention layers, a head dim of 256 and a global head dim of 512. " * 4,
+    "def main():\n    return sum(i * i for i in range(10))\n" * 4,
+    "0123456789 +-*/=()[]{}<>.,;:!? abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ\n" * 4,
+]
+
+
+class CheckpointError(ManagerError):
+    """A tiny checkpoint could not be built or read (unknown kind, missing package, bad directory)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    kind: str
+    path: Path                      # the directory an engine loads (config.json, model.safetensors, tokenizer)
+    reference_path: Path            # the float model reference() runs (== path, or path/dequantized for ct kinds)
+    seed: int
+    transformers_form: str          # "released" | "saved"
+    transformers_version: str       # the transformers that built it
+    dtype: str                      # torch dtype name of the stored (non-quantized) tensors
+    quantization: str | None        # e.g. "compressed-tensors pack-quantized w4a16 group 32"
+    tensors: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) of every stored tensor, sorted
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """Greedy continuation of `prompt_ids` by transformers' own forward pass (float32, eager attention)."""
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    # per generated position: ((token_id, logprob), ...) of the top_k tokens, best first
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    token_logprobs: tuple[float, ...]  # logprob of each greedy token
+    transformers_version: str
+    torch_version: str
+
+
+Builder = Callable[..., CheckpointInfo]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_kind(name: str, builder: Builder) -> None:
+    """Add a kind: `builder(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo`.
+
+    The extension point for the unified 12B form (model_type gemma4_unified) and the 26B-A4B + assistant (MTP
+    drafter) pairs, which belong to the overlays that need them.
+    """
+    if name in _BUILDERS:
+        raise CheckpointError(f"checkpoint kind {name!r} is already registered")
+    _BUILDERS[name] = builder
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(sorted(_BUILDERS))
+
+
+def build_checkpoint(kind: str, dest: str | os.PathLike[str], *, seed: int = 0,
+                     transformers_form: str = "released", dtype: str | None = None) -> CheckpointInfo:
+    """Write a tiny checkpoint of `kind` into `dest` (created; must be empty or absent) and describe it."""
+    if kind not in _BUILDERS:
+        raise CheckpointError(f"checkpoint kind {kind!r}: unknown (known: {', '.join(kinds())})")
+    if transformers_form not in ("released", "saved"):
+        raise CheckpointError(f"transformers_form {transformers_form!r}: expected 'released' or 'saved'")
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise CheckpointError(f"{dest}: not empty; build_checkpoint writes only into an empty or new directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    return _BUILDERS[kind](dest, seed, transformers_form, dtype)
+
+
+# --------------------------------------------------------------------------------------------------- building
+
+
+def _imports():
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise CheckpointError(f"building tiny checkpoints needs torch and transformers: {exc}") from exc
+    if not hasattr(transformers, "Gemma4TextConfig"):
+        raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4TextConfig (needs >= 5.5)")
+    return torch, transformers
+
+
+def write_tokenizer(dest: Path) -> None:
+    """A byte-level BPE tokenizer with vocab 512 trained on a fixed corpus (deterministic), as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    if tok.get_vocab_size() > TINY["vocab_size"]:
+        raise CheckpointError(f"tokenizer vocabulary {tok.get_vocab_size()} > {TINY['vocab_size']}")
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>",
+        "model_max_length": TINY["max_position_embeddings"],
+    }, indent=2) + "\n")
+    (dest / "special_tokens_map.json").write_text(json.dumps(
+        {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n")
+
+
+def _text_config(transformers: Any, moe: bool, dtype: str):
+    kwargs = dict(TINY, layer_types=list(LAYER_TYPES), architectures=["Gemma4ForCausalLM"], dtype=dtype)
+    if moe:
+        kwargs.update(MOE)
+    return transformers.Gemma4TextConfig(**kwargs)
+
+
+def _released_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json in the released (flat) form: per_layer_config folded back into global_* keys."""
+    cfg = dict(cfg)
+    per_layer = cfg.pop("per_layer_config", None)
+    if per_layer:
+        full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+        first = per_layer[str(full[0])] if isinstance(next(iter(per_layer)), str) else per_layer[full[0]]
+        cfg["global_head_dim"] = first["head_dim"]
+        cfg["num_global_key_value_heads"] = first["num_key_value_heads"]
+    cfg.setdefault("global_head_dim", TINY["global_head_dim"])
+    cfg.setdefault("num_global_key_value_heads", TINY["num_global_key_value_heads"])
+    return dict(sorted(cfg.items()))
+
+
+def _save_model(model: Any, dest: Path, transformers_form: str) -> None:
+    model.save_pretrained(str(dest), safe_serialization=True)
+    cfg_path = dest / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if transformers_form == "released":
+        cfg = _released_config(cfg)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    gen = dest / "generation_config.json"
+    if gen.exists():
+        gen.unlink()  # sampling defaults would leak into engines; tests pass their own parameters
+
+
+def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    from safetensors import safe_open
+
+    out = []
+    for f in sorted(dest.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():
+                sl = fh.get_slice(k)
+                out.append((k, tuple(sl.get_shape()), sl.get_dtype()))
+    return tuple(sorted(out))
+
+
+def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str):
+    cfg = _text_config(transformers, moe, "float32")
+    torch.manual_seed(seed)
+    model = transformers.Gemma4ForCausalLM(cfg).float()
+    # transformers initialises norms / scalars to constants; perturb every parameter so that a mix-up of two
+    # tensors (e.g. gate vs up, K vs V) changes the outputs.
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scalar"):
+                continue
+            if name.endswith("embed_tokens.weight"):
+                p.mul_(5.0)  # tied lm_head: peakier next-token distributions, so greedy picks are not near-ties
+                continue
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+            elif "experts" in name or "router" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+    return model.to(getattr(torch, dtype))
+
+
+def _float_kind(moe: bool) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        torch, transformers = _imports()
+        dtype = dtype or "float32"
+        model = _random_model(torch, transformers, moe, seed, dtype)
+        _save_model(model, dest, transformers_form)
+        write_tokenizer(dest)
+        return CheckpointInfo("moe" if moe else "dense", dest, dest, seed, transformers_form,
+                              transformers.__version__, dtype, None, _tensor_list(dest))
+    return build
+
+
+def quantize_w4_groups(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any]:
+    """Symmetric int4 per-group quantization along the last (input) dim, the compressed-tensors way.
+
+    Returns (q int8 in [-8, 7], scale [..., in/group] in scale_dtype, dequantized float32 = q * scale).
+    """
+    import torch
+
+    *lead, k = w.shape
+    if k % group:
+        raise CheckpointError(f"group size {group} does not divide the input dim {k}")
+    wg = w.float().reshape(*lead, k // group, group)
+    scale = (wg.abs().amax(dim=-1) / 7.5).clamp(min=1e-8).to(scale_dtype)
+    q = torch.clamp(torch.round(wg / scale.float().unsqueeze(-1)), -8, 7)
+    deq = (q * scale.float().unsqueeze(-1)).reshape(*lead, k)
+    return q.reshape(*lead, k).to(torch.int8), scale, deq
+
+
+def pack_int4(q: Any) -> Any:
+    """compressed-tensors pack_to_int32: value + 8 as unsigned nibbles, 8 per int32 along the last dim, LSB first."""
+    import torch
+
+    *lead, k = q.shape
+    if k % 8:
+        raise CheckpointError(f"int4 packing needs the last dim to be a multiple of 8, got {k}")
+    u = (q.to(torch.int32) + 8).reshape(*lead, k // 8, 8)
+    packed = torch.zeros((*lead, k // 8), dtype=torch.int64)
+    for i in range(8):
+        packed |= (u[..., i].to(torch.int64) & 0xF) << (4 * i)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)
+    return packed.to(torch.int32)
+
+
+def unpack_int4(packed: Any) -> Any:
+    """Inverse of pack_int4 (int8 values in [-8, 7])."""
+    import torch
+
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    parts = [((p >> (4 * i)) & 0xF) - 8 for i in range(8)]
+    return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 8).to(torch.int8)
+
+
+def _ct_kind(group: int, with_shape: bool, name: str) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        torch, transformers = _imports()
+        from safetensors.torch import load_file, save_file
+
+        dtype = dtype or "bfloat16"
+        tdtype = getattr(torch, dtype)
+        model = _random_model(torch, transformers, True, seed, "float32")
+        # Quantize the fused experts; put the dequantized values back into the float model (the reference).
+        fused: dict[str, Any] = {}
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                    q, scale, deq = quantize_w4_groups(p.data, group, tdtype)
+                    p.copy_(deq)
+                    fused[pname] = (q, scale)
+        model = model.to(tdtype)
+        deq_dir = dest / "dequantized"
+        deq_dir.mkdir()
+        _save_model(model, deq_dir, transformers_form)
+        write_tokenizer(deq_dir)
+        # The quantized checkpoint: the float one with each fused expert tensor replaced by _packed/_scale(/_shape).
+        _save_model(model, dest, transformers_form)
+        st = dest / "model.safetensors"
+        tensors = load_file(str(st))
+        for pname, (q, scale) in fused.items():
+            tensors.pop(pname)
+            tensors[pname + "_packed"] = pack_int4(q).contiguous()
+            tensors[pname + "_scale"] = scale.contiguous()
+            if with_shape:
+                e, out_dim, in_dim = q.shape
+                tensors[pname + "_shape"] = torch.tensor([[out_dim, in_dim]] * e, dtype=torch.int32)
+        save_file(tensors, str(st), metadata={"format": "pt"})
+        cfg = json.loads((dest / "config.json").read_text())
+        cfg["quantization_config"] = compressed_tensors_config(group)
+        (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        write_tokenizer(dest)
+        return CheckpointInfo(name, dest, deq_dir, seed, transformers_form, transformers.__version__, dtype,
+                              f"compressed-tensors pack-quantized w4a16 group {group}"
+                              + (" with _shape tensors" if with_shape else ""), _tensor_list(dest))
+    return build
+
+
+def compressed_tensors_config(group: int) -> dict[str, Any]:
+    """A compressed-tensors W4A16 (pack-quantized, symmetric int4, per-group) config quantizing only MoE experts."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                            "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"},
+                "input_activations": None,
+                "output_activations": None,
+                "format": "pack-quantized",
+            }
+        },
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.*", "re:.*router.*"],
+        "kv_cache_scheme": None,
+    }
+
+
+register_kind("dense", _float_kind(False))
+register_kind("moe", _float_kind(True))
+register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
+register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
+register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
+register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
+KINDS = kinds()
+
+
+# -------------------------------------------------------------------------------------------------- reference
+
+
+def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tuple[int, ...], n_tokens: int,
+              top_k: int = 5) -> Reference:
+    """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (float32, eager attention, no EOS stop).
+
+    For a ct checkpoint directory, the float model in `<dir>/dequantized` is used (what the quantized engine
+    computes). Works with a config.json in either form (flat released keys or per_layer_config).
+    """
+    torch, transformers = _imports()
+    path = Path(checkpoint_dir)
+    if (path / "dequantized" / "config.json").is_file():
+        path = path / "dequantized"
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{checkpoint_dir}: no config.json")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.eval()
+    ids = list(prompt_ids)
+    toks: list[int] = []
+    tops: list[tuple[tuple[int, float], ...]] = []
+    lps: list[float] = []
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            vals, idx = torch.topk(logp, top_k)
+            nxt = int(idx[0])
+            toks.append(nxt)
+            lps.append(float(vals[0]))
+            tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals)))
+            ids.append(nxt)
+    return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
+                     torch.__version__)
+
+
+def copy_checkpoint(src: Path, dest: Path) -> Path:
+    """Copy a built checkpoint directory (e.g. from a session cache into a test's tmp dir)."""
+    shutil.copytree(src, dest)
+    return dest

@@ -1,0 +1,170 @@
+"""The tiny Gemma-4 checkpoint factory (manager/testing/checkpoints.py): forms, shapes, quantization, reference."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "Gemma4TextConfig"):
+    pytest.skip("transformers without Gemma-4 configs", allow_module_level=True)
+
+from packaging.version import Version  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from manager.testing import checkpoints as ck  # noqa: E402
+
+PROMPT = [2, 100, 200, 300, 50, 7]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ckpt")
+    return {k: ck.build_checkpoint(k, base / k) for k in ("dense", "moe", "ct-w4a16-moe-g16-shape")}
+
+
+def _tensors(path):
+    out = {}
+    with safe_open(str(path / "model.safetensors"), "pt") as fh:
+        for k in fh.keys():
+            out[k] = fh.get_tensor(k)
+    return out
+
+
+def test_kinds_cover_dense_moe_and_ct_variants():
+    assert {"dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16", "ct-w4a16-moe-shape",
+            "ct-w4a16-moe-g16-shape"} <= set(ck.KINDS)
+
+
+def test_unknown_kind_is_a_user_error_and_writes_nothing(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="'nope': unknown"):
+        ck.build_checkpoint("nope", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_non_empty_destination_is_refused_untouched(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(ck.CheckpointError, match="not empty"):
+        ck.build_checkpoint("dense", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_register_kind_refuses_a_duplicate_name():
+    with pytest.raises(ck.CheckpointError, match="already registered"):
+        ck.register_kind("dense", lambda *a: None)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "ct-w4a16-moe-g16-shape"])
+def test_released_form_config_is_flat(built, kind):
+    cfg = json.loads((built[kind].path / "config.json").read_text())
+    assert "per_layer_config" not in cfg
+    assert cfg["global_head_dim"] == 512 and cfg["num_global_key_value_heads"] == 1
+    assert cfg["head_dim"] == 64 and cfg["num_key_value_heads"] == 2
+    assert cfg["model_type"] == "gemma4_text" and cfg["architectures"] == ["Gemma4ForCausalLM"]
+    assert cfg["layer_types"].count("full_attention") == 2 and cfg["attention_k_eq_v"] is True
+
+
+def test_saved_form_keeps_per_layer_config_on_heterogeneous_transformers(tmp_path):
+    if Version(transformers.__version__) < Version("5.15"):
+        pytest.skip("transformers < 5.15 writes the flat form itself")
+    info = ck.build_checkpoint("dense", tmp_path / "d", transformers_form="saved")
+    cfg = json.loads((info.path / "config.json").read_text())
+    assert cfg["per_layer_config"]["2"] == {"head_dim": 512, "num_key_value_heads": 1}
+    assert "global_head_dim" not in cfg
+
+
+def test_released_config_is_heterogeneous_under_new_transformers_and_head_dim_raises(built):
+    """The condition gemma4-convertor-per-layer fixes: transformers >= 5.15 reading a released config."""
+    if Version(transformers.__version__) < Version("5.15"):
+        pytest.skip("needs transformers >= 5.15")
+    cfg = transformers.AutoConfig.from_pretrained(str(built["dense"].path))
+    assert cfg.is_heterogeneous
+    with pytest.raises(RuntimeError) as exc:
+        getattr(cfg, "head_dim", 0)
+    assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"
+
+
+def test_shapes_respect_kv_page_size_divisibility_and_cpu_moe_tiles(built):
+    cfg = json.loads((built["moe"].path / "config.json").read_text())
+    sliding = cfg["num_key_value_heads"] * cfg["head_dim"]
+    glob = cfg["num_global_key_value_heads"] * cfg["global_head_dim"]
+    assert glob % sliding == 0 or sliding % glob == 0
+    assert cfg["moe_intermediate_size"] % 32 == 0
+    assert cfg["num_experts"] == 4 and cfg["top_k_experts"] == 2
+
+
+def test_same_seed_same_bytes_other_seed_differs(built, tmp_path):
+    again = ck.build_checkpoint("dense", tmp_path / "again")
+    other = ck.build_checkpoint("dense", tmp_path / "other", seed=1)
+    a, b, c = (_tensors(p) for p in (built["dense"].path, again.path, other.path))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.self_attn.q_proj.weight"], c["model.layers.0.self_attn.q_proj.weight"])
+    h = [hashlib.sha256((p / "tokenizer.json").read_bytes()).hexdigest() for p in (built["dense"].path, again.path)]
+    assert h[0] == h[1]
+
+
+def test_tokenizer_has_the_config_special_ids_and_fits_the_vocab(built):
+    tok = transformers.AutoTokenizer.from_pretrained(str(built["dense"].path))
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 1, 2)
+    assert len(tok) <= 512
+    ids = tok("The quick brown fox")["input_ids"]
+    assert tok.decode(ids) == "The quick brown fox" and max(ids) < 512
+
+
+def test_pack_unpack_round_trip_and_nibble_order():
+    q = torch.tensor([[-8, -1, 0, 1, 2, 3, 4, 7]], dtype=torch.int8)
+    packed = ck.pack_int4(q)
+    # value + 8, LSB nibble first: 0,7,8,9,10,11,12,15 -> 0xFCBA9870
+    assert packed.dtype == torch.int32 and (int(packed[0, 0]) & 0xFFFFFFFF) == 0xFCBA9870
+    assert torch.equal(ck.unpack_int4(packed), q)
+    rnd = torch.randint(-8, 8, (3, 5, 64), dtype=torch.int8)
+    assert torch.equal(ck.unpack_int4(ck.pack_int4(rnd)), rnd)
+
+
+def test_ct_checkpoint_stores_fused_packed_experts_that_dequantize_to_the_reference_model(built):
+    info = built["ct-w4a16-moe-g16-shape"]
+    cfg = json.loads((info.path / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "pack-quantized"
+    assert qc["config_groups"]["group_0"]["weights"]["group_size"] == 16
+    t = _tensors(info.path)
+    deq = _tensors(info.reference_path)
+    assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in t)
+    for layer in range(6):
+        for proj, (out_dim, in_dim) in (("gate_up_proj", (128, 128)), ("down_proj", (128, 64))):
+            base = f"model.layers.{layer}.experts.{proj}"
+            packed, scale, shape = t[base + "_packed"], t[base + "_scale"], t[base + "_shape"]
+            assert tuple(packed.shape) == (4, out_dim, in_dim // 8) and packed.dtype == torch.int32
+            assert tuple(scale.shape) == (4, out_dim, in_dim // 16)
+            assert shape.tolist() == [[out_dim, in_dim]] * 4
+            q = ck.unpack_int4(packed).float().reshape(4, out_dim, in_dim // 16, 16)
+            rebuilt = (q * scale.float().unsqueeze(-1)).reshape(4, out_dim, in_dim)
+            torch.testing.assert_close(rebuilt.to(deq[base].dtype), deq[base], rtol=0, atol=0)
+
+
+def test_ct_without_shape_kind_has_no_shape_tensors(tmp_path):
+    info = ck.build_checkpoint("ct-w4a16-moe", tmp_path / "ct")
+    assert not any(name.endswith("_shape") for name, _, _ in info.tensors)
+    assert any(name.endswith("experts.down_proj_packed") for name, _, _ in info.tensors)
+    assert info.quantization == "compressed-tensors pack-quantized w4a16 group 32"
+
+
+def test_reference_is_greedy_and_deterministic(built):
+    ref = ck.reference(built["dense"].path, PROMPT, 6, top_k=4)
+    again = ck.reference(built["dense"].path, PROMPT, 6, top_k=4)
+    assert ref == again
+    assert len(ref.tokens) == 6 and ref.prompt_ids == tuple(PROMPT)
+    for tok, top, lp in zip(ref.tokens, ref.top_logprobs, ref.token_logprobs):
+        assert top[0] == (tok, lp)
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+    # peaky enough that greedy picks are not near-ties (what an engine comparison relies on)
+    assert min(t[0][1] - t[1][1] for t in ref.top_logprobs) > 1e-3
+
+
+def test_reference_of_ct_checkpoint_runs_the_dequantized_model(built):
+    ref = ck.reference(built["ct-w4a16-moe-g16-shape"].path, PROMPT, 3)
+    direct = ck.reference(built["ct-w4a16-moe-g16-shape"].reference_path, PROMPT, 3)
+    assert ref == direct
