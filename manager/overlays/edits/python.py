@@ -12,6 +12,7 @@ import ast
 import libcst as cst
 import libcst.matchers as m
 
+from ..trace import add_guards
 from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
 from .base import EditContext, EditFailed, EditState, Inspection
 from .pycst import (
@@ -105,7 +106,11 @@ class InsertStatements(PythonEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
-        stmts = parse_statements(self.ctx.read(self.spec.code), module)
+        code = self.ctx.read(self.spec.code)
+        if getattr(self.spec, "trace", False):
+            # OVERLAY_TRACE=1 runtime marker (manager/overlays/trace.py): fixed text, the block stays deterministic
+            code = add_guards(code, self.ctx.overlay_id, self.ctx.version, self.spec.name)
+        stmts = parse_statements(code, module)
         return mark_block(module, stmts, self.sentinel())
 
     def _sites(self, module: cst.Module):
