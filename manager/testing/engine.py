@@ -203,11 +203,54 @@ def transformers_layer(version: str, env: EngineEnv) -> Path:
         tmp = base / f".{name}.building-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
-        _run([str(env.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp),
-              f"transformers=={version}"], what=f"pip install --target transformers=={version}", env=_pip_env())
-        (tmp / ".ready").write_text(version + "\n")
+        pip = [str(env.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp)]
+        _run([*pip, f"transformers=={version}"], what=f"pip install --target transformers=={version}",
+             env=_pip_env())
+        # transformers checks a few runtime deps at import (e.g. 5.8.1: tokenizers<=0.23.0); add those the venv's
+        # versions do not satisfy to the layer too, at the newest version the pin allows.
+        extra = _unsatisfied_runtime_deps(env, tmp)
+        if extra:
+            _run([*pip, *extra], what=f"pip install --target {' '.join(extra)}", env=_pip_env())
+        _run([str(env.python), "-c", "import transformers; print(transformers.__version__)"],
+             what=f"importing the transformers {version} layer",
+             env={**_pip_env(), "PYTHONPATH": str(tmp)})
+        (tmp / ".ready").write_text(version + "\n" + "\n".join(extra) + "\n")
         os.rename(tmp, final)
         return final
+
+
+_RUNTIME_DEPS = ("tokenizers", "huggingface-hub", "safetensors")
+
+
+def _unsatisfied_runtime_deps(env: EngineEnv, target: Path) -> list[str]:
+    """Requirements from transformers' dependency_versions_table that the venv's installed versions miss."""
+    import ast
+
+    from packaging.specifiers import SpecifierSet
+
+    table = target / "transformers" / "dependency_versions_table.py"
+    deps: dict[str, str] = {}
+    if table.is_file():
+        tree = ast.parse(table.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                deps = {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.keys, node.values)}
+                break
+    code = ("import importlib.metadata as m, json; out={}\n"
+            f"for n in {list(_RUNTIME_DEPS)!r}:\n"
+            "    try: out[n]=m.version(n)\n"
+            "    except m.PackageNotFoundError: out[n]=None\n"
+            "print(json.dumps(out))")
+    have = json.loads(_run([str(env.python), "-c", code], what="reading the venv's versions", env=_pip_env()))
+    extra = []
+    for name in _RUNTIME_DEPS:
+        req = deps.get(name)
+        if not req:
+            continue
+        spec = SpecifierSet(req[len(name):].strip())
+        if have.get(name) is None or have[name] not in spec:
+            extra.append(req)
+    return extra
 
 
 # ------------------------------------------------------------------------------------------- overlay roots
