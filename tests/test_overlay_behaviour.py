@@ -155,7 +155,7 @@ def test_unpatched_iterator_mangles_the_packed_keys(gemma4_sources):
 
 def test_branches_inserted_after_the_anchor_are_dead_code(gemma4_sources):
     after = gemma4_sources["after"]
-    assert "overlay:vllm-pr40886-gemma4-awq-moe-keys v1 awq-moe-branches" in after
+    assert re.search(r"overlay:vllm-pr40886-gemma4-awq-moe-keys v\d+ awq-moe-branches", after)
     assert after.index('if "moe.gate_up_proj_packed" in name') > after.index('if "moe.gate_up_proj" in name')
     wrong = [(n, tuple(t.shape)) for n, t in _run_iterator(after, _checkpoint())]
     unpatched = [(n, tuple(t.shape)) for n, t in _run_iterator(gemma4_sources["unpatched"], _checkpoint())]

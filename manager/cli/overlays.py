@@ -279,6 +279,31 @@ def demo_cmd(app: Application, version: str, dest: str | None) -> None:
     say("root", str(root))
 
 
+@click.command("trace")
+@click.argument("logfile", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--expect", "expect", multiple=True, metavar="ID",
+              help="Overlay id whose blocks must have run (exit 1 when no line names it). Repeatable.")
+@json_option
+def trace_cmd(logfile: str, expect: tuple[str, ...], as_json: bool) -> int:
+    """Read back OVERLAY_TRACE=1 lines from an engine log: which patched blocks ran, in which process."""
+    from rich.markup import escape
+
+    from ..overlays.trace import read_trace_file
+
+    summary = read_trace_file(logfile, expect)
+    if as_json:
+        print_json({"lines": [vars(ln) for ln in summary.lines], "overlays": list(summary.overlays),
+                    "missing": list(summary.missing)})
+    else:
+        for ln in summary.lines:
+            print_data(f"{ln.overlay} v{ln.version} {ln.edit} pid={ln.pid} module={ln.module}")
+        if not summary.lines:
+            err.print(f"no overlay-trace lines in {escape(logfile)} (was the engine started with OVERLAY_TRACE=1?)")
+    for missing in summary.missing:
+        err.print(f"[red]not traced[/red]  {escape(missing)}: none of its blocks ran in this log")
+    return 1 if summary.missing else 0
+
+
 def register(cli: click.Group) -> None:
-    for cmd in (list_cmd, status_cmd, apply_cmd, prepare_cmd, diff_cmd, revert_cmd, demo_cmd):
+    for cmd in (list_cmd, status_cmd, apply_cmd, prepare_cmd, diff_cmd, revert_cmd, demo_cmd, trace_cmd):
         cli.add_command(cmd)

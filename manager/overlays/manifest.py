@@ -114,6 +114,7 @@ class InsertEdit(_EditBase):
     anchor: str  # a statement (or compound-statement header ending in ':')
     position: Literal["before", "after"] = "before"
     code: str  # snippet file, relative to the overlay directory
+    trace: bool = False  # add OVERLAY_TRACE=1 runtime-marker guards to the block (manager/overlays/trace.py)
 
     @field_validator("code")
     @classmethod

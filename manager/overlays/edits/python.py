@@ -13,6 +13,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.matchers as m
 
+from ..trace import add_guards
 from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
 from .base import EditContext, EditFailed, EditState, Inspection
 from .pycst import (
@@ -157,8 +158,12 @@ class InsertStatements(PythonEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
+        code = self.ctx.read(self.spec.code)
+        if getattr(self.spec, "trace", False):
+            # OVERLAY_TRACE=1 runtime marker (manager/overlays/trace.py): fixed text, the block stays deterministic
+            code = add_guards(code, self.ctx.overlay_id, self.ctx.version, self.spec.name)
         try:
-            stmts = parse_statements(self.ctx.read(self.spec.code), module)
+            stmts = parse_statements(code, module)
         except EditFailed as exc:
             msg = str(exc)
             raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None

