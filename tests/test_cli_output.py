@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,19 @@ def test_plan_says_how_many_more_it_did_not_show(capsys) -> None:
     assert f"rejected ({n_rej})" in text and " more rejected, for " in text
     shown = text.count(" x TP")
     assert shown == 1
+
+
+def test_compose_check_findings_are_data_on_stdout_and_the_count_is_talk_on_stderr(tmp_path):
+    """`overlay compose check | grep FAIL` works: FAIL/WARN lines are the answer (stdout); the tally is talk."""
+    cat = tmp_path / "cat"
+    for d in ("overlays", "profiles", "compose"):
+        shutil.copytree(REPO / d, cat / d)
+    # a generated file that is no longer current is one FAIL finding
+    gen = sorted((cat / "compose" / "generated").glob("*.yml"))[0]
+    gen.write_text(gen.read_text() + "# hand edit\n")
+    proc = subprocess.run([sys.executable, "-m", "manager", "--catalog", str(cat), "compose", "check"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    assert any(line.startswith("FAIL ") and "generated-current" in line for line in proc.stdout.splitlines()), proc.stdout
+    assert "FAIL" not in proc.stderr.replace("failed", "")
+    assert "checks passed" in proc.stderr and "checks passed" not in proc.stdout

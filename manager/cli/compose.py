@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, status, user_text as esc
+from ..console import data, err, print_data, print_json, status, user_text as esc
 from ..errors import ComposeError
 from .params import CatalogChoice
 
@@ -80,9 +80,9 @@ def check_cmd(app, as_json: bool) -> None:
     else:
         for f in report.findings:
             if not f.ok:
-                err.print(f"[red]FAIL[/red] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
+                data.print(f"[red]FAIL[/red] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
             elif f.warn:
-                err.print(f"[yellow]WARN[/yellow] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
+                data.print(f"[yellow]WARN[/yellow] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
         n = len({f.slug for f in report.findings})
         passed = len(report.findings) - len(report.problems) - len(report.warnings)
         err.print(f"{passed} checks passed, {len(report.warnings)} warnings, {len(report.problems)} failed, {n} deployments")
