@@ -112,3 +112,32 @@ def test_head_dim_message_follows_the_engines_forced_backend():
     assert "forces TRITON_ATTN" in old and "D=256: TRITON_ATTN" in old and "FLASH_ATTN" not in old
     new = fits(P, engine="vllm-0.28.0", **kw).constraint("head-dim").message
     assert "forces" not in new
+
+
+def _sdist_transformers_spec(version: str) -> str:
+    """The `transformers` requirement of a release, read from requirements/common.txt inside its sdist."""
+    import tarfile
+
+    from manager import releases
+
+    with tarfile.open(releases.sdist(version)) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/requirements/common.txt"))
+        text = tar.extractfile(member).read().decode()
+    lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
+    spec = [ln for ln in lines if re.match(r"transformers\b", ln)]
+    assert len(spec) == 1, spec
+    return spec[0][len("transformers"):].split(";")[0].strip()
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("engine", sorted(BASES) + sorted(f"vllm-{v}" for v in ("0.19.0", "0.26.0", "0.30.0", "0.31.0", "0.33.0")))
+def test_engine_transformers_pin_satisfies_its_release_requirement(engine):
+    """Each engine's transformers (typed, and marked unverified where no image was read) must at least be one
+    its release accepts: requirements/common.txt of the real sdist, per release."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    prof = P.engines[engine]
+    base = BASES.get(engine, engine.removeprefix("vllm-"))
+    spec = SpecifierSet(_sdist_transformers_spec(base))
+    assert Version(prof.transformers_version) in spec, (engine, prof.transformers_version, str(spec))
