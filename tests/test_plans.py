@@ -296,3 +296,23 @@ def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_
     assert proc.returncode == 0, proc.stderr
     assert "prepared plan, hashes verified" in proc.stderr
     assert _tree(root) == _tree(ref)
+
+
+def test_plan_writes_name_their_temp_files_like_the_engine_so_a_killed_replay_is_cleaned(tmp_path, monkeypatch):
+    """A replay killed mid-write leaves `.<file>.overlay-manager-tmp-…`, which the next run removes."""
+    from manager import fsutil
+    from manager.overlays import plans
+
+    assert plans.TMP_MARK == fsutil.TMP_MARK
+    target = tmp_path / "a.py"
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        seen.append(os.path.basename(src))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    plans._atomic_write(str(target), b"x = 1\n")
+    assert target.read_bytes() == b"x = 1\n"
+    assert len(seen) == 1 and fsutil._TMP_RE.match(seen[0]), seen

@@ -155,6 +155,9 @@ def check_plan(plan: object, where: str) -> dict:
 # --- the stdlib transaction ------------------------------------------------------------------
 
 
+TMP_MARK = ".overlay-manager-tmp-"  # manager.fsutil.TMP_MARK (not imported: this module stays stdlib-light)
+
+
 def _atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
     """manager.fsutil.atomic_write without pathlib/tempfile/hashlib (same result: temp file in
     the same directory, fsync, os.replace, directory fsync; mode kept, 0o644 for a new file)."""
@@ -165,7 +168,8 @@ def _atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
             mode = os.stat(path).st_mode & 0o7777
         except FileNotFoundError:
             mode = 0o644
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # named like fsutil's temp files (TMP_MARK) so that the next run's clean-up recognizes a killed run's
+    tmp = os.path.join(directory, f".{os.path.basename(path)}{TMP_MARK}{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
