@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -316,3 +317,23 @@ def test_plan_writes_name_their_temp_files_like_the_engine_so_a_killed_replay_is
     plans._atomic_write(str(target), b"x = 1\n")
     assert target.read_bytes() == b"x = 1\n"
     assert len(seen) == 1 and fsutil._TMP_RE.match(seen[0]), seen
+
+
+@pytest.mark.network
+def test_a_fifo_in_place_of_an_input_never_blocks_the_plan_path_and_a_held_lock_is_not_waited_for(tmp_path, catalog, prepared_020):
+    every, plan_path = prepared_020
+    dirs = [str(plan_path.parent)]
+    fifo_root = _fresh(tmp_path, every, "fifo")
+    (fifo_root / GEMMA4).unlink()
+    os.mkfifo(fifo_root / GEMMA4)
+    started = time.monotonic()
+    assert apply_plan(str(catalog.root), str(fifo_root), [], dirs) is None  # the engine reports it
+    assert time.monotonic() - started < 30
+
+    held = _fresh(tmp_path, every, "held")
+    from manager.overlays.lock import LockBusy, root_lock
+
+    with root_lock(held / ".overlay-manager"):
+        with pytest.raises(LockBusy):  # fastpath then leaves it to the full CLI, which waits visibly (--wait)
+            apply_plan(str(catalog.root), str(held), [], dirs)
+    assert not (held / ".overlay-manager" / "ledger.json").exists()

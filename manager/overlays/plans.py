@@ -213,26 +213,6 @@ def _drop_bytecode(path: str) -> None:
                 pass
 
 
-class _Lock:
-    """The engine's lock (`<state>/lock`, filelock's fcntl.flock), taken with fcntl directly."""
-
-    def __init__(self, state: str) -> None:
-        self.path = os.path.join(state, "lock")
-
-    def __enter__(self) -> "_Lock":
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import fcntl
-
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
 def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | None:
     """{id: digest} of the requested overlays (every catalog overlay when no ids), explicit."""
     overlays_dir = os.path.join(catalog, "overlays")
@@ -254,9 +234,12 @@ def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | N
     sigs = []
     for rel, want in inputs.items():
         path = os.path.join(root, rel)
-        try:
-            with open(path, "rb") as fh:
-                st = os.fstat(fh.fileno())
+        try:  # non-blocking open + fstat: a FIFO or device never blocks; anything but a file -> the engine
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            with open(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if (st.st_mode & 0o170000) != 0o100000:
+                    return None
                 data: bytes | None = fh.read()
             sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -349,7 +332,12 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
             raise PlanRefused(f"{where}: result hash mismatch for {rel} (tampered or corrupt plan)")
         new[rel] = data
     os.makedirs(state, exist_ok=True)
-    with _Lock(state):
+    from pathlib import Path
+
+    from .lock import root_lock
+
+    # the engine's lock (names its holder); a busy lock is not waited for here: the full CLI waits visibly
+    with root_lock(Path(state), wait=0):
         if os.path.exists(ledger_path) or os.path.exists(journal_path):
             return None  # another apply finished first
         if _signatures(root, plan["inputs"]) != sigs:  # changed since read (inode, size, times)
