@@ -200,8 +200,9 @@ def test_probe_target_outside_the_root_is_refused(tmp_path):
     outside.write_text("FIXED = 1\n")
     (root / "vllm/link.py").symlink_to(outside)
     cat = make_catalog(tmp_path / "c2", extra="probes:\n  - {target: vllm/link.py, defines: FIXED}\n")
-    rc, _, err = run(cat, "status", "--root", str(root))
-    assert rc == 1 and "vllm/link.py" in one_line(err) and "outside the root" in err
+    rc, out, _ = run(cat, "status", "--root", str(root), "--json")  # the status report is data (stdout)
+    details = [t["detail"] for o in json.loads(out)["overlays"] for t in o["targets"] if t["status"] == "error"]
+    assert rc == 1 and len(details) == 1 and "vllm/link.py" in details[0] and "outside the root" in details[0]
 
 
 # --- (3) file symlinks keep their type ------------------------------------------------------

@@ -16,7 +16,6 @@ import contextlib
 import io
 import os
 import random
-import shutil
 from pathlib import Path
 
 import pytest

@@ -12,6 +12,7 @@ import ast
 import difflib
 import io
 import os
+import re
 import stat
 import time
 import tokenize

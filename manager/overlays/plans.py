@@ -30,7 +30,7 @@ import os
 import sys
 
 from .. import __version__
-from ..fastpath import _file_sha, _sha256, overlay_digest, package_version
+from ..fastpath import _sha256, overlay_digest, package_version
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
