@@ -582,13 +582,22 @@ def test_unreachable_api_url_is_said_once_without_fail_on(tmp_path, monkeypatch,
 
 
 def test_markup_in_catalog_text_is_shown_literally(tmp_path, monkeypatch, capsys):
+    """Catalog text in the list and status tables (data: stdout) is shown as typed, never parsed as markup."""
+    from manager.cli import main
+
     env = _fault_env(tmp_path, monkeypatch)
+
+    def table(argv: list[str]) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as info:
+            main(["--catalog", str(env.cat), *argv])
+        got = capsys.readouterr()
+        return info.value.code, (got.out + got.err).replace(" ", "").replace("│", "")
+
     _manifest(env, "title: demo overlay", "title: 'a [/x] title [bold]kept[/bold]'")
-    rc, err = _run_in_process(env, ["list"], capsys)
-    assert rc == 0, err
-    text = "".join(err).replace(" ", "").replace("│", "")
-    assert "a[/x]title[bold]kept[/bold]" in text, err
+    rc, text = table(["list"])
+    assert rc == 0, text
+    assert "a[/x]title[bold]kept[/bold]" in text, text
     _manifest(env, 'anchor: "return y"', 'anchor: "return [y][/x]"')  # drift: the detail quotes the anchor
-    rc, err = _run_in_process(env, ["status", "--root", str(env.root)], capsys)
-    assert rc == 1, err
-    assert "return[y][/x]" in "".join(err).replace(" ", "").replace("│", ""), err
+    rc, text = table(["status", "--root", str(env.root)])
+    assert rc == 1, text
+    assert "return[y][/x]" in text, text
