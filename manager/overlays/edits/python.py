@@ -159,7 +159,7 @@ class InsertStatements(PythonEdit):
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
         code = self.ctx.read(self.spec.code)
-        if getattr(self.spec, "trace", False):
+        if self.spec.trace:
             # OVERLAY_TRACE=1 runtime marker (manager/overlays/trace.py): fixed text, the block stays deterministic
             code = add_guards(code, self.ctx.overlay_id, self.ctx.version, self.spec.name)
         try:
