@@ -86,6 +86,15 @@ def _file_sha(path: str) -> str:
         return _sha256(fh.read()).hexdigest()
 
 
+def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:
+    """Sorted ids of the catalog's overlays (folders with an overlay.yaml), or None when unreadable."""
+    try:
+        return sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
+                      and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
+    except OSError:
+        return None
+
+
 def _parse_apply(argv: list[str]) -> tuple[str | None, str | None, list[str], str | None] | None:
     """`[--catalog DIR] apply [IDS...] [--root DIR] [--plans DIR]` -> (catalog, root, ids, plans); None otherwise."""
     catalog = root = plans = None
@@ -163,10 +172,8 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     if ledger.get("package_version") != package_version(root):
         return None
     overlays_dir = os.path.join(catalog, "overlays")
-    try:
-        every = sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
-                       and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
-    except OSError:
+    every = catalog_overlay_ids(overlays_dir)
+    if every is None:
         return None
     records = ledger.get("overlays", {})
     wanted = list(ids) if ids else every

@@ -30,7 +30,7 @@ import os
 import sys
 
 from .. import __version__
-from ..fastpath import _sha256, overlay_digest, package_version
+from ..fastpath import _sha256, catalog_overlay_ids, overlay_digest, package_version
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
@@ -216,10 +216,8 @@ def _drop_bytecode(path: str) -> None:
 def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | None:
     """{id: digest} of the requested overlays (every catalog overlay when no ids), explicit."""
     overlays_dir = os.path.join(catalog, "overlays")
-    try:
-        every = sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
-                       and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
-    except OSError:
+    every = catalog_overlay_ids(overlays_dir)
+    if every is None:
         return None
     wanted = list(dict.fromkeys(ids)) if ids else every
     if any(i not in every for i in wanted):
