@@ -258,6 +258,7 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
                     row.update(sweep_us=per, best_splits=best, best_us=per[best],
                                best_frac_peak=kv_bytes / (per[best] / 1e6) / peak)
                     if auto > 1:   # the merge kernel alone, on real split results
+                        from manager.kernels.d512 import MERGE_COLS
                         part_o = torch.empty((auto, batch, hq, 512), dtype=torch.float32, device=device)
                         part_ml = torch.empty((auto, batch, hq, 2), dtype=torch.float32, device=device)
                         out = torch.empty_like(q)
@@ -268,7 +269,7 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
                         dec.launch((hk * math.ceil((hq // hk) / 16), batch, auto), [
                             out, part_o, part_ml, q, case.k_cache, case.v_cache, bt0, lens, batch, hq, hk, bs,
                             bt0.shape[1], sb, st, sh, float(scale), 0, auto, int(shared)])
-                        tr, _ = _graph_time(lambda: red.launch((hq, batch, 1), [out, part_o, part_ml, batch, hq, auto]), 8)
+                        tr, _ = _graph_time(lambda: red.launch((hq, batch, 512 // MERGE_COLS), [out, part_o, part_ml, batch, hq, auto]), 8)
                         row["reduce_us"] = tr * 1e6
                 if triton is not None:
                     work: dict = {}

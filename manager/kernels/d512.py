@@ -23,6 +23,7 @@ OVERLAY_ID = "sm70-d512-attention"
 HEAD_DIM = 512
 MAX_SPLITS = 256   # MAX_SPLITS in paged_decode_d512.cu (the merge kernel's weight table)
 MIN_KEYS_PER_SPLIT = 64   # two 32-key chunks
+MERGE_COLS = 128   # columns per block of the split merge (MERGE_COLS in paged_decode_d512.cu)
 _lock = threading.Lock()
 _loaded: dict[tuple, "D512Attention"] = {}
 
@@ -99,7 +100,7 @@ class D512Attention:
             block_size, bt.shape[1], sb, st, sh, float(scale), int(window), splits, int(kv_shared)])
         if splits > 1:
             self.k["paged_decode_d512_reduce"].launch(
-                (num_q_heads, num_seqs, 1), [out, part_o, part_ml, num_seqs, num_q_heads, splits])
+                (num_q_heads, num_seqs, HEAD_DIM // MERGE_COLS), [out, part_o, part_ml, num_seqs, num_q_heads, splits])
         return out
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_query_len: int,

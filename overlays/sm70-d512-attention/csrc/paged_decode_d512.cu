@@ -230,27 +230,30 @@ paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 
 }
 
 // Merge split results: out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s.
-// Grid (num_q_heads, num_seqs), 128 threads, 4 columns each.  The split
-// weights are computed once per row into shared memory (threads over splits),
-// then every thread streams its 4 columns of all splits with independent
-// loads in flight (num_splits <= MAX_SPLITS; the launcher checks).
-extern "C" __global__ void __launch_bounds__(128)
+// Grid (num_q_heads, num_seqs, HD / 128): a block merges 128 columns of one
+// row, one column per thread, so a small batch still spreads the merge over
+// many SMs.  The split weights are computed once per block into shared memory
+// (threads over splits); then every thread streams its column of all splits
+// (coalesced 512-byte rows, independent loads in flight).  num_splits <=
+// MAX_SPLITS (the launcher checks).
+#define MERGE_COLS 128
+extern "C" __global__ void __launch_bounds__(MERGE_COLS)
 paged_decode_d512_reduce(half* __restrict__ out, const float* __restrict__ part_o,
                          const float* __restrict__ part_ml, int num_seqs, int num_q_heads, int num_splits) {
   __shared__ float w_s[MAX_SPLITS];
-  __shared__ float red[4];
+  __shared__ float red[MERGE_COLS / 32];
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  const int c = tid * 4;
+  const int c = blockIdx.z * MERGE_COLS + tid;
   const i64 row0 = (i64)b * num_q_heads + h, step = (i64)num_seqs * num_q_heads;
   float mloc = NEG_INF;
-  for (int s = tid; s < num_splits; s += 128) mloc = fmaxf(mloc, part_ml[(row0 + s * step) * 2]);
+  for (int s = tid; s < num_splits; s += MERGE_COLS) mloc = fmaxf(mloc, part_ml[(row0 + s * step) * 2]);
   mloc = warp_max_width(mloc, 32);
   if ((tid & 31) == 0) red[tid >> 5] = mloc;
   __syncthreads();
   const float M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
   __syncthreads();
   float dloc = 0.f;
-  for (int s = tid; s < num_splits; s += 128) {
+  for (int s = tid; s < num_splits; s += MERGE_COLS) {
     const float l = part_ml[(row0 + s * step) * 2 + 1];
     const float w = l == 0.f ? 0.f : exp2f(part_ml[(row0 + s * step) * 2] - M);  // empty split: weight 0
     w_s[s] = w;
@@ -260,14 +263,8 @@ paged_decode_d512_reduce(half* __restrict__ out, const float* __restrict__ part_
   if ((tid & 31) == 0) red[tid >> 5] = dloc;
   __syncthreads();
   const float inv = 1.f / (red[0] + red[1] + red[2] + red[3]);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float acc = 0.f;
 #pragma unroll 8
-  for (int s = 0; s < num_splits; ++s) {
-    const float w = w_s[s];
-    const float4 v = *reinterpret_cast<const float4*>(part_o + (row0 + s * step) * HD + c);
-    acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-  }
-  half2* dst = reinterpret_cast<half2*>(out + row0 * HD + c);
-  dst[0] = __floats2half2_rn(acc.x * inv, acc.y * inv);
-  dst[1] = __floats2half2_rn(acc.z * inv, acc.w * inv);
+  for (int s = 0; s < num_splits; ++s) acc += w_s[s] * part_o[(row0 + s * step) * HD + c];
+  out[row0 * HD + c] = __float2half_rn(acc * inv);
 }
