@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
+from ..state import APPLY_SKIPS
 from .app import Application
 from .params import CatalogChoice
 
@@ -183,7 +184,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
         verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
         say(verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "green")
     for o in result.statuses.overlays:
-        if o.status in ("applied", "upstream", "not-applicable") and not dry_run:
+        if o.status in APPLY_SKIPS and not dry_run:
             say(o.status, o.id, _STYLE.get(o.status, "cyan"))
     if not result.changes:
         say("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "dim")

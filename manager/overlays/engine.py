@@ -35,11 +35,12 @@ from .model import (
     TargetStatus,
     worst,
 )
+from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
 from .root import package_version
 
-# Overlay statuses that `apply` skips (nothing to write) and those it refuses.
-_SKIP = {"applied", "upstream", "not-applicable"}
-_SKIP_UNLESS_NAMED = {"superseded", "missing-target"}
+# Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
+_SKIP = APPLY_SKIPS
+_SKIP_UNLESS_NAMED = SKIP_UNLESS_NAMED
 _WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep before each file write
 
 
