@@ -516,7 +516,7 @@ def fits(
     own config and its exact per-rank weight bytes from the safetensors headers."""
     measured: dict[int, tuple[int, int]] = {}
     if checkpoint is not None:
-        from ..inspect.fitting import with_checkpoint
+        from .checkpoint import with_checkpoint
 
         profiles, model, weights, measured = with_checkpoint(profiles, checkpoint)
     m: ModelProfile = profiles.get("models", model)

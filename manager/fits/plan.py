@@ -63,7 +63,7 @@ def plan(
 ) -> Plan:
     """`checkpoint` (manager.inspect.Inspection): plan for that checkpoint (its config, measured bytes)."""
     if checkpoint is not None:
-        from ..inspect.fitting import with_checkpoint
+        from .checkpoint import with_checkpoint
 
         profiles, model, _, _ = with_checkpoint(profiles, checkpoint)
     m = profiles.get("models", model)
