@@ -40,12 +40,17 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return out
 
 
+def _entry(env: dict | None) -> str:
+    """`python -m` target: the CLI, or with OVERLAY_TEST_WRITE_DELAY set, the CLI behind the write-delay seam."""
+    return "manager.testing.faults" if env and "OVERLAY_TEST_WRITE_DELAY" in env else "manager"
+
+
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `python -m manager ARGS` (the `overlay` CLI) in a fresh process."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "manager", *args],
+        [sys.executable, "-m", _entry(env), *args],
         capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO_ROOT,
     )
 
@@ -54,6 +59,6 @@ def popen_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "manager", *args],
+        [sys.executable, "-m", _entry(env), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO_ROOT,
     )

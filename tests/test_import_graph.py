@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "manager"
-ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__")
+ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "manager.testing.faults")  # entry points
 
 
 def _modules() -> dict[str, Path]:

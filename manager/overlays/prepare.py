@@ -19,7 +19,8 @@ from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
 from ..state import ABSENT, JOURNAL_FILE, LEDGER_FILE, STATE_DIR
-from .engine import Overlay, apply, select
+from .loader import Overlay, select
+from .transaction import apply
 from .model import ApplyResult
 from .plans import FORMAT, PlanRefused, apply_hunks, check_plan, plan_key
 

@@ -1,490 +1,35 @@
-"""The overlay engine: load overlays, compute status, and apply/revert transactionally.
+"""Plan, apply, diff and revert overlays transactionally.
 
-Status is computed from the files alone (no import of the target package). An
-apply computes every new text in memory, compile()s each, then writes each file
-atomically and the ledger last; any failure before the writes leaves the tree
-untouched. A file lock serialises concurrent applies on one root.
+An apply computes every new text in memory (one edit loop, `_run_edits`, serves apply and the
+sentinel-block removal of revert), compile()s each, then writes each file atomically and the
+ledger last; any failure before the writes leaves the tree untouched, a failure part-way puts
+back the files already written. A file lock serialises concurrent applies on one root.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
-import io
-import os
 import re
-import stat
-import time
-import tokenize
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
-from ..catalog import Catalog
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
-from .ledger import ABSENT, STATE_DIR, Ledger, check_rel_path, state_dir
-from .manifest import Manifest, load_manifest, manifest_digest
-from .model import (
-    ApplyResult,
-    FileChange,
-    OverlayStatus,
-    RevertResult,
-    StatusReport,
-    TargetStatus,
-    worst,
-)
 from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
+from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
+from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
+from .loader import Overlay
+from .model import ApplyResult, FileChange, RevertResult, StatusReport
 from .root import package_version
+from .statuses import edited_since_apply, ledger_fast_status, overlay_status
 
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
 _SKIP = APPLY_SKIPS
 _SKIP_UNLESS_NAMED = SKIP_UNLESS_NAMED
-_WRITE_DELAY_ENV = "OVERLAY_TEST_WRITE_DELAY"  # tests: seconds to sleep before each file write
 
-
-@dataclass(frozen=True)
-class Overlay:
-    manifest: Manifest
-    dir: Path
-
-    @property
-    def id(self) -> str:
-        return self.manifest.id
-
-    @cached_property
-    def digest(self) -> str:
-        return manifest_digest(self.dir)
-
-    def edit_specs(self, target: str) -> list:
-        """The manifest edits for one target (an edit without `target` serves every target)."""
-        return [e for e in self.manifest.edits if e.target in (None, target)]
-
-    def make_edits(self, target: str) -> list:
-        from .edits import EditContext, make_edit
-
-        ctx = EditContext(self.id, self.manifest.sentinel_version, self.dir)
-        return [make_edit(spec, ctx, target) for spec in self.edit_specs(target)]
-
-
-def load_overlays(catalog: Catalog) -> list[Overlay]:
-    """Every overlay of the catalog, sorted by id; all manifest errors reported together."""
-    base = catalog.overlays_dir
-    if not base.is_dir():
-        return []
-    overlays, errors = [], []
-    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-        mf = d / "overlay.yaml"
-        if not mf.exists():
-            continue
-        try:
-            overlays.append(Overlay(load_manifest(mf), d))
-        except OverlayError as exc:
-            errors.append(str(exc))
-    if errors:
-        raise OverlayError("; ".join(errors))
-    known = {o.id for o in overlays}
-    for o in overlays:
-        for r in o.manifest.requires:
-            if r not in known:
-                raise OverlayError(f"{o.dir / 'overlay.yaml'}: requires: unknown overlay {r!r}")
-    return _ordered(overlays)
-
-
-def _ordered(overlays: list[Overlay]) -> list[Overlay]:
-    """Dependencies (`requires`) first, otherwise by id."""
-    by_id = {o.id: o for o in overlays}
-    out: list[Overlay] = []
-    seen: set[str] = set()
-
-    def visit(o: Overlay, stack: tuple[str, ...]) -> None:
-        if o.id in seen:
-            return
-        if o.id in stack:
-            raise OverlayError(f"overlay requires cycle: {' -> '.join(stack + (o.id,))}")
-        for r in o.manifest.requires:
-            visit(by_id[r], stack + (o.id,))
-        seen.add(o.id)
-        out.append(o)
-
-    for o in sorted(overlays, key=lambda x: x.id):
-        visit(o, ())
-    return out
-
-
-def select(overlays: Sequence[Overlay], ids: Iterable[str] | None) -> list[Overlay]:
-    ids = list(ids or [])
-    if not ids:
-        return list(overlays)
-    by_id = {o.id: o for o in overlays}
-    unknown = [i for i in ids if i not in by_id]
-    if unknown:
-        raise OverlayError(f"unknown overlay {unknown[0]!r} (known: {', '.join(sorted(by_id)) or 'none'})")
-    wanted = set(ids)
-    # a selected overlay brings the ones it requires
-    changed = True
-    while changed:
-        changed = False
-        for i in list(wanted):
-            for r in by_id[i].manifest.requires:
-                if r not in wanted:
-                    wanted.add(r)
-                    changed = True
-    return [o for o in overlays if o.id in wanted]
-
-
-# --- files ---------------------------------------------------------------------------------
-
-
-def read_regular(path: Path, rel: str) -> bytes | None:
-    """The bytes of a regular file; None when it does not exist. Anything else (a directory, a
-    FIFO, a device, a socket) is refused before a read can block: opened non-blocking, fstat()ed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        raise OverlayError(f"{rel}: cannot read: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise OverlayError(f"{rel}: is a directory, not a regular file")
-        if not stat.S_ISREG(st.st_mode):
-            raise OverlayError(f"{rel}: not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'special file')}); refused")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise OverlayError(f"{rel}: cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket"}
-
-
-
-def nul_line(text: str) -> int:
-    return text.count("\n", 0, text.index("\0")) + 1
-
-
-def resolve_in_root(root: Path, rel: str) -> Path:
-    """The real path of `root/rel` (symlinks followed); refused unless it stays inside the root.
-
-    Every target the engine reads or writes goes through here: a target behind a directory or
-    file symlink that leaves the root, or a `..`/absolute path (a hand-edited ledger), is refused
-    with one line naming it. A file symlink that stays inside the root resolves to its target,
-    so writes land there and the link is kept."""
-    why = check_rel_path(rel)
-    if why:
-        raise OverlayError(f"{rel!r}: {why}; refused: only paths inside the root {root} are read or written")
-    base = Path(root).resolve()
-    real = (base / rel).resolve()
-    if real != base and base not in real.parents:
-        raise OverlayError(f"{Path(root) / rel}: resolves to {real}, outside the root {base}; refused")
-    return real
-
-
-def file_encoding(rel: str, data: bytes) -> str:
-    """The codec that gives `data` back byte for byte: utf-8-sig for a BOM, a Python file's
-    coding declaration, else utf-8. Line endings are never translated."""
-    if rel.endswith(".py"):
-        try:
-            enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        except SyntaxError as exc:
-            raise OverlayError(f"{rel}: {exc}") from None
-        return enc
-    return "utf-8-sig" if data.startswith(b"\xef\xbb\xbf") else "utf-8"
-
-
-def decode_file(rel: str, data: bytes) -> tuple[str, str]:
-    """(text, codec) of a source file, or one line naming the file, the line and the problem
-    (bytes its codec cannot read, a NUL byte)."""
-    enc = file_encoding(rel, data)
-    try:
-        text = data.decode(enc)
-    except LookupError as exc:
-        raise OverlayError(f"{rel}: cannot be read as {enc}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        label = "UTF-8" if enc.startswith("utf-8") else enc
-        raise OverlayError(
-            f"{rel}: line {line}: not {label} (byte 0x{data[exc.start]:02x}); a file in another encoding "
-            f"needs a coding declaration naming it"
-        ) from None
-    if "\0" in text:
-        raise OverlayError(f"{rel}: line {nul_line(text)}: contains a NUL byte; not a source file")
-    return text, enc
-
-
-def encode_file(rel: str, text: str, enc: str) -> bytes:
-    try:
-        return text.encode(enc)
-    except (UnicodeEncodeError, LookupError) as exc:
-        raise OverlayError(f"{rel}: the patched text cannot be written back as {enc}: {exc}") from None
-
-
-class _Tree:
-    """Reads target files once per operation and keeps their parsed modules."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._bytes: dict[str, bytes | None] = {}
-        self._modules: dict[str, object] = {}
-        self._enc: dict[str, str] = {}
-
-    def read(self, rel: str) -> bytes | None:
-        if rel not in self._bytes:
-            self._bytes[rel] = read_regular(resolve_in_root(self.root, rel), rel)
-        return self._bytes[rel]
-
-    def text(self, rel: str) -> str | None:
-        data = self.read(rel)
-        if data is None:
-            return None
-        text, self._enc[rel] = decode_file(rel, data)
-        return text
-
-    def encode(self, rel: str, text: str | None) -> bytes | None:
-        """`text` as bytes in the file's own encoding (BOM and coding declaration kept)."""
-        if text is None:
-            return None
-        if rel not in self._enc and self.read(rel) is not None:
-            self.text(rel)
-        return encode_file(rel, text, self._enc.get(rel, "utf-8"))
-
-    def module(self, rel: str):
-        if rel not in self._modules:
-            import libcst as cst
-
-            text = self.text(rel)
-            try:
-                self._modules[rel] = cst.parse_module(text) if text is not None else None
-            except cst.ParserSyntaxError as exc:
-                raise OverlayError(f"{rel}: does not parse as Python: {exc.message}") from None
-        return self._modules[rel]
-
-    def sha(self, rel: str) -> str:
-        data = self.read(rel)
-        return ABSENT if data is None else sha256_bytes(data)
-
-    def replace(self, rel: str, data: bytes | None, module: object | None) -> None:
-        """Record bytes just written (and their module, when the plan built it)."""
-        self._bytes[rel] = data
-        if module is not None:
-            self._modules[rel] = module
-        else:
-            self._modules.pop(rel, None)
-
-
-# --- status --------------------------------------------------------------------------------
-
-
-def _probe_matches(tree: _Tree, probe) -> str | None:
-    text = tree.text(probe.target)
-    if text is None:
-        return None
-    try:
-        mod = ast.parse(text)
-    except SyntaxError:
-        return None
-    node: ast.AST = mod
-    for part in [p for p in (probe.scope or "").split(".") if p]:
-        found = [
-            n
-            for n in ast.walk(node)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
-        ]
-        if len(found) != 1:
-            return None
-        node = found[0]
-    if probe.defines:
-        names = set()
-        for n in ast.walk(node):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                names.add(n.id)
-            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(n.name)
-            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
-                names.add(n.attr)
-        if probe.defines not in names:
-            return None
-    if probe.contains:
-        segment = text if node is mod else (ast.get_source_segment(text, node) or "")
-        from .bounded import search
-
-        if not search(probe.contains, segment, probe.target):
-            return None
-    where = f"{probe.target}:{probe.scope}" if probe.scope else probe.target
-    what = probe.description or (f"defines {probe.defines}" if probe.defines else f"matches /{probe.contains}/")
-    return f"native fix found ({what}) in {where}"
-
-
-def _target_status(states: list, details: list[str]) -> tuple[str, str]:
-    from .edits import EditState as S
-
-    vals = [s for s in states if s != S.NOT_APPLICABLE]
-    detail = "; ".join(details)
-    if not states:
-        return "not-applicable", "no edits for this target"
-    if not vals:
-        return "not-applicable", detail
-    if S.MODIFIED in vals:
-        return "modified", detail
-    if S.PARTIAL in vals or (S.APPLIED in vals and (S.PENDING in vals or S.NATIVE in vals and S.PENDING in vals)):
-        return "partial", detail
-    if S.DRIFT in vals:
-        return "drift", detail
-    if S.SUPERSEDED in vals:
-        return ("superseded" if all(v == S.SUPERSEDED for v in vals) else "drift"), detail
-    if all(v == S.NATIVE for v in vals):
-        return "upstream", detail
-    if all(v in (S.APPLIED, S.NATIVE) for v in vals):
-        return "applied", detail
-    return "pending", detail
-
-
-def _edited_since_apply(root: Path, tree: _Tree, version: str | None) -> dict[str, dict]:
-    """Files the ledger recorded for this package version whose bytes are now neither the
-    original nor what we wrote: somebody edited them after `overlay apply`."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return {}
-    if not led.data or led.data.get("package_version") != version:
-        return {}
-    out = {}
-    for rel, rec in led.files.items():
-        try:
-            now = tree.sha(rel)
-        except OverlayError:
-            continue  # unreadable: the target's own status says why
-        if now not in (rec["post_sha256"], rec["base_sha256"]):
-            out[rel] = {"overlays": rec["overlays"], "now": now, "post": rec["post_sha256"]}
-    return out
-
-
-def _text_or_empty(tree: _Tree, rel: str) -> str:
-    """For a quick look (is our sentinel there?): a file that cannot be read is reported by the
-    edit inspection that follows, with its reason."""
-    try:
-        return tree.text(rel) or ""
-    except OverlayError:
-        return ""
-
-
-def _overlay_status(
-    overlay: Overlay, tree: _Tree, version: str | None, edited: dict[str, dict] | None = None
-) -> OverlayStatus:
-    """`edited`: files changed by hand since apply (from the ledger). Where the ledger says this
-    overlay was applied and its blocks are now incomplete, the target is `modified`: applying
-    again could insert a second copy next to code whose sentinel was removed."""
-    m = overlay.manifest
-    marker = f"overlay:{overlay.id} v"
-    targets: list[TargetStatus] = []
-    ours_present = any(marker in _text_or_empty(tree, t) for t in m.targets)
-    if not ours_present and not m.applies_to_version(version):
-        targets = [
-            TargetStatus(t, "not-applicable", f"vllm {version} is outside versions {m.versions!r}") for t in m.targets
-        ]
-        return OverlayStatus(overlay.id, "not-applicable", tuple(targets), m.title, m.sentinel_version)
-    if not ours_present:
-        for probe in m.probes:
-            try:
-                hit = _probe_matches(tree, probe)
-            except OverlayError as exc:  # unreadable probe target, a probe pattern over its budget
-                targets = [TargetStatus(t, "error", f"probe: {exc}") for t in m.targets]
-                return OverlayStatus(overlay.id, "error", tuple(targets), m.title, m.sentinel_version)
-            if hit:
-                targets = [TargetStatus(t, "upstream", hit) for t in m.targets]
-                return OverlayStatus(overlay.id, "upstream", tuple(targets), m.title, m.sentinel_version)
-    from .edits import EditFailed, PythonEdit
-
-    for t in m.targets:
-        try:
-            edits = overlay.make_edits(t)
-            exists = tree.read(t) is not None
-            if not exists and not any(e.spec.kind in ("new-file", "release-file") for e in edits):
-                targets.append(TargetStatus(t, "missing-target", f"{t} does not exist under the root"))
-                continue
-            states, details = [], []
-            for e in edits:
-                res = e.inspect(tree.module(t)) if isinstance(e, PythonEdit) else e.inspect(tree.text(t))
-                states.append(res.state)
-                details.append(res.detail)
-            status, detail = _target_status(states, details)
-            hand = (edited or {}).get(t)
-            if hand and overlay.id in hand["overlays"] and status in ("pending", "partial"):
-                status, detail = "modified", (
-                    f"the ledger records {overlay.id} applied to {t}, which changed since (sha256 "
-                    f"{hand['now'][:12]}, wrote {hand['post'][:12]}) and lost some of its blocks; reinstall "
-                    f"the file before applying again ({detail})"
-                )
-        except (EditFailed, OverlayError, UnicodeDecodeError) as exc:
-            status, detail = "error", str(exc)
-        targets.append(TargetStatus(t, status, detail))
-    statuses = [x.status for x in targets]
-    overall = worst(statuses)
-    if "applied" in statuses and "pending" in statuses and overall == "pending":
-        overall = "partial"
-    return OverlayStatus(overlay.id, overall, tuple(targets), m.title, m.sentinel_version)
-
-
-def _ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None) -> StatusReport | None:
-    """Statuses straight from the ledger when every target's hash and every manifest digest match."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return None
-    if not led.data or led.data.get("package_version") != version or led.journal_path.exists():
-        return None
-    out = []
-    for o in overlays:
-        rec = led.overlays.get(o.id)
-        if not rec or rec.get("digest") != o.digest:
-            return None
-        for t in o.manifest.targets:
-            want = led.observed.get(t)
-            if want is None:
-                return None
-            try:
-                data = read_regular(resolve_in_root(root, t), t)
-            except OverlayError:
-                return None  # the full status says what is wrong with it
-            now = ABSENT if data is None else sha256_bytes(data)
-            if now != want:
-                return None
-        targets = tuple(TargetStatus(**t) for t in rec["targets"])
-        out.append(OverlayStatus(o.id, rec["status"], targets, o.manifest.title, o.manifest.sentinel_version))
-    return StatusReport(str(root), version, tuple(out), source="ledger")
-
-
-def status(overlays: Sequence[Overlay], root: Path, *, use_ledger: bool = True) -> StatusReport:
-    version = package_version(root)
-    if use_ledger:
-        fast = _ledger_fast_status(overlays, root, version)
-        if fast is not None:
-            return fast
-    tree = _Tree(root)
-    edited = _edited_since_apply(root, tree, version) if use_ledger else {}
-    interrupted = ""
-    if use_ledger and Ledger(root).has_journal():
-        interrupted = (
-            f"{Ledger(root).journal_path}: an apply was interrupted; `overlay apply` completes it, "
-            "`overlay revert` undoes it"
-        )
-    return StatusReport(
-        str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays), interrupted=interrupted
-    )
-
-
-def status_on_release(version: str, catalog: Catalog, ids: Iterable[str] | None = None) -> StatusReport:
-    """Read-only status of the catalog's overlays on a real release's pristine sources."""
-    from ..releases import pristine_tree
-
-    root = pristine_tree(version)
-    return status(select(load_overlays(catalog), ids), root, use_ledger=False)
+# A test seam (manager.testing.faults): called before each target file is written.
+BEFORE_WRITE: list[Callable[[], None]] = []
 
 
 # --- planning ------------------------------------------------------------------------------
@@ -495,38 +40,46 @@ class _Plan:
     root: Path
     version: str | None
     report: StatusReport
-    tree: "_Tree | None" = None  # the files as read (and parsed) for this plan
+    tree: "Tree | None" = None  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
     modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
     overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
-    """Apply one overlay's edits for `rel` on `text`; returns (new text, its libcst module or None)."""
+def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, remove: bool = False):
+    """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
+    and text edits on the text; returns (new text, its libcst module or None). Raises EditFailed."""
     import libcst as cst
 
     from .edits import EditFailed, PythonEdit
 
-    edits = overlay.make_edits(rel)
     module = None
     for e in edits:
-        try:
-            if isinstance(e, PythonEdit):
-                if module is None:
-                    if text is None:
-                        raise EditFailed(f"{rel} does not exist")
-                    module = tree_module if tree_module is not None else cst.parse_module(text)
-                module = e.apply(module)
-            else:
-                if module is not None:
-                    text, module = module.code, None
-                text = e.apply(text)
-        except EditFailed as exc:
-            raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+        if isinstance(e, PythonEdit):
+            if module is None:
+                if text is None:
+                    raise EditFailed(f"{rel} does not exist")
+                module = tree_module if tree_module is not None else cst.parse_module(text)
+            module = e.remove(module) if remove else e.apply(module)
+        else:
+            if module is not None:
+                text, module = module.code, None
+            text = e.remove(text) if remove else e.apply(text)
     if module is not None:
         text = module.code
     return text, module
+
+
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
+    """Apply one overlay's edits for `rel` on `text`; returns (new text, its libcst module or None)."""
+    from .edits import EditFailed
+
+    edits = overlay.make_edits(rel)
+    try:
+        return _run_edits(edits, rel, text, tree_module)
+    except EditFailed as exc:
+        raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
 
 
 def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
@@ -543,10 +96,10 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
 
 
 def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
-    tree = _Tree(root)
+    tree = Tree(root)
     version = package_version(root)
-    edited = _edited_since_apply(root, tree, version)
-    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version, edited) for o in overlays))
+    edited = edited_since_apply(root, tree, version)
+    report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
     plan = _Plan(root, version, report, tree)
     for o, st in zip(overlays, report.overlays):
         if st.status in _SKIP:
@@ -629,12 +182,11 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
 
     `journaled` (apply): the journal written for these changes is removed after a clean roll-back;
     it stays on disk only if the roll-back itself failed (the next run then sorts it out)."""
-    delay = float(os.environ.get(_WRITE_DELAY_ENV, "0") or 0)
     done: list[FileChange] = []
     try:
         for c in changes:
-            if delay:  # tests: also between the journal and the first write (the journal window)
-                time.sleep(delay)
+            for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
+                hook()
             _put(root, c.path, c.after)
             done.append(c)
     except OverlayError as exc:
@@ -684,12 +236,12 @@ def glob_escape(name: str) -> str:
     return glob.escape(name)
 
 
-def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "_Tree") -> StatusReport:
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") -> StatusReport:
     """Recompute status after writing and store it (with every target's hash) in the ledger.
 
     `tree` holds the bytes (and parsed modules) just written, so nothing is parsed twice."""
     version = package_version(root)
-    report = StatusReport(str(root), version, tuple(_overlay_status(o, tree, version) for o in overlays))
+    report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version) for o in overlays))
     for o, st in zip(overlays, report.overlays):
         led.overlays[o.id] = {
             "version": o.manifest.sentinel_version,
@@ -716,10 +268,10 @@ def apply(
         return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
-        notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        notes = led.recover(lambda rel: Tree(root).sha(rel))
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
-            fast = _ledger_fast_status(overlays, root, version)
+            fast = ledger_fast_status(overlays, root, version)
             quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
             if fast is not None and all(o.status in quiet for o in fast.overlays):
                 skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
@@ -789,9 +341,9 @@ def revert(
     version = package_version(root)
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
-        notes = led.recover(lambda rel: _Tree(root).sha(rel))
+        notes = led.recover(lambda rel: Tree(root).sha(rel))
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
-        tree = _Tree(root)
+        tree = Tree(root)
         texts: dict[str, str | None] = {}
         encodings: dict[str, str] = {}  # files restored from the originals store: their codec
         owners: dict[str, list[str]] = {}
@@ -826,25 +378,12 @@ def revert(
                 current = tree.text(t)
                 if current is None or f"overlay:{o.id} v" not in current:
                     continue
-                text = current
-                module = None
-                from .edits import EditFailed, PythonEdit
+                from .edits import EditFailed
 
                 try:
-                    for e in o.make_edits(t):
-                        if isinstance(e, PythonEdit):
-                            import libcst as cst
-
-                            module = module or cst.parse_module(text)
-                            module = e.remove(module)
-                        else:
-                            if module is not None:
-                                text, module = module.code, None
-                            text = e.remove(text)
+                    text, _ = _run_edits(o.make_edits(t), t, current, remove=True)
                 except EditFailed as exc:  # a block that is not intact is never removed by count
                     raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
-                if module is not None:
-                    text = module.code
                 texts[t] = text
                 owners.setdefault(t, []).append(o.id)
                 notes.append(f"{t}: not in the ledger; removed sentinel-marked blocks of {o.id}")
