@@ -83,7 +83,7 @@ def statement_lists(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
             stack.extend(_child_blocks(stmt))
 
 
-def _defs_in(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def defs_in(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Function/class definitions declared directly in `owner` (through if/try/with blocks)."""
     for block in statement_lists(owner):
         for stmt in block.body:
@@ -96,7 +96,7 @@ def resolve_scope(module: cst.Module, path: str) -> cst.CSTNode:
     node: cst.CSTNode = module
     walked: list[str] = []
     for part in [p for p in path.split(".") if p]:
-        found = [d for d in _defs_in(node) if d.name.value == part]  # type: ignore[attr-defined]
+        found = [d for d in defs_in(node) if d.name.value == part]  # type: ignore[attr-defined]
         walked.append(part)
         if not found:
             raise ScopeProblem("superseded", f"scope {'.'.join(walked)} not found")
@@ -231,17 +231,17 @@ def find_marked_blocks(module: cst.Module, overlay: str, edit: str) -> list[Mark
     for block in statement_lists(module):
         _collect(module, block, overlay, edit, found)
     # nested defs are not walked by statement_lists(module); walk every def too
-    for node in _all_defs(module):
+    for node in all_defs(module):
         for block in statement_lists(node):
             _collect(module, block, overlay, edit, found)
     return found
 
 
-def _all_defs(module: cst.Module) -> Iterator[cst.CSTNode]:
+def all_defs(module: cst.Module) -> Iterator[cst.CSTNode]:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        for d in _defs_in(node):
+        for d in defs_in(node):
             yield d
             stack.append(d)
 
