@@ -70,7 +70,7 @@ def _target_status(states: list, details: list[str]) -> tuple[str, str]:
         return "not-applicable", detail
     if S.MODIFIED in vals:
         return "modified", detail
-    if S.PARTIAL in vals or (S.APPLIED in vals and (S.PENDING in vals or S.NATIVE in vals and S.PENDING in vals)):
+    if S.PARTIAL in vals or (S.APPLIED in vals and S.PENDING in vals):
         return "partial", detail
     if S.DRIFT in vals:
         return "drift", detail

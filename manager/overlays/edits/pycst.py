@@ -17,11 +17,7 @@ from .base import EditFailed
 SENTINEL_COMMENT = m.Comment(m.MatchRegex(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"))  # fullmatch
 SENTINEL_LINE = m.EmptyLine(comment=SENTINEL_COMMENT)
 
-_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
-try:  # libcst >= 0.4.x
-    _COMPOUND = _COMPOUND + (cst.TryStar, cst.Match)  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover
-    pass
+_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef)
 
 
 class ScopeProblem(Exception):
@@ -49,7 +45,7 @@ def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield stmt.orelse.body
     elif isinstance(stmt, cst.With):
         yield stmt.body
-    elif isinstance(stmt, cst.Try) or type(stmt).__name__ == "TryStar":
+    elif isinstance(stmt, (cst.Try, cst.TryStar)):
         yield stmt.body
         for h in stmt.handlers:
             yield h.body
@@ -57,7 +53,7 @@ def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield stmt.orelse.body
         if stmt.finalbody is not None:
             yield stmt.finalbody.body
-    elif type(stmt).__name__ == "Match":
+    elif isinstance(stmt, cst.Match):
         for case in stmt.cases:
             yield case.body
 
