@@ -108,3 +108,14 @@ def test_the_leaf_imports_nothing_of_the_package_at_module_level():
     tree = ast.parse((PKG / "state.py").read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not [n for n in top if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("manager"))]
+
+
+def test_no_module_over_400_lines_without_a_written_reason():
+    """A module over ~400 lines says why in its docstring (a paragraph starting `Size:`)."""
+    long = []
+    for mod, path in _modules().items():
+        if len(path.read_text().splitlines()) > 400:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            if "\nSize:" not in "\n" + doc:
+                long.append(mod)
+    assert long == []

@@ -1,4 +1,9 @@
-"""fits(): every named constraint (no short-circuit), a verdict and the memory picture."""
+"""fits(): every named constraint (no short-circuit), a verdict and the memory picture.
+
+Size: over 400 lines on purpose. Each constraint is one short `c_*` function over the same
+resolved deployment (`_Ctx`); kept together they read as the list of rules fits() runs, in
+order, and no rule's context has to cross a module boundary. The memory model is memory.py.
+"""
 
 from __future__ import annotations
 

@@ -21,6 +21,9 @@ Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` writ
 
 Only the standard library here; recording and `overlay prepare` (the engine) are in
 `manager.overlays.prepare`.
+
+Size: about 400 lines: the plan's checks and its stdlib transaction belong together, since a
+plan is trusted only after every check that the replay relies on.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ A half-built venv is never reused: only a directory renamed into place after its
 Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` package (and its dist-info) into
 `dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
 `os.replace` (a new inode), so the venv's files are never modified (tests check it).
+
+Size: over 400 lines: test support, not library code the CLI runs; the venv recipe, its cache
+and locks, the isolated roots and the server each rely on the same cache layout above.
 """
 
 from __future__ import annotations
