@@ -67,9 +67,7 @@ def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
         return {}
     out: dict[str, tuple[bool, bool]] = {}
     for ov in load_overlays(catalog):
-        manifest = getattr(ov, "manifest", ov)
-        oid = str(getattr(ov, "id", None) or getattr(manifest, "id"))
-        out[oid] = (bool(getattr(manifest, "edits", None)), bool(getattr(manifest, "kernels", None)))
+        out[ov.id] = (bool(ov.manifest.edits), ov.manifest.kernels is not None)
     return out
 
 
@@ -121,7 +119,7 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
 
 
 def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
-    from ..fits import fits  # the profiles engineer's contract
+    from ..fits import fits  # the fits() contract (docs/design.md)
 
     return fits(
         profiles,
@@ -197,7 +195,7 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
 
 
 def load_profiles(catalog: Catalog) -> Any:
-    from ..profiles import load_profiles as _load  # the profiles engineer's contract
+    from ..profiles import load_profiles as _load  # the profiles contract (docs/design.md)
 
     return _load(catalog)
 
