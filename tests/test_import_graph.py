@@ -43,13 +43,25 @@ def _targets(mod: str, path: Path, node: ast.Import | ast.ImportFrom, mods: dict
     return out
 
 
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the imports under `if TYPE_CHECKING:` (annotations only: never executed)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (at module level or inside functions)."""
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         deps = graph.setdefault(mod, set())
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_only(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
                 deps.update(t for t in _targets(mod, path, node, mods) if t != mod)
     return graph
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..catalog import Catalog
 from ..errors import ComposeError
 from .registry import Deployment, Registry
 from .render import CONTAINER_PORT, MODELS_MOUNT, ServicePlan
+
+if TYPE_CHECKING:
+    from ..fits import FitReport
+    from ..profiles import Profiles
 
 FAIL_RESULTS = ("fail", "failed", "error", "no")
 
@@ -118,7 +122,7 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
     return tuple(args)
 
 
-def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
+def fit_report(profiles: Profiles, dep: Deployment, catalog: Catalog) -> FitReport:
     from ..fits import fits  # the fits() contract (docs/design.md)
 
     return fits(
@@ -137,7 +141,7 @@ def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
     )
 
 
-def failing_constraints(report: Any) -> tuple[str, ...]:
+def failing_constraints(report: FitReport | None) -> tuple[str, ...]:
     out = []
     for c in _get(report, "constraints", default=()) or ():
         if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
@@ -145,7 +149,7 @@ def failing_constraints(report: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def plan_warnings(report: Any) -> tuple[str, ...]:
+def plan_warnings(report: FitReport | None) -> tuple[str, ...]:
     """Header warnings: every failing constraint and every unverified profile field the verdict rests on."""
     out = []
     for c in _get(report, "constraints", default=()) or ():
@@ -156,7 +160,7 @@ def plan_warnings(report: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: Any = None,
+def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, report: FitReport | None = None,
                     kinds: dict[str, tuple[bool, bool]] | None = None) -> ServicePlan:
     engine = _lookup(profiles.engines, dep.engine, "engine", dep.slug)
     model = _lookup(profiles.models, dep.model, "model", dep.slug)
@@ -194,13 +198,13 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
     )
 
 
-def load_profiles(catalog: Catalog) -> Any:
+def load_profiles(catalog: Catalog) -> Profiles:
     from ..profiles import load_profiles as _load  # the profiles contract (docs/design.md)
 
     return _load(catalog)
 
 
-def plan_all(registry: Registry, catalog: Catalog, profiles: Any = None) -> dict[str, ServicePlan]:
+def plan_all(registry: Registry, catalog: Catalog, profiles: Profiles | None = None) -> dict[str, ServicePlan]:
     profiles = profiles if profiles is not None else load_profiles(catalog)
     kinds = overlay_kinds(catalog)
     return {

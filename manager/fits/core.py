@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -20,6 +20,9 @@ from ..profiles.loader import Profiles
 from ..profiles.schema import EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
 from .overlays import DeploymentFacts, OverlayIndex, index_for
+
+if TYPE_CHECKING:
+    from ..inspect import Inspection
 
 CONSTRAINT_IDS = (
     "gpu-count", "tp-heads", "engine-family", "weight-format", "engine-sm", "dtype", "kv-dtype",
@@ -513,7 +516,7 @@ def fits(
     max_seqs: int | None = None,
     catalog: Catalog | None = None,
     overlay_index: OverlayIndex | None = None,
-    checkpoint: Any = None,
+    checkpoint: Inspection | None = None,
 ) -> FitReport:
     """Check one deployment against every constraint; see docs/profiles.md.
 
