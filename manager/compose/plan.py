@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Mapping, TypeVar
 
 from ..catalog import Catalog
 from ..errors import ComposeError
@@ -14,49 +14,16 @@ from .render import CONTAINER_PORT, MODELS_MOUNT, ServicePlan
 if TYPE_CHECKING:
     from ..fits import FitReport
     from ..profiles import Profiles
+    from ..profiles.schema import DrafterProfile, HardwareProfile, ModelProfile, WeightVariant
 
-FAIL_RESULTS = ("fail", "failed", "error", "no")
-
-
-def _get(obj: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        if isinstance(obj, dict) and name in obj:
-            return obj[name]
-        if obj is not None and not isinstance(obj, dict) and getattr(obj, name, None) is not None:
-            return getattr(obj, name)
-    return default
+T = TypeVar("T")
 
 
-def _lookup(table: Any, key: str, kind: str, slug: str) -> Any:
+def _lookup(table: Mapping[str, T], key: str, kind: str, slug: str) -> T:
     try:
         return table[key]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(table)) if isinstance(table, dict) else "none"
-        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {known})") from None
-
-
-def _sm(hardware: Any) -> float | None:
-    raw = _get(hardware, "sm", "compute_capability")
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return None
-
-
-def _weights(model: Any, weights_id: str | None, slug: str) -> Any:
-    if weights_id is None:
-        return None
-    table = _get(model, "weights", default=None)
-    if isinstance(table, dict):
-        return _lookup(table, weights_id, "weights", slug)
-    if isinstance(table, (list, tuple)):
-        for w in table:
-            if _get(w, "id", "name") == weights_id:
-                return w
-        raise ComposeError(f"deployments.{slug}.weights: model has no weights variant {weights_id!r}")
-    return None
+    except KeyError:
+        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {', '.join(sorted(table))})") from None
 
 
 def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
@@ -78,7 +45,7 @@ def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
 _REPO_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
 
-def _models_path(raw: Any, what: str, slug: str) -> str:
+def _models_path(raw: str, what: str, slug: str) -> str:
     text = str(raw)
     if not _REPO_PATH.match(text):
         raise ComposeError(
@@ -87,14 +54,15 @@ def _models_path(raw: Any, what: str, slug: str) -> str:
     return f"{MODELS_MOUNT}/{text}"
 
 
-def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any) -> tuple[str, ...]:
+def serve_args(dep: Deployment, model: ModelProfile, weights: WeightVariant | None, hardware: HardwareProfile,
+               drafter: DrafterProfile | None) -> tuple[str, ...]:
     """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
     if dep.model_dir:
         model_path = f"{MODELS_MOUNT}/{dep.model_dir}"
     else:
-        repo = _get(weights, "hf_repo", "repo", "path") or _get(model, "hf_repo", "repo") or dep.model
+        repo = (weights.hf_repo if weights is not None else None) or model.hf_repo or dep.model
         model_path = _models_path(repo, "weights hf_repo", dep.slug)
-    served = dep.served_name or _get(model, "served_name") or dep.model
+    served = dep.served_name or dep.model
     args: list[str] = [
         model_path,
         "--served-model-name", str(served),
@@ -103,18 +71,17 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
         "--tensor-parallel-size", str(dep.tp),
         "--max-model-len", str(dep.ctx),
         "--max-num-seqs", str(dep.max_seqs),
-        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or _get(hardware, 'safe_mem_util') or 0.9):.2f}",
+        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or hardware.safe_mem_util):.2f}",
     ]
-    sm = _sm(hardware)
-    if sm is not None and sm < 8.0:
+    if hardware.sm < 8.0:
         args += ["--dtype", "float16"]
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
     if drafter is not None:
-        spec = dict(_get(drafter, "speculative_config", default={}) or {})
-        repo = _get(drafter, "hf_repo", "repo") or spec.get("model") or dep.drafter
+        spec = dict(drafter.speculative_config or {})
+        repo = drafter.hf_repo or spec.get("model") or dep.drafter
         spec["model"] = _models_path(repo, "drafter hf_repo", dep.slug)
-        tokens = dep.num_speculative_tokens or _get(drafter, "default_tokens") or spec.get("num_speculative_tokens")
+        tokens = dep.num_speculative_tokens or drafter.default_tokens or spec.get("num_speculative_tokens")
         if tokens:
             spec["num_speculative_tokens"] = int(tokens)
         args += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
@@ -141,22 +108,15 @@ def fit_report(profiles: Profiles, dep: Deployment, catalog: Catalog) -> FitRepo
     )
 
 
-def failing_constraints(report: FitReport | None) -> tuple[str, ...]:
-    out = []
-    for c in _get(report, "constraints", default=()) or ():
-        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
-            out.append(str(_get(c, "id", default="?")))
-    return tuple(out)
+def failing_constraints(report: FitReport) -> tuple[str, ...]:
+    """The ids of the constraints fits() failed (Constraint.result: pass / warn / fail / skip)."""
+    return tuple(c.id for c in report.constraints if c.result == "fail")
 
 
-def plan_warnings(report: FitReport | None) -> tuple[str, ...]:
+def plan_warnings(report: FitReport) -> tuple[str, ...]:
     """Header warnings: every failing constraint and every unverified profile field the verdict rests on."""
-    out = []
-    for c in _get(report, "constraints", default=()) or ():
-        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
-            out.append(f"fits() fails {_get(c, 'id')}: {_get(c, 'message')}")
-    for field_ in _get(report, "unverified", default=()) or ():
-        out.append(f"unverified: {field_}")
+    out = [f"fits() fails {c.id}: {c.message}" for c in report.constraints if c.result == "fail"]
+    out += [f"unverified: {field_}" for field_ in report.unverified]
     return tuple(out)
 
 
@@ -166,15 +126,15 @@ def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, repor
     model = _lookup(profiles.models, dep.model, "model", dep.slug)
     hardware = _lookup(profiles.hardware, dep.hardware, "hardware", dep.slug)
     drafter = _lookup(profiles.drafters, dep.drafter, "drafter", dep.slug) if dep.drafter else None
-    weights = _weights(model, dep.weights, dep.slug)
-    image = _get(engine, "image")
+    weights = _lookup(model.weights, dep.weights, "weights", dep.slug) if dep.weights is not None else None
+    image = engine.image
     if not image:
         raise ComposeError(f"engine profile {dep.engine!r} has no image pin")
     if report is None:
         report = fit_report(profiles, dep, catalog)
     if kinds is None:
         kinds = overlay_kinds(catalog)
-    needed = [str(i) for i in (_get(report, "overlays", default=()) or ())]
+    needed = [str(i) for i in report.overlays]
     return ServicePlan(
         slug=dep.slug,
         image=str(image),
@@ -187,12 +147,12 @@ def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, repor
         status=dep.status,
         note=dep.note,
         engine=dep.engine,
-        vllm_version=str(_get(engine, "vllm_version", default="")),
+        vllm_version=str(engine.vllm_version),
         model=dep.model,
         hardware=dep.hardware,
         env=dict(dep.env),
         shm_size=dep.shm_size,
-        verdict=str(_get(report, "verdict", default="")),
+        verdict=str(report.verdict),
         failing=failing_constraints(report),
         warnings=plan_warnings(report),
     )
