@@ -5,8 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from .params import CatalogChoice
+
+
+class ConsoleProgress:
+    """builder.BuildProgress on stderr: a spinner while NVRTC compiles, one status line per object."""
+
+    def compiling(self, overlay: str, source: str, arch: str, compiler: str):
+        from .. import console
+
+        return console.err.status(f"compiling {escape(f'{overlay}/{source} [{arch}]')} with {compiler}")
+
+    def built(self, item, seconds: float) -> None:
+        from .. import console
+
+        style = "green" if item.action == "compiled" else ("yellow" if item.action == "rebuilt" else "cyan")
+        subject = escape(f"{item.overlay}/{item.source} [{item.arch}]")
+        console.status(item.action, f"{subject} {item.key[:12]} ({seconds:.1f}s)", style=style)
 
 
 @click.command("build")
@@ -32,7 +49,8 @@ def build_cmd(app, ids: tuple[str, ...], archs: tuple[str, ...], cache: Path | N
     from .. import console
     from ..kernels import builder
 
-    result = builder.build(app.catalog.overlays_dir, ids, archs or None, cache, nvrtc, progress=True)
+    result = builder.build(app.catalog.overlays_dir, ids, archs or None, cache, nvrtc, progress=ConsoleProgress())
+    console.err.print(builder.summary(result))
     if as_json:
         console.print_json(result.to_json())
 
