@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the float32 torch oracle lives with the kernel tests
 
 
 def main() -> int:
@@ -25,7 +26,7 @@ def main() -> int:
     import torch
 
     from manager.kernels import d512
-    from manager.kernels.d512_reference import make_paged
+    from _d512_reference import make_paged
 
     attn = d512.load(cache=Path(a.cache), prefer=a.prefer, overlay_dir=ROOT / "overlays" / "sm70-d512-attention")
     scale = 1.0 / math.sqrt(512)
