@@ -85,15 +85,28 @@ def _models_path(raw: Any, what: str, slug: str) -> str:
     return f"{MODELS_MOUNT}/{text}"
 
 
-def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any) -> tuple[str, ...]:
-    """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
+# The command that starts the OpenAI server, per engine profile `server` (manager/profiles/schema.py).
+SERVER_COMMANDS: dict[str, tuple[str, ...]] = {
+    "vllm-serve": ("vllm", "serve"),
+    "openai-api-server": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+}
+
+
+def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any,
+               engine: Any = None) -> tuple[str, ...]:
+    """The server's arguments (everything after `vllm serve`, or after the api_server module), from the
+    registry entry and profiles. The API server module takes the model as `--model` (only `vllm serve` maps its
+    positional model_tag to --model); a CPU engine gets no GPU flags."""
+    cpu = _get(engine, "device", default="cuda") == "cpu"
     if dep.model_dir:
         model_path = f"{MODELS_MOUNT}/{dep.model_dir}"
     else:
         repo = _get(weights, "hf_repo", "repo", "path") or _get(model, "hf_repo", "repo") or dep.model
         model_path = _models_path(repo, "weights hf_repo", dep.slug)
     served = dep.served_name or _get(model, "served_name") or dep.model
+    server = _get(engine, "server", default="vllm-serve")
     args: list[str] = [
+        *(["--model"] if server == "openai-api-server" else []),
         model_path,
         "--served-model-name", str(served),
         "--host", "0.0.0.0",
@@ -101,10 +114,12 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
         "--tensor-parallel-size", str(dep.tp),
         "--max-model-len", str(dep.ctx),
         "--max-num-seqs", str(dep.max_seqs),
-        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or _get(hardware, 'safe_mem_util') or 0.9):.2f}",
     ]
+    if not cpu:  # the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not a GPU memory fraction
+        args += ["--gpu-memory-utilization",
+                 f"{float(dep.gpu_memory_utilization or _get(hardware, 'safe_mem_util') or 0.9):.2f}"]
     sm = _sm(hardware)
-    if sm is not None and sm < 8.0:
+    if not cpu and sm is not None and sm < 8.0:
         args += ["--dtype", "float16"]
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
@@ -176,7 +191,9 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
     return ServicePlan(
         slug=dep.slug,
         image=str(image),
-        serve_args=serve_args(dep, model, weights, hardware, drafter),
+        serve_args=serve_args(dep, model, weights, hardware, drafter, engine),
+        server_command=SERVER_COMMANDS[str(_get(engine, "server", default="vllm-serve"))],
+        device=str(_get(engine, "device", default="cuda")),
         overlays=tuple(i for i in needed if kinds.get(i, (True, False))[0]),
         kernel_overlays=tuple(i for i in needed if kinds.get(i, (True, False))[1]),
         gpus=dep.gpus,
