@@ -14,7 +14,7 @@ from .render import CONTAINER_PORT, MODELS_MOUNT, ServicePlan
 if TYPE_CHECKING:
     from ..fits import FitReport
     from ..profiles import Profiles
-    from ..profiles.schema import DrafterProfile, HardwareProfile, ModelProfile, WeightVariant
+    from ..profiles.schema import DrafterProfile, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 
 T = TypeVar("T")
 
@@ -54,16 +54,28 @@ def _models_path(raw: str, what: str, slug: str) -> str:
     return f"{MODELS_MOUNT}/{text}"
 
 
+# The command that starts the OpenAI server, per engine profile `server` (manager/profiles/schema.py).
+SERVER_COMMANDS: dict[str, tuple[str, ...]] = {
+    "vllm-serve": ("vllm", "serve"),
+    "openai-api-server": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+}
+
+
 def serve_args(dep: Deployment, model: ModelProfile, weights: WeightVariant | None, hardware: HardwareProfile,
-               drafter: DrafterProfile | None) -> tuple[str, ...]:
-    """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
+               drafter: DrafterProfile | None, engine: EngineProfile | None = None) -> tuple[str, ...]:
+    """The server's arguments (everything after `vllm serve`, or after the api_server module), from the
+    registry entry and profiles. The API server module takes the model as `--model` (only `vllm serve` maps its
+    positional model_tag to --model); a CPU engine gets no GPU flags."""
+    cpu = engine is not None and engine.device == "cpu"
     if dep.model_dir:
         model_path = f"{MODELS_MOUNT}/{dep.model_dir}"
     else:
         repo = (weights.hf_repo if weights is not None else None) or model.hf_repo or dep.model
         model_path = _models_path(repo, "weights hf_repo", dep.slug)
     served = dep.served_name or dep.model
+    server = engine.server if engine is not None else "vllm-serve"
     args: list[str] = [
+        *(["--model"] if server == "openai-api-server" else []),
         model_path,
         "--served-model-name", str(served),
         "--host", "0.0.0.0",
@@ -71,9 +83,10 @@ def serve_args(dep: Deployment, model: ModelProfile, weights: WeightVariant | No
         "--tensor-parallel-size", str(dep.tp),
         "--max-model-len", str(dep.ctx),
         "--max-num-seqs", str(dep.max_seqs),
-        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or hardware.safe_mem_util):.2f}",
     ]
-    if hardware.sm < 8.0:
+    if not cpu:  # the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not a GPU memory fraction
+        args += ["--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or hardware.safe_mem_util):.2f}"]
+    if not cpu and hardware.sm < 8.0:
         args += ["--dtype", "float16"]
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
@@ -138,7 +151,9 @@ def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, repor
     return ServicePlan(
         slug=dep.slug,
         image=str(image),
-        serve_args=serve_args(dep, model, weights, hardware, drafter),
+        serve_args=serve_args(dep, model, weights, hardware, drafter, engine),
+        server_command=SERVER_COMMANDS[engine.server],
+        device=engine.device,
         overlays=tuple(i for i in needed if kinds.get(i, (True, False))[0]),
         kernel_overlays=tuple(i for i in needed if kinds.get(i, (True, False))[1]),
         gpus=dep.gpus,

@@ -82,6 +82,7 @@ class DeploymentFacts:
     transformers: str
     moe: bool
     drafter_model_type: str | None = None
+    device: str = "cuda"  # "cpu": SM conditions (min_sm / max_sm) describe CUDA GPUs and never match
 
 
 def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
@@ -96,6 +97,8 @@ def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
     if "weight_formats" in keys and d.weight_format not in keys["weight_formats"]:
         return False
     if "quant_methods" in keys and (d.quant_method or "") not in keys["quant_methods"]:
+        return False
+    if ("min_sm" in keys or "max_sm" in keys) and d.device != "cuda":
         return False
     if "min_sm" in keys and d.sm < float(keys["min_sm"]) - 1e-9:
         return False
