@@ -252,3 +252,56 @@ def test_unified_reference_runs_the_conditional_generation_class(unified):
     ref = ck.reference(unified.path, PROMPT, 4, top_k=3)
     assert len(ref.tokens) == 4 and ref == ck.reference(unified.path, PROMPT, 4, top_k=3)
     assert all(top[0][0] == tok for tok, top in zip(ref.tokens, ref.top_logprobs))
+
+
+# ------------------------------------------------------------------------ 26B-A4B-shaped MoE + assistant (MTP)
+
+needs_assistant = pytest.mark.skipif(not hasattr(transformers, "Gemma4AssistantConfig"),
+                                     reason="transformers without Gemma4AssistantConfig")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return ck.build_checkpoint("moe-assistant", tmp_path_factory.mktemp("pair") / "p")
+
+
+@needs_assistant
+def test_pair_target_is_the_moe_model_and_the_assistant_sits_next_to_it(pair):
+    assert pair.kind == "moe-assistant" and pair.assistant_path == pair.path / "assistant"
+    cfg = json.loads((pair.path / "config.json").read_text())
+    assert cfg["enable_moe_block"] is True and cfg["num_experts"] == 4 and cfg["top_k_experts"] == 2
+    assert "per_layer_config" not in cfg
+
+
+@needs_assistant
+def test_assistant_config_is_the_released_gemma4_assistant_form(pair):
+    """Gemma4AssistantConfig (transformers 5.24.0): model_type gemma4_assistant with a gemma4_text text_config whose
+    layers are all KV-shared, dense, without per-layer inputs; backbone_hidden_size = the target's hidden size."""
+    a = json.loads((pair.assistant_path / "config.json").read_text())
+    target = json.loads((pair.path / "config.json").read_text())
+    assert a["model_type"] == "gemma4_assistant" and a["architectures"] == ["Gemma4AssistantForCausalLM"]
+    assert a["backbone_hidden_size"] == target["hidden_size"]
+    tc = a["text_config"]
+    assert tc["model_type"] == "gemma4_text" and "per_layer_config" not in tc
+    assert tc["num_kv_shared_layers"] == tc["num_hidden_layers"] == 2
+    assert tc["enable_moe_block"] is False and tc["hidden_size_per_layer_input"] == 0
+    assert tc["vocab_size_per_layer_input"] == 0 and tc["use_double_wide_mlp"] is False
+    # the drafter attends over the target's KV cache: same head dims and KV heads per layer type
+    for k in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads", "vocab_size",
+              "sliding_window", "attention_k_eq_v"):
+        assert tc[k] == target[k], k
+    assert tc["layer_types"] == ["sliding_attention", "full_attention"]
+
+
+@needs_assistant
+def test_assistant_loads_in_transformers_and_is_heterogeneous_under_new_transformers(pair):
+    model, info = transformers.Gemma4AssistantForCausalLM.from_pretrained(str(pair.assistant_path),
+                                                                          output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set())
+    names = {n for n, _ in model.named_parameters()}
+    assert {"pre_projection.weight", "post_projection.weight"} <= names
+    assert not any("k_proj" in n or "v_proj" in n for n in names)  # all layers read the target's KV
+    if Version(transformers.__version__) >= Version("5.15"):
+        with pytest.raises(RuntimeError) as exc:
+            getattr(model.config.text_config, "head_dim", 0)
+        assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"

@@ -24,6 +24,9 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
                              released tensor names (`model.vision_embedder.*`), placeholder tokens 3..9 and a
                              processor_config.json. Needs transformers >= 5.10 (models/gemma4_unified).
+  moe-assistant              the moe model as a 26B-A4B-shaped target in `dest/`, and its MTP drafter in
+                             `dest/assistant/` (model_type gemma4_assistant, Gemma4AssistantForCausalLM: 2 layers,
+                             all KV-shared with the target, backbone_hidden_size = the target's hidden size).
 The ct kinds also write `dest/dequantized/`: the same model with the dequantized expert weights in float form, the
 model a quantized engine computes; `reference()` on a ct checkpoint uses it.
 
@@ -100,6 +103,7 @@ class CheckpointInfo:
     dtype: str                      # torch dtype name of the stored (non-quantized) tensors
     quantization: str | None        # e.g. "compressed-tensors pack-quantized w4a16 group 32"
     tensors: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) of every stored tensor, sorted
+    assistant_path: Path | None = None  # the MTP drafter (gemma4_assistant) of a target + assistant pair
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,6 +494,46 @@ def _write_unified_processor(transformers: Any, dest: Path) -> None:
     (dest / "processor_config.json").write_text(json.dumps(unified_processor_config(), indent=2) + "\n")
 
 
+# ----------------------------------------------------------------- 26B-A4B-shaped MoE + assistant (MTP drafter)
+
+# The assistant of google/gemma-4-26B-A4B-it (shared/facts/models.md: a separate ~0.97 GB drafter) is model_type
+# gemma4_assistant (transformers >= 5.x Gemma4AssistantConfig: a gemma4_text text_config whose layers all share the
+# target's KV cache, plus pre/post projections between the target's hidden size, backbone_hidden_size, and its own).
+# vLLM (>= 0.22.0, config/speculative.py) rewrites it to gemma4_mtp / Gemma4MTPModel. Tiny: 2 layers (one sliding,
+# one full), the target's head dims and KV heads (the drafter reads the target's KV cache), dense MLP.
+ASSISTANT_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _build_moe_assistant(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+    """`dest/` the moe target (as the `moe` kind), `dest/assistant/` its MTP drafter, both in the released form."""
+    torch, transformers = _imports()
+    if not hasattr(transformers, "Gemma4AssistantConfig"):
+        raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4AssistantConfig")
+    target = _float_kind(True)(dest, seed, transformers_form, dtype)
+    dtype = target.dtype
+    adir = dest / "assistant"
+    adir.mkdir()
+    text = dict(TINY, num_hidden_layers=len(ASSISTANT_LAYER_TYPES), layer_types=list(ASSISTANT_LAYER_TYPES),
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, model_type="gemma4_text")
+    cfg = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=TINY["hidden_size"])
+    cfg.architectures = ["Gemma4AssistantForCausalLM"]
+    torch.manual_seed(seed + 100)
+    model = transformers.Gemma4AssistantForCausalLM(cfg).float()
+    _perturb(torch, model, seed + 100)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(adir), safe_serialization=True)
+    cfg_path = adir / "config.json"
+    d = json.loads(cfg_path.read_text())
+    if transformers_form == "released":
+        d["text_config"] = _released_config(d["text_config"])
+    cfg_path.write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
+    gen = adir / "generation_config.json"
+    if gen.exists():
+        gen.unlink()
+    write_tokenizer(adir)
+    return dataclasses.replace(target, kind="moe-assistant", assistant_path=adir)
+
+
 register_kind("dense", _float_kind(False))
 register_kind("moe", _float_kind(True))
 register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
@@ -497,6 +541,7 @@ register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
 register_kind("unified", _build_unified)
+register_kind("moe-assistant", _build_moe_assistant)
 KINDS = kinds()
 
 
