@@ -391,7 +391,7 @@ def test_mtp_patched_serves_the_targets_reference_through_the_drafter(engines, r
                  f"serves with speculative decoding; {N_TOKENS}/{N_TOKENS} greedy tokens = the target's transformers "
                  f"{dense_pair_ref.transformers_version} reference; drafter proposed {drafted:.0f} tokens, "
                  f"{accepted or 0:.0f} accepted (/metrics); start {start:.0f} s; no overlay-trace lines from {MTP} "
-                 "(sentinel v1 snippets carry no trace guards)"))
+                 "(its applied edits carry no trace guard)"))
 
 
 def test_mtp_patched_moe_target_stops_in_the_cpu_fused_moe(engines, roots, pair, work):
