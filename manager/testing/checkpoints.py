@@ -213,6 +213,21 @@ def _released_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(cfg.items()))
 
 
+def _finish_nested_config(dest: Path, transformers_form: str, edit=None) -> None:
+    """config.json of a checkpoint with a nested text_config: `edit(d)` first, the text config in the
+    released (flat) form, keys sorted; generation_config.json removed (released checkpoints differ)."""
+    cfg_path = dest / "config.json"
+    d = json.loads(cfg_path.read_text())
+    if edit is not None:
+        edit(d)
+    if transformers_form == "released":
+        d["text_config"] = _released_config(d["text_config"])
+    cfg_path.write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
+    gen = dest / "generation_config.json"
+    if gen.exists():
+        gen.unlink()
+
+
 def _save_model(model: Any, dest: Path, transformers_form: str) -> None:
     model.save_pretrained(str(dest), safe_serialization=True)
     cfg_path = dest / "config.json"
@@ -444,16 +459,11 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
                     break
             renamed[k] = t
         save_file(renamed, str(st), metadata={"format": "pt"})
-    cfg_path = dest / "config.json"
-    d = json.loads(cfg_path.read_text())
-    d["dtype"] = dtype
-    d["vision_config"]["num_soft_tokens"] = UNIFIED_NUM_SOFT_TOKENS
-    if transformers_form == "released":
-        d["text_config"] = _released_config(d["text_config"])
-    cfg_path.write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
-    gen = dest / "generation_config.json"
-    if gen.exists():
-        gen.unlink()
+    def unified_fields(d: dict) -> None:
+        d["dtype"] = dtype
+        d["vision_config"]["num_soft_tokens"] = UNIFIED_NUM_SOFT_TOKENS
+
+    _finish_nested_config(dest, transformers_form, unified_fields)
     write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
     _write_unified_processor(transformers, dest)
     return CheckpointInfo("unified", dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
@@ -530,14 +540,7 @@ def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype:
     _perturb(torch, model, seed + 100)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(adir), safe_serialization=True)
-    cfg_path = adir / "config.json"
-    d = json.loads(cfg_path.read_text())
-    if transformers_form == "released":
-        d["text_config"] = _released_config(d["text_config"])
-    cfg_path.write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
-    gen = adir / "generation_config.json"
-    if gen.exists():
-        gen.unlink()
+    _finish_nested_config(adir, transformers_form)
     write_tokenizer(adir)
     return dataclasses.replace(target, kind=("moe" if moe else "dense") + "-assistant", assistant_path=adir)
 
