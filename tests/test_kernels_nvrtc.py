@@ -130,10 +130,21 @@ def test_prefill_alternative_designs_compile_with_their_block_size(nv, label):
     assert "wmma.mma.sync.aligned" in ptx
 
 
-def test_prefill_default_build_is_the_committed_512_thread_kernel(compiled):
-    _, out = compiled
-    ptx = out[("csrc/prefill_d512.cu", "compute_70")].image.decode()
-    assert re.search(r"\.maxntid 512, 1, 1", ptx)
+def test_prefill_default_build_is_the_measured_512_thread_winner(compiled, nv):
+    """512 threads; the rescale skip (one barrier with an OR reduction); and the same PTX as a build with
+    the winning options spelled out (the one measured on the H200), not the one with them off."""
+    spec, out = compiled
+    ptx = out[("csrc/prefill_d512.cu", "compute_70")].image
+    assert re.search(r"\.maxntid 512, 1, 1", ptx.decode())
+    assert ptx.decode().count("bar.red.or.pred") == 1
+    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
+    src = "csrc/prefill_d512.cu"
+
+    def build(flags):
+        return nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70", spec.options + flags, headers).image
+
+    assert build(["-DPREFILL_SADDR=1", "-DPREFILL_SKIP_RESCALE=1", "-DPREFILL_OFF32=1", "-DPREFILL_S2ACC=0"]) == ptx
+    assert build(["-DPREFILL_SADDR=0", "-DPREFILL_SKIP_RESCALE=0", "-DPREFILL_OFF32=0"]) != ptx
 
 
 def test_prefill_alternative_shape_that_does_not_fit_is_a_compile_error(nv):

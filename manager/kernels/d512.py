@@ -112,6 +112,8 @@ class D512Attention:
         total, num_q_heads, block_size, num_kv_heads = _check_shapes("prefill", q, k_cache)
         q = q.contiguous()
         sb, st, sh = _cache_strides(k_cache, v_cache)
+        if block_size * st + num_kv_heads * sh >= 2**31:   # PREFILL_OFF32 in prefill_d512.cu
+            raise BuildError(f"prefill: cache strides {k_cache.stride()}: the offset inside a block must stay below 2^31")
         out = torch.empty_like(q) if out is None else out
         num_seqs = seq_lens.shape[0]
         bt = block_tables.to(torch.int32).contiguous()

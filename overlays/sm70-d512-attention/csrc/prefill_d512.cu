@@ -19,7 +19,10 @@
 // Shared memory (bytes): Q 32x520 halves 33280, K/V 33280 (both reused as
 // the fp32 32x520 output staging), S partials 4x32x36 floats 18432,
 // P 32x40 halves 2560, row stats 256 = 87808 (< 96 KB).  Every WMMA access to
-// shared memory uses the .shared state space (below).
+// shared memory uses the .shared state space with a 32-bit address formed from a
+// base computed once (PREFILL_SADDR); the O rescale is skipped when no row's
+// running maximum moved in the chunk (PREFILL_SKIP_RESCALE); key offsets inside a
+// cache block are 32-bit (PREFILL_OFF32).  Together +10-15 % on the H200.
 #include "d512_common.cuh"
 
 #ifndef PREFILL_ALT
@@ -28,11 +31,45 @@
 // -DPREFILL_ALT selects the alternative design below (benchmarks/kernel_variants.py).
 // ---------------------------------------------------------------------------
 
+// Compile-time options (benchmarks/kernel_variants.py builds them side by side; H200 numbers in
+// docs/kernels.md, "Prefill: the untried designs"). The defaults are the measured winner.
+#ifndef PREFILL_SADDR
+#define PREFILL_SADDR 1   // 32-bit shared addresses, base once + constant offsets, for every WMMA
+#endif                    // fragment access (0: a generic pointer converted per access)
+#ifndef PREFILL_SKIP_RESCALE
+#define PREFILL_SKIP_RESCALE 1   // skip O *= alpha when no row's running maximum moved (__syncthreads_or)
+#endif
+#ifndef PREFILL_OFF32
+#define PREFILL_OFF32 1   // the in-block part of a key's cache offset in 32 bits (see chunk_offsets32)
+#endif
+#ifndef PREFILL_S2ACC
+#define PREFILL_S2ACC 0   // 1: two S accumulators (even / odd k-steps); measured, no gain
+#endif
 #define NTHREADS 512
 #define BM 32
 #define SLD 36
 #define PLD 40
 typedef Tile<NTHREADS> PT;
+
+#if PREFILL_OFF32
+// chunk_offsets with the in-block term in 32-bit arithmetic (slot < block_size, and
+// block_size * stride_token + num_kv_heads * stride_head < 2^31 for every vLLM cache
+// layout; the launcher checks it).
+__device__ __forceinline__ void chunk_offsets32(i64 (&off)[PT::VECS], const Pager& pg, int t0, int t_end) {
+  const int st = (int)pg.st;
+#pragma unroll
+  for (int j = 0; j < PT::VECS; ++j) {
+    const int t = t0 + (int)threadIdx.x / VEC_PER_ROW + j * PT::ROWS_PER_PASS;
+    int blk_idx, slot;
+    if (pg.shift >= 0) { blk_idx = t >> pg.shift; slot = t & (pg.block_size - 1); }
+    else { blk_idx = t / pg.block_size; slot = t - blk_idx * pg.block_size; }
+    off[j] = t < t_end ? (i64)__ldg(pg.table + blk_idx) * pg.sb + (i64)((int)pg.head_off + slot * st) : -1;
+  }
+}
+#define CHUNK_OFFSETS chunk_offsets32
+#else
+#define CHUNK_OFFSETS chunk_offsets<NTHREADS>
+#endif
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
@@ -93,19 +130,27 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
   const int qpos = ctx + m0 + srow;
   float m_run = NEG_INF, l_run = 0.f;
 
+#if PREFILL_SADDR
+  // 32-bit shared addresses, computed once (the fragment loads then take base + constant offsets)
+  const unsigned qs_s = smem_u32(Qs), kv_s = smem_u32(KVs), sp_s = smem_u32(Sp), ps_s = smem_u32(Ps);
+  const unsigned kv_w = kv_s + 2u * (warp * 32);
+#endif
   const Pager pg(block_tables, b, max_blocks, block_size, kvh, stride_block, stride_token, stride_head);
   uint4 kr[PT::VECS], vr[PT::VECS];
   {
     i64 off[PT::VECS];
-    chunk_offsets<NTHREADS>(off, pg, k_begin, k_end);
+    CHUNK_OFFSETS(off, pg, k_begin, k_end);
     load_chunk<NTHREADS>(kr, k_cache, off);
     if (!kv_shared) load_chunk<NTHREADS>(vr, v_cache, off);
   }
 
   for (int t0 = k_begin; t0 < k_end; t0 += CHUNK) {
     const bool more = t0 + CHUNK < k_end;
+#if PREFILL_SKIP_RESCALE
+    int rescale = 0;
+#endif
     i64 off[PT::VECS];
-    if (more) chunk_offsets<NTHREADS>(off, pg, t0 + CHUNK, k_end);
+    if (more) CHUNK_OFFSETS(off, pg, t0 + CHUNK, k_end);
     __syncthreads();  // previous P V done with KVs / Ps / alpha_s
     store_chunk<NTHREADS>(KVs, kr);
     __syncthreads();
@@ -116,14 +161,38 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
       frag_ab a, bk;
       acc_frag s;
       fill_acc(s, 0.f);
+#if PREFILL_S2ACC
+      acc_frag s2;
+      fill_acc(s2, 0.f);
+#endif
+#if PREFILL_SADDR
+      const unsigned qa = qs_s + 2u * (mt * 16 * LDS + kq * 128), kb = kv_s + 2u * (nt * 16 * LDS + kq * 128);
+#endif
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
+#if PREFILL_SADDR
+        uload_a_row(a, qa + 32u * kk, LDS);
+        uload_b_col(bk, kb + 32u * kk, LDS);
+#else
         const int k0 = (kq * 8 + kk) * 16;
         sload_a_row(a, Qs + mt * 16 * LDS + k0, LDS);
         sload_b_col(bk, KVs + nt * 16 * LDS + k0, LDS);
+#endif
+#if PREFILL_S2ACC
+        if (kk & 1) mma_row_col(s2, a, bk);
+        else
+#endif
         mma_row_col(s, a, bk);
       }
+#if PREFILL_S2ACC
+#pragma unroll
+      for (int i = 0; i < acc_frag::num_elements; ++i) s.x[i] += s2.x[i];
+#endif
+#if PREFILL_SADDR
+      ustore_acc_row(sp_s + 4u * (kq * BM * SLD + mt * 16 * SLD + nt * 16), s, SLD);
+#else
       sstore_acc_row(Sp + kq * BM * SLD + mt * 16 * SLD + nt * 16, s, SLD);
+#endif
     }
     __syncthreads();
 
@@ -153,8 +222,16 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
       m_run = m_new;
       *reinterpret_cast<half2*>(Ps + srow * PLD + scol) = __floats2half2_rn(p0, p1);
       if ((tid & 15) == 0) alpha_s[srow] = alpha;
+#if PREFILL_SKIP_RESCALE
+      rescale = alpha != 1.f;
+#endif
     }
+#if PREFILL_SKIP_RESCALE
+    // all S reads of KVs done; P, alpha visible; and whether any row's running max moved
+    rescale = __syncthreads_or(rescale);
+#else
     __syncthreads();  // all S reads of KVs done; P, alpha visible
+#endif
     if (!kv_shared) {
       store_chunk<NTHREADS>(KVs, vr);
       __syncthreads();
@@ -162,6 +239,9 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
     }
 
     {  // O = O * alpha + P V
+#if PREFILL_SKIP_RESCALE
+      if (rescale)  // block-uniform: no row's maximum moved -> every alpha is exactly 1
+#endif
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -171,11 +251,20 @@ prefill_d512(half* __restrict__ out,              // [total_q, num_q_heads, 512]
       frag_ab a[2], bv;
 #pragma unroll
       for (int ks = 0; ks < CHUNK / 16; ++ks) {
+#if PREFILL_SADDR
+        uload_a_row(a[0], ps_s + 2u * (ks * 16), PLD);
+        uload_a_row(a[1], ps_s + 2u * (16 * PLD + ks * 16), PLD);
+#else
         sload_a_row(a[0], Ps + ks * 16, PLD);
         sload_a_row(a[1], Ps + 16 * PLD + ks * 16, PLD);
+#endif
 #pragma unroll
         for (int f = 0; f < 2; ++f) {
+#if PREFILL_SADDR
+          uload_b_row(bv, kv_w + 2u * (ks * 16 * LDS + f * 16), LDS);
+#else
           sload_b_row(bv, KVs + ks * 16 * LDS + warp * 32 + f * 16, LDS);
+#endif
           mma_row_row(o[0][f], a[0], bv);
           mma_row_row(o[1][f], a[1], bv);
         }
