@@ -11,7 +11,6 @@ tests/test_engine_real.py.
 from __future__ import annotations
 
 import re
-import shutil
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from manager.catalog import Catalog
 from manager.fits.overlays import DeploymentFacts, matches
 from manager.overlays import apply, load_overlays, status_on_release
 
-from _overlay_helpers import extract_def, make_catalog
+from _overlay_helpers import extract_def, make_catalog, slim_root
 
 REPO = Path(__file__).resolve().parent.parent
 KV = "gemma4-mtp-cpu-kv-sharing"
@@ -33,14 +32,8 @@ STATUS = {"0.20.0": "not-applicable", "0.22.0": "pending", "0.24.0": "pending", 
           "0.27.1": "upstream", "0.28.0": "upstream", "0.33.0": "upstream"}
 
 
-def _patched(version: str, pristine: Path, tmp: Path) -> Path:
-    root = tmp / f"site-{version}"
-    for info in pristine.glob("vllm-*.dist-info"):
-        shutil.copytree(info, root / info.name)
-    for rel in (PROPOSER_PY, CPU_ATTN_PY):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(pristine / rel, root / rel)
-        (root / rel).chmod(0o644)
+def _patched(version: str, tmp: Path) -> Path:
+    root = slim_root(version, tmp / f"site-{version}", (PROPOSER_PY, CPU_ATTN_PY))
     res = apply(load_overlays(make_catalog(tmp / f"cat-{version}", ids=[KV])), root)
     assert res.statuses.by_id(KV).status == "applied"
     return root
@@ -80,7 +73,7 @@ def _setup(source: str):
 def release(request, pristine_release, tmp_path_factory):
     v = request.param
     pristine = pristine_release(v)
-    return v, pristine, _patched(v, pristine, tmp_path_factory.mktemp("kv"))
+    return v, pristine, _patched(v, tmp_path_factory.mktemp("kv"))
 
 
 def test_unpatched_setup_leaves_the_cpu_impl_writing(release):

@@ -10,7 +10,6 @@ for a gemma4_mtp drafter on those releases.
 from __future__ import annotations
 
 import ast
-import shutil
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from manager.fits import build_index, fits
 from manager.overlays import apply, load_overlays, status_on_release
 from manager.profiles import load_profiles
 
-from _overlay_helpers import CONVERTOR, CONVERTOR_PY, extract_def, make_catalog
+from _overlay_helpers import CONVERTOR, CONVERTOR_PY, extract_def, make_catalog, slim_root
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,14 +68,8 @@ def _exec(code: str, ns: dict[str, Any]) -> dict[str, Any]:
     return ns
 
 
-def _patched(version: str, pristine: Path, tmp: Path) -> Path:
-    root = tmp / f"site-{version}"
-    for info in pristine.glob("vllm-*.dist-info"):
-        shutil.copytree(info, root / info.name)
-    for rel in (CONVERTOR_PY, MTP_PY):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(pristine / rel, root / rel)
-        (root / rel).chmod(0o644)
+def _patched(version: str, tmp: Path) -> Path:
+    root = slim_root(version, tmp / f"site-{version}", (CONVERTOR_PY, MTP_PY))
     overlays = load_overlays(make_catalog(tmp / f"cat-{version}", ids=[CONVERTOR, MTP]))
     res = apply(overlays, root)
     assert res.statuses.by_id(MTP).status == "applied"
@@ -124,7 +117,7 @@ def _layer_head_code(source: str) -> Callable[[Any, int], dict[str, Any]]:
 def sources(request, pristine_release, tmp_path_factory):
     v = request.param
     pristine = pristine_release(v)
-    root = _patched(v, pristine, tmp_path_factory.mktemp("mtp"))
+    root = _patched(v, tmp_path_factory.mktemp("mtp"))
     utils = (pristine / "vllm/config/utils.py").read_text()
     return {
         "conv": _convertor((root / CONVERTOR_PY).read_text(), utils),
