@@ -249,8 +249,8 @@ def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:
         return None, "no overlay catalog"
     for info in c.index.overlays.values():
         nw = info.needed_when
-        if info.kernel and nw.get("head_dims") and d in nw["head_dims"]:
-            lo, hi = nw.get("min_sm"), nw.get("max_sm")
+        if info.kernel and nw.head_dims and d in nw.head_dims:
+            lo, hi = nw.min_sm, nw.max_sm
             if (lo is None or c.hw.sm >= lo - 1e-9) and (hi is None or c.hw.sm <= hi + 1e-9):
                 if info.invalid:
                     return None, f"kernel overlay {info.id} is in the catalog but its manifest is invalid: {info.invalid}"
