@@ -33,7 +33,7 @@ VERDICT = {0: "fits", 1: "tight", 2: "fails"}
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)  # marlin_utils.MARLIN_SUPPORTED_GROUP_SIZES
 MARLIN_PATH = {"compressed-tensors": "compressed-tensors", "auto-round": "gptq", "gptq": "gptq", "awq": "awq"}
 INT_FORMATS = set(MARLIN_PATH)
-GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (seed 002)"
+GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (a user report; not measured by this project)"
 
 
 @dataclass(frozen=True)

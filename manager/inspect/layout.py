@@ -29,7 +29,7 @@ CONVERTOR = "gemma4-convertor-per-layer"
 
 SRC_40886 = ("this project's runs of vLLM 0.20.0 (CPU build and H200, 2026-11-30: shared/facts/real-engine.md); "
              "vLLM 0.20.0 gemma4.py _weight_iterator explodes only float 3-D experts")
-SRC_PLE = ("seed 000 (shared/facts/models.md: E2B NVFP4 load); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
+SRC_PLE = ("a user report of the E2B NVFP4 load (shared/facts/models.md); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
            "VocabParallelEmbedding whose unquantized method registers only `weight`")
 SRC_AMBIG = ("shared/facts/real-engine.md (vLLM 0.20.0 + transformers 5.17/5.24, this project's runs); shared/facts/models.md "
              "(vllm-openai:v0.27.1 ships transformers 5.15.0)")
