@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import yaml
 
@@ -32,7 +32,7 @@ class Finding:
     message: str
     warn: bool = False  # ok, but rests on something unverified or a deployment marked as not working
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"slug": self.slug, "check": self.check, "ok": self.ok, "warn": self.warn, "message": self.message}
 
 

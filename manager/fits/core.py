@@ -17,7 +17,7 @@ from packaging.version import Version
 from ..catalog import Catalog
 from ..errors import ProfileError
 from ..profiles.loader import Profiles
-from ..profiles.schema import EngineProfile, HardwareProfile, ModelProfile, WeightVariant
+from ..profiles.schema import Documented, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
 from .overlays import DeploymentFacts, OverlayIndex, index_for
 
@@ -69,7 +69,7 @@ class FitReport:
         """Every unverified profile field this verdict rests on (`engines/vllm-sm70.image`, ...)."""
         return list(self.deployment.get("unverified", []))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "verdict": self.verdict,
             "deployment": {k: v for k, v in self.deployment.items() if k != "unverified"},
@@ -459,7 +459,7 @@ def _field_root(entry: str) -> str:
 
 def unverified_fields(c: _Ctx) -> list[tuple[str, str, tuple[str, ...]]]:
     """(where, field as written, constraints resting on it) for every profile in this deployment."""
-    parts: list[tuple[str, str, Any]] = [("models", f"models/{c.m.id}", c.m),
+    parts: list[tuple[str, str, Documented]] = [("models", f"models/{c.m.id}", c.m),
                                          ("weights", f"models/{c.m.id}.weights.{c.vid}", c.w),
                                          ("engines", f"engines/{c.e.id}", c.e), ("hardware", f"hardware/{c.hw.id}", c.hw)]
     if c.d is not None:

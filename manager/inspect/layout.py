@@ -54,7 +54,7 @@ class Finding:
     count: int = 0
     source: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"id": self.id, "severity": self.severity, "message": self.message, "keys": list(self.keys),
                 "count": self.count, "source": self.source}
 
@@ -79,7 +79,7 @@ class EngineCheck:
     failures: tuple[Failure, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"engine": self.engine, "vllm": self.vllm_version, "transformers": self.transformers_version,
                 "result": self.result, "overlays": list(self.overlays),
                 "failures": [f.to_json() for f in self.failures], "notes": list(self.notes)}

@@ -45,17 +45,17 @@ class Profiles:
 class _Problems:
     items: list[str] = field(default_factory=list)
 
-    def add(self, file: Path | str, path: str, value: Any, problem: str) -> None:
+    def add(self, file: Path | str, path: str, value: object, problem: str) -> None:
         shown = _short(value)
         self.items.append(f"{file}: {path or '<root>'}: {shown}: {problem}")
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _loc_path(loc: tuple[Any, ...]) -> str:
+def _loc_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
@@ -65,7 +65,7 @@ def _loc_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
-def _value_at(data: Any, loc: tuple[Any, ...]) -> Any:
+def _value_at(data: Any, loc: tuple[int | str, ...]) -> Any:
     cur = data
     for item in loc:
         try:

@@ -10,7 +10,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
@@ -64,8 +64,8 @@ class PairResult:
     pin: str
     pr_state: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "overlay": self.overlay,
             "engine": self.engine,
             "verdict": self.verdict,
@@ -99,7 +99,7 @@ class CheckReport:
         wanted = set(fail_on)
         return [r for r in self.results if r.verdict in wanted]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "offline": self.offline,
             "unreachable": self.unreachable,
