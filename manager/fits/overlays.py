@@ -261,11 +261,21 @@ def shipped_overlays() -> dict[str, OverlayInfo]:
     return _SHIPPED[key]
 
 
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
 def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path | None = None) -> OverlayIndex:
     """Read every overlays/<id>/overlay.yaml (`load_manifest`'s reading and validation)."""
     base = catalog.overlays_dir
     infos = read_overlays(base)
     valid_ids = [oid for oid, info in infos.items() if info.invalid is None]
+    shipped = default_catalog_dir()
+    if shipped is not None and _same_dir(shipped, catalog.root):  # read once: it is the shipped catalog
+        _SHIPPED.setdefault(str(shipped), {oid: infos[oid] for oid in valid_ids})
     status_fn = None
     if use_releases and valid_ids:
         def status_fn(version: str, _ids=tuple(valid_ids)) -> dict[str, str]:
