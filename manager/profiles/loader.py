@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 from pydantic import ValidationError
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from .. import safeyaml
 from ..catalog import Catalog
 from ..errors import ProfileError
-from .schema import KINDS, SCHEMAS, DrafterProfile, EngineProfile, HardwareProfile, ModelProfile
+from .schema import KINDS, SCHEMAS, Documented, DrafterProfile, EngineProfile, HardwareProfile, ModelProfile
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,12 @@ class Profiles:
     root: Path | None = None
     files: dict[tuple[str, str], Path] = field(default_factory=dict)
 
-    def kind(self, kind: str) -> dict[str, Any]:
+    def kind(self, kind: str) -> Mapping[str, Documented]:
         if kind not in KINDS:
             raise ProfileError(f"unknown profile kind {kind!r} (one of {', '.join(KINDS)})")
         return getattr(self, kind)
 
-    def get(self, kind: str, pid: str) -> Any:
+    def get(self, kind: str, pid: str) -> Any:  # the kind's profile class (callers name the kind)
         table = self.kind(kind)
         if pid not in table:
             known = ", ".join(sorted(table)) or "none"
