@@ -286,6 +286,20 @@ def test_overlays_superseded_where_the_fix_is_native_is_not_needed(run):
     assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
 
 
+def test_superseded_reads_native_from_of_the_manifest_or_the_shipped_one(P):
+    """A catalog whose manifest predates native_from: the shipped manifest of the same id says it."""
+    idx = make_index()
+    old = idx.overlays["vllm-pr40886-gemma4-awq-moe-keys"]
+    idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions)
+    r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
+    assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
+    idx = make_index()
+    idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions, native_from="0.40.0")
+    idx.known = {}
+    r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
+    assert "needed but superseded on vLLM 0.33.0" in r.constraint("overlays").message and res(r, "overlays") == "fail"
+
+
 def test_overlays_fall_back_to_versions_ranges_with_a_warning_when_sources_fail(P):
     def broken(version):
         raise ReleaseError(f"pip download vllm=={version} failed")

@@ -148,6 +148,7 @@ class OverlayIndex:
     def evaluate(self, d: DeploymentFacts, vllm_version: str) -> list[OverlayVerdict]:
         out: list[OverlayVerdict] = []
         seen = set()
+        known = self.known if self.known is not None else shipped_overlays()
         for info in sorted(self.overlays.values(), key=lambda o: o.id):
             seen.add(info.id)
             if not matches(info.needed_when, d):
@@ -164,19 +165,24 @@ class OverlayIndex:
                                           f"{info.id}: needed, pending on vLLM {vllm_version}" + (f" ({warn})" if warn else "")))
             elif st in NATIVE:
                 out.append(OverlayVerdict(info.id, False, "pass", f"{info.id}: not needed on vLLM {vllm_version} ({st})"))
-            elif st == "superseded" and info.native_on(vllm_version):
+            elif st == "superseded" and (native := _native_from(info, known)).native_on(vllm_version):
                 out.append(OverlayVerdict(info.id, False, "pass",
-                                          f"{info.id}: not needed on vLLM {vllm_version} (superseded; fix native since {info.native_from})"))
+                                          f"{info.id}: not needed on vLLM {vllm_version} (superseded; fix native since {native.native_from})"))
             elif st == "applied":
                 out.append(OverlayVerdict(info.id, True, "pass", f"{info.id}: needed, already applied"))
             else:
                 out.append(OverlayVerdict(info.id, True, "fail", f"{info.id}: needed but {st} on vLLM {vllm_version}"))
-        known = self.known if self.known is not None else shipped_overlays()
         for oid, info in sorted(known.items()):
             if oid in seen or not matches(info.needed_when, d) or info.native_on(vllm_version):
                 continue
             out.append(OverlayVerdict(oid, True, "fail", f"{oid}: needed on vLLM {vllm_version} but not in the catalog"))
         return out
+
+
+def _native_from(info: OverlayInfo, known: dict[str, OverlayInfo]) -> OverlayInfo:
+    """The manifest that says where the fix is native: this one, or (when its manifest predates
+    `native_from`) the shipped one of the same id."""
+    return info if info.native_from is not None else known.get(info.id, info)
 
 
 _ENGINE_DIGEST: list[str] = []
