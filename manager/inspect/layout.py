@@ -210,8 +210,8 @@ def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProf
 
         def need(oid: str, finding: str, message: str, source: str) -> None:
             info = infos.get(oid)
-            known = info if info is not None and info.invalid is None else shipped_overlays().get(oid)
-            nf = known.native_from if known is not None else None
+            said = info if info is not None and info.invalid is None and info.native_from else shipped_overlays().get(oid)
+            nf = said.native_from if said is not None else None
             if nf and _ge(e.vllm_version, nf):
                 notes.append(f"{finding}: native in vLLM >= {nf} ({oid} not needed)")
                 return
