@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,7 +14,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """Write machine output to stdout as plain JSON (no colour codes)."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
@@ -42,6 +41,6 @@ def user_text(value: object) -> str:
 data = Console(highlight=False)
 
 
-def print_table(table: Any) -> None:
+def print_table(table: object) -> None:
     """A table answering a query is data: stdout (80 columns or $COLUMNS when not a terminal)."""
     data.print(table)

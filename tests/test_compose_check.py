@@ -14,7 +14,7 @@ from manager.compose.check import check_registry, render_all, write_generated
 from manager.compose.registry import parse_registry
 from manager.compose.render import ServicePlan
 
-ENGINES = {"e1": SimpleNamespace(image="vllm/vllm-openai:v0.20.0")}
+ENGINES = {"e1": SimpleNamespace(image="vllm/vllm-openai:v0.20.0", unverified=[])}
 
 
 def _entry(port: int, **over) -> dict:
@@ -81,7 +81,7 @@ def test_stale_missing_and_stray_generated_files_fail(tmp_path: Path) -> None:
 
 def test_image_differing_from_the_engine_pin_fails(tmp_path: Path) -> None:
     reg, plans = _setup(tmp_path, {"a": _entry(9001)})
-    engines = {"e1": SimpleNamespace(image="vllm/vllm-openai:v0.21.0")}
+    engines = {"e1": SimpleNamespace(image="vllm/vllm-openai:v0.21.0", unverified=[])}
     report = check_registry(reg, plans, engines)
     assert ("a", "image-pin") in _failed(report)
     assert "v0.21.0" in next(f.message for f in report.problems if f.check == "image-pin")

@@ -20,6 +20,7 @@ from manager.compose.registry import load_registry
 from manager.compose.render import RenderOptions, render_compose
 from manager.errors import ProfileError
 from manager.fits import OverlayIndex, OverlayInfo, fits
+from manager.overlays.manifest import NeededWhen
 from manager.fits.core import default_engine
 from manager.profiles.importcfg import profile_from_config, to_yaml
 from manager.profiles.loader import load_profiles_dir
@@ -55,13 +56,15 @@ def profiles(catalog):
 def _index() -> OverlayIndex:
     """The four overlays' needed_when as shipped, statuses as on a pristine 0.20.0 (all pending): offline."""
     infos = {
-        CONVERTOR: OverlayInfo(CONVERTOR, {"families": ["gemma4"], "transformers": ">=5.15"}, ">=0.19.0"),
-        "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", {"max_sm": 7.0}, ">=0.19.0"),
-        "sm70-d512-attention": OverlayInfo("sm70-d512-attention", {"max_sm": 7.0, "head_dims": [512]}, "",
+        CONVERTOR: OverlayInfo(CONVERTOR, needed_when=NeededWhen(families=["gemma4"], transformers=">=5.15"),
+                               versions=">=0.19.0"),
+        "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", needed_when=NeededWhen(max_sm=7.0), versions=">=0.19.0"),
+        "sm70-d512-attention": OverlayInfo("sm70-d512-attention", needed_when=NeededWhen(max_sm=7.0, head_dims=[512]),
                                            kernel=True),
         "vllm-pr40886-gemma4-awq-moe-keys": OverlayInfo(
-            "vllm-pr40886-gemma4-awq-moe-keys", {"families": ["gemma4"], "weight_formats": ["compressed-tensors"]},
-            ">=0.19.0"),
+            "vllm-pr40886-gemma4-awq-moe-keys",
+            needed_when=NeededWhen(families=["gemma4"], weight_formats=["compressed-tensors"], moe=True),
+            versions=">=0.19.0", native_from="0.22.0"),
     }
     return OverlayIndex(infos, status_fn=lambda version: {i: "pending" for i in infos})
 

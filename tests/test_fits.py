@@ -10,6 +10,7 @@ from packaging.version import Version
 from manager.catalog import Catalog
 from manager.errors import ProfileError, ReleaseError
 from manager.fits import CONSTRAINT_IDS, OverlayIndex, OverlayInfo, fits, kv_bytes, kv_cache_bytes, valid_tps
+from manager.overlays.manifest import NeededWhen
 from manager.profiles import load_profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,13 +30,15 @@ def fake_status(version: str) -> dict[str, str]:
 
 def make_index(status_fn=fake_status, drop: tuple[str, ...] = ()) -> OverlayIndex:
     infos = {
-        "vllm-pr40886-gemma4-awq-moe-keys": OverlayInfo("vllm-pr40886-gemma4-awq-moe-keys",
-                                                        {"families": ["gemma4"], "weight_formats": ["compressed-tensors"]},
-                                                        ">=0.19.0"),
-        "gemma4-convertor-per-layer": OverlayInfo("gemma4-convertor-per-layer",
-                                                  {"families": ["gemma4"], "transformers": ">=5.15"}, ">=0.19.0"),
-        "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", {"max_sm": 7.0}, ">=0.19.0"),
-        "sm70-d512-attention": OverlayInfo("sm70-d512-attention", {"max_sm": 7.0, "head_dims": [512]}, "", kernel=True),
+        "vllm-pr40886-gemma4-awq-moe-keys": OverlayInfo(
+            "vllm-pr40886-gemma4-awq-moe-keys", versions=">=0.19.0", native_from="0.22.0",
+            needed_when=NeededWhen(families=["gemma4"], weight_formats=["compressed-tensors"], moe=True)),
+        "gemma4-convertor-per-layer": OverlayInfo(
+            "gemma4-convertor-per-layer", versions=">=0.19.0", native_from="0.28.0",
+            needed_when=NeededWhen(families=["gemma4"], transformers=">=5.15")),
+        "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", needed_when=NeededWhen(max_sm=7.0), versions=">=0.19.0"),
+        "sm70-d512-attention": OverlayInfo("sm70-d512-attention", needed_when=NeededWhen(max_sm=7.0, head_dims=[512]),
+                                           kernel=True),
     }
     for d in drop:
         infos.pop(d)
@@ -243,6 +246,35 @@ def test_overlays_needed_pending_pass_missing_fail(P, run):
     assert c.result == "fail" and "vllm-pr40886-gemma4-awq-moe-keys: needed on vLLM 0.20.0 but not in the catalog" in c.message
 
 
+def test_overlays_a_catalog_lacks_come_from_the_shipped_manifests(P):
+    """"Needed but not in the catalog" reads the shipped catalog's manifests (needed_when, native_from),
+    or the index's own `known` overlays: no table of overlays in the code."""
+    from manager.fits.overlays import shipped_overlays
+
+    shipped = shipped_overlays()
+    assert shipped["vllm-pr40886-gemma4-awq-moe-keys"].native_from == "0.22.0"
+    assert shipped["vllm-pr40886-gemma4-awq-moe-keys"].needed_when.moe is True
+    kw = dict(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2)
+    # native from 0.22.0 on (the manifest's native_from): not needed, so not missing
+    later = fits(P, engine="vllm-0.27.1", overlay_index=make_index(drop=("vllm-pr40886-gemma4-awq-moe-keys",)), **kw)
+    assert "vllm-pr40886-gemma4-awq-moe-keys" not in later.constraint("overlays").message
+    # an index that says which overlays exist decides alone
+    idx = make_index(drop=("vllm-pr40886-gemma4-awq-moe-keys",))
+    idx.known = {}
+    assert "not in the catalog" not in fits(P, engine="vllm-0.20.0", overlay_index=idx, **kw).constraint("overlays").message
+
+
+def test_needed_when_moe_matches_only_mixture_of_experts_models():
+    from manager.fits.overlays import DeploymentFacts, matches
+    from manager.overlays.manifest import NeededWhen
+
+    d = DeploymentFacts("gemma4", "compressed-tensors", "awq", 8.6, (256, 512), "5.5.0", moe=True)
+    nw = NeededWhen(families=["gemma4"], weight_formats=["compressed-tensors"], moe=True)
+    assert matches(nw, d)
+    assert not matches(nw, DeploymentFacts("gemma4", "compressed-tensors", "awq", 8.6, (256, 512), "5.5.0", moe=False))
+    assert matches(NeededWhen(moe=True), d) and not matches(NeededWhen(), d) and matches(NeededWhen(always=True), d)
+
+
 def test_overlays_drift_on_the_engine_release_fails(P):
     idx = make_index(status_fn=lambda v: {**fake_status(v), "dynamo-dict-caches": "drift"})
     r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", overlay_index=idx)
@@ -252,6 +284,20 @@ def test_overlays_drift_on_the_engine_release_fails(P):
 def test_overlays_superseded_where_the_fix_is_native_is_not_needed(run):
     r = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0")
     assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
+
+
+def test_superseded_reads_native_from_of_the_manifest_or_the_shipped_one(P):
+    """A catalog whose manifest predates native_from: the shipped manifest of the same id says it."""
+    idx = make_index()
+    old = idx.overlays["vllm-pr40886-gemma4-awq-moe-keys"]
+    idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions)
+    r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
+    assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
+    idx = make_index()
+    idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions, native_from="0.40.0")
+    idx.known = {}
+    r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
+    assert "needed but superseded on vLLM 0.33.0" in r.constraint("overlays").message and res(r, "overlays") == "fail"
 
 
 def test_overlays_fall_back_to_versions_ranges_with_a_warning_when_sources_fail(P):

@@ -83,11 +83,15 @@ def test_valid_manifest_loads(tmp_path):
         (_with(vendored_on="yesterday"), "vendored_on", "'yesterday'"),
         (_with(probes__0__defines=_DELETE), "probes[0]", "defines"),
         (_with(targets=["/etc/passwd"]), "targets", "/etc/passwd"),
+        (_with(native_from="soon"), "native_from", "'soon'"),  # not a PEP 440 version
+        (_with(native_from=0.28), "native_from", "0.28"),  # a YAML float, not a string
+        (_with(needed_when={"moe": "sometimes"}), "needed_when.moe", "'sometimes'"),
     ],
     ids=[
         "unknown-key", "unknown-nested-key", "wrong-type-int", "wrong-type-list", "negative-pr",
         "bad-specifier", "bare-version-specifier", "merged-without-merge-commit", "bad-state",
         "unknown-edit-kind", "bad-position", "bad-date", "probe-without-condition", "absolute-target",
+        "bad-native-from", "native-from-not-a-string", "moe-not-a-bool",
     ],
 )
 def test_schema_error_names_file_key_and_value(tmp_path, data, key, value):
@@ -98,6 +102,29 @@ def test_schema_error_names_file_key_and_value(tmp_path, data, key, value):
     assert str(path) in msg
     assert f": {key}" in msg, msg
     assert value in msg, msg
+
+
+def test_bad_native_from_is_one_line_naming_file_key_and_value(tmp_path):
+    path = _write(tmp_path, _with(native_from="0.2x"))
+    with pytest.raises(OverlayError) as info:
+        load_manifest(path)
+    assert str(info.value) == f"{path}: native_from: Value error, not a PEP 440 version: '0.2x' (value: '0.2x')"
+
+
+def test_shipped_native_from_is_the_release_drop_when_names():
+    """Each shipped overlay's native_from is the vLLM release its drop_when gives for the native fix
+    (the values fits() used to hard-code); a local workaround has none."""
+    got = {}
+    for mf in sorted((REPO_ROOT / "overlays").glob("*/overlay.yaml")):
+        m = load_manifest(mf)
+        got[m.id] = m.native_from
+        if m.native_from is not None:
+            assert f"vLLM >= {m.native_from}" in " ".join(m.drop_when.split()), m.id
+    assert got == {
+        "vllm-pr40886-gemma4-awq-moe-keys": "0.22.0", "gemma4-convertor-per-layer": "0.28.0",
+        "gemma4-unified-port": "0.24.0", "gemma4-mtp-per-layer": "0.28.0", "gemma4-mtp-cpu-kv-sharing": "0.27.1",
+        "dynamo-dict-caches": None, "sm70-d512-attention": None,
+    }
 
 
 def test_id_must_equal_directory_name(tmp_path):

@@ -35,10 +35,10 @@ def gh(upstream):
 
 
 OVERLAYS = [
-    OverlayInfo("fix-open", REPO, 1, "open", drop_when="PR 1 merged and in the pin"),
-    OverlayInfo("fix-closed", REPO, 2, "closed", drop_when="never by merge"),
-    OverlayInfo("fix-merged", REPO, 3, "merged", drop_when="pin contains the merge"),
-    OverlayInfo("fix-typo", REPO, 999, "open"),
+    OverlayInfo("fix-open", repo=REPO, pr=1, state="open", drop_when="PR 1 merged and in the pin"),
+    OverlayInfo("fix-closed", repo=REPO, pr=2, state="closed", drop_when="never by merge"),
+    OverlayInfo("fix-merged", repo=REPO, pr=3, state="merged", drop_when="pin contains the merge"),
+    OverlayInfo("fix-typo", repo=REPO, pr=999, state="open"),
 ]
 
 
@@ -210,7 +210,7 @@ def test_markdown_report_is_stable_offline_and_lists_every_pair(gh, upstream, tm
 
 
 def test_not_applicable_probe_drops_only_inside_the_overlay_versions(gh, upstream, tmp_path):
-    ovs = [OverlayInfo("old-only", REPO, 1, "open", versions="<2.0"), OverlayInfo("any", None, None)]
+    ovs = [OverlayInfo("old-only", repo=REPO, pr=1, state="open", versions="<2.0"), OverlayInfo("any")]
     table = {("new", "old-only"): "not-applicable", ("new", "any"): "not-applicable"}
     client = GitHubClient(FactCache(tmp_path / "gh"), api_url=gh.url)
     report = evaluate(ovs, [EngineInfo("new", "2.0.0", "v2.0.0", REPO)], client, prober=prober(table))

@@ -9,13 +9,16 @@ in the user's shell).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import click
 from click.shell_completion import CompletionItem
 
 from ..catalog import Catalog
 from ..errors import CatalogError
+
+if TYPE_CHECKING:
+    from ..profiles import Profiles
 
 _cache: dict[tuple[str, str], list[str]] = {}
 
@@ -29,7 +32,7 @@ def catalog_of(ctx: click.Context | None) -> Catalog:
     return Catalog.locate(arg)
 
 
-def _profiles(catalog: Catalog) -> Any:
+def _profiles(catalog: Catalog) -> Profiles:
     from ..profiles import load_profiles
 
     return load_profiles(catalog)

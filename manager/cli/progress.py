@@ -5,10 +5,13 @@ terminal, one line per step otherwise) and cache hits. Installed by the CLI for 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..console import err, status
 from ..releases import Step
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 def _mb(n: int | None) -> str:
@@ -20,8 +23,8 @@ class DownloadProgress:
 
     def __init__(self, tty: bool | None = None) -> None:
         self.tty = sys.stderr.isatty() if tty is None else tty
-        self._bar: Any = None
-        self._task: Any = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
 
     def __call__(self, step: Step) -> None:
         if step.event == "cached":
@@ -41,7 +44,7 @@ class DownloadProgress:
                 self._bar.start()
                 self._task = self._bar.add_task(step.name, total=step.total)
         elif step.event == "advance":
-            if self._bar is not None:
+            if self._bar is not None and self._task is not None:  # set together in "start"
                 self._bar.update(self._task, completed=step.done, total=step.total)
         elif step.event == "done":
             if self._bar is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import yaml
 
@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from ..profiles import Profiles
 
 
+class EnginePin(Protocol):
+    """What the checks read of an engine profile (`EngineProfile` has both)."""
+
+    image: str
+    unverified: list[str]
+
+
 @dataclass(frozen=True)
 class Finding:
     slug: str
@@ -25,7 +32,7 @@ class Finding:
     message: str
     warn: bool = False  # ok, but rests on something unverified or a deployment marked as not working
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"slug": self.slug, "check": self.check, "ok": self.ok, "warn": self.warn, "message": self.message}
 
 
@@ -63,7 +70,7 @@ def _service(path: Path, slug: str) -> dict | None:
         return None
 
 
-def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines: Mapping[str, Any]) -> CheckReport:
+def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines: Mapping[str, EnginePin]) -> CheckReport:
     """Unique ports, image = engine pin, TP = device count, fits() or experimental-with-reason, files current."""
     out: list[Finding] = []
     by_port: dict[int, list[str]] = {}
@@ -115,11 +122,12 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
             out.append(Finding(slug, "generated-current", True, str(path.name)))
         # the file on disk pins the engine profile's image and reserves tp devices
         svc = _service(path, slug) if current is not None else None
-        pin = getattr(engines.get(dep.engine), "image", None) if hasattr(engines, "get") else None
+        engine = engines.get(dep.engine)
+        pin = engine.image if engine is not None else None
         if svc is None:
             out.append(Finding(slug, "image-pin", False, f"{path}: cannot read service {slug!r}"))
         else:
-            engine_unverified = getattr(engines.get(dep.engine), "unverified", []) if hasattr(engines, "get") else []
+            engine_unverified = engine.unverified if engine is not None else []
             if svc.get("image") != pin:
                 out.append(Finding(slug, "image-pin", False, f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
             elif "image" in engine_unverified:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping, TypeVar
 
 import jinja2
 import yaml
@@ -37,11 +37,14 @@ _SAFE_LITERAL = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9._/-]*$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
+_T = TypeVar("_T")
+
+
 class Quoted(str):
     """A string already quoted for the context it is printed in (the only thing `finalize` lets through)."""
 
 
-def _yaml_scalar(value: Any) -> Quoted:
+def _yaml_scalar(value: object) -> Quoted:
     value = _defined(value)
     if isinstance(value, bool):
         return Quoted("true" if value else "false")
@@ -68,13 +71,13 @@ def _escape_char(c: str) -> str:
     return f"\\U{o:08x}"
 
 
-def _defined(value: Any) -> Any:
+def _defined(value: _T) -> _T:
     if isinstance(value, jinja2.Undefined):
         str(value)  # StrictUndefined raises UndefinedError naming the variable
     return value
 
 
-def yq(value: Any) -> Quoted:
+def yq(value: object) -> Quoted:
     """Any scalar as an inert YAML value (Compose interpolation disabled)."""
     return _yaml_scalar(value)
 
@@ -107,7 +110,7 @@ def yblock(value: str, indent: int) -> Quoted:
     return Quoted("|\n" + body)
 
 
-def sh(value: Any) -> Quoted:
+def sh(value: object) -> Quoted:
     """A POSIX shell word that expands to exactly `value`."""
     value = _defined(value)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -118,7 +121,7 @@ def sh(value: Any) -> Quoted:
     return Quoted(shlex.quote(text))
 
 
-def interp(name: str, default: Any) -> Quoted:
+def interp(name: str, default: object) -> Quoted:
     """`${NAME:-default}` for Compose, as a quoted YAML scalar; NAME and default are validated."""
     if not _ENV_NAME.match(name):
         raise ComposeError(f"interpolation variable {name!r} is not an upper-case variable name")
@@ -128,7 +131,7 @@ def interp(name: str, default: Any) -> Quoted:
     return Quoted("${" + name + ":-" + d + "}")
 
 
-def lit(value: Any) -> Quoted:
+def lit(value: object) -> Quoted:
     """A value from a closed alphabet (slugs, ids, integers): printed as is, rejected otherwise."""
     value = _defined(value)
     if isinstance(value, bool):
@@ -139,13 +142,13 @@ def lit(value: Any) -> Quoted:
     return Quoted(text)
 
 
-def comment(value: Any) -> Quoted:
+def comment(value: object) -> Quoted:
     """Free text for one `# ...` comment line: control characters (newlines included) become spaces."""
     text = str(_defined(value))
     return Quoted("".join(ch if ch.isprintable() else " " for ch in text))
 
 
-def _finalize(value: Any) -> Any:
+def _finalize(value: object) -> Quoted:
     if isinstance(value, Quoted):
         return value
     raise ComposeError(

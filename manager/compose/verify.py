@@ -62,7 +62,7 @@ class VerifyReport:
         """Overlays whose status means the image cannot take them as they are (drift, partial, ...)."""
         return {k: v for k, v in self.overlays.items() if v in FAILING}
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "image": self.image, "python": self.python, "glibc": self.glibc, "vllm": self.vllm,
             "transformers": self.transformers, "torch": self.torch, "overlays": self.overlays,

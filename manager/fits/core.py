@@ -17,7 +17,7 @@ from packaging.version import Version
 from ..catalog import Catalog
 from ..errors import ProfileError
 from ..profiles.loader import Profiles
-from ..profiles.schema import EngineProfile, HardwareProfile, ModelProfile, WeightVariant
+from ..profiles.schema import Documented, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
 from .overlays import DeploymentFacts, OverlayIndex, index_for
 
@@ -33,7 +33,7 @@ VERDICT = {0: "fits", 1: "tight", 2: "fails"}
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)  # marlin_utils.MARLIN_SUPPORTED_GROUP_SIZES
 MARLIN_PATH = {"compressed-tensors": "compressed-tensors", "auto-round": "gptq", "gptq": "gptq", "awq": "awq"}
 INT_FORMATS = set(MARLIN_PATH)
-GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (seed 002)"
+GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (a user report; not measured by this project)"
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class FitReport:
         """Every unverified profile field this verdict rests on (`engines/vllm-sm70.image`, ...)."""
         return list(self.deployment.get("unverified", []))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "verdict": self.verdict,
             "deployment": {k: v for k, v in self.deployment.items() if k != "unverified"},
@@ -249,8 +249,8 @@ def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:
         return None, "no overlay catalog"
     for info in c.index.overlays.values():
         nw = info.needed_when
-        if info.kernel and nw.get("head_dims") and d in nw["head_dims"]:
-            lo, hi = nw.get("min_sm"), nw.get("max_sm")
+        if info.kernel and nw.head_dims and d in nw.head_dims:
+            lo, hi = nw.min_sm, nw.max_sm
             if (lo is None or c.hw.sm >= lo - 1e-9) and (hi is None or c.hw.sm <= hi + 1e-9):
                 if info.invalid:
                     return None, f"kernel overlay {info.id} is in the catalog but its manifest is invalid: {info.invalid}"
@@ -459,7 +459,7 @@ def _field_root(entry: str) -> str:
 
 def unverified_fields(c: _Ctx) -> list[tuple[str, str, tuple[str, ...]]]:
     """(where, field as written, constraints resting on it) for every profile in this deployment."""
-    parts: list[tuple[str, str, Any]] = [("models", f"models/{c.m.id}", c.m),
+    parts: list[tuple[str, str, Documented]] = [("models", f"models/{c.m.id}", c.m),
                                          ("weights", f"models/{c.m.id}.weights.{c.vid}", c.w),
                                          ("engines", f"engines/{c.e.id}", c.e), ("hardware", f"hardware/{c.hw.id}", c.hw)]
     if c.d is not None:

@@ -17,7 +17,6 @@ Sliding layers cost min(window, ctx) tokens per sequence, whatever the context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..profiles.schema import KV_DTYPE_BYTES, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 
@@ -54,7 +53,7 @@ class Memory:
     # or "estimated" (the profile's size_gb, split as (size - replicated) / TP + replicated)
     weights_source: str = "estimated"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "per_card": dict(self.per_card),
             "kv_bytes_per_token": self.kv_bytes_per_token,

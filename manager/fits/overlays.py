@@ -13,65 +13,22 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+from pydantic import ValidationError
 
-from ..catalog import Catalog
+from ..catalog import Catalog, default_catalog_dir
 from ..errors import ManagerError
 from ..fsutil import atomic_write, sha256_bytes
+from ..overlays.info import OverlayInfo
+from ..overlays.manifest import NeededWhen, read_manifest, validate_manifest
 
 # Statuses on a pristine release (docs/design.md).
 NEEDED = {"pending"}
 NATIVE = {"upstream", "not-applicable"}
 BROKEN = {"drift", "superseded", "missing-target", "partial", "modified", "error"}
-
-# Overlays the project knows a deployment can need, used only when the catalog lacks the
-# manifest (so "needed but missing" can be reported). `native_from`: first vLLM release
-# that has the fix natively (from the overlay briefs / manifests' drop_when).
-EXPECTED: dict[str, dict[str, Any]] = {
-    "vllm-pr40886-gemma4-awq-moe-keys": {
-        "needed_when": {"families": ["gemma4"], "weight_formats": ["compressed-tensors"]},
-        "moe_only": True,
-        "native_from": "0.22.0",
-    },
-    "gemma4-convertor-per-layer": {
-        "needed_when": {"families": ["gemma4", "gemma4_unified"], "transformers": ">=5.15"},
-        "native_from": "0.28.0",
-    },
-    "gemma4-unified-port": {"needed_when": {"families": ["gemma4_unified"]}, "native_from": "0.24.0"},
-    "gemma4-mtp-per-layer": {
-        "needed_when": {"families": ["gemma4"], "transformers": ">=5.15", "drafter_model_types": ["gemma4_mtp"]},
-        "native_from": "0.28.0",
-    },
-    "gemma4-mtp-cpu-kv-sharing": {
-        "needed_when": {"families": ["gemma4"], "drafter_model_types": ["gemma4_mtp"], "devices": ["cpu"]},
-        "native_from": "0.27.1",
-    },
-    "dynamo-dict-caches": {"needed_when": {"max_sm": 7.0}, "native_from": None},
-    "sm70-d512-attention": {"needed_when": {"max_sm": 7.0, "head_dims": [512]}, "native_from": None},
-}
-
-
-@dataclass(frozen=True)
-class OverlayInfo:
-    id: str
-    needed_when: dict[str, Any]
-    versions: str = ""
-    kernel: bool = False
-    invalid: str | None = None  # the manifest error, when it does not validate
-    digest: str = ""
-    provides_families: tuple[str, ...] = ()  # model families the overlay ports onto older engines
-
-    def in_range(self, version: str) -> bool:
-        if not self.versions:
-            return True
-        try:
-            return Version(version) in SpecifierSet(self.versions)
-        except (InvalidSpecifier, InvalidVersion):
-            return True
 
 
 @dataclass(frozen=True)
@@ -89,34 +46,37 @@ class DeploymentFacts:
     device: str = "cuda"  # "cpu": SM conditions (min_sm / max_sm) describe CUDA GPUs and never match
 
 
-def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
-    """All given keys must hold (AND); an empty mapping never matches unless `always`."""
-    keys = {k: v for k, v in nw.items() if v is not None and v is not False}
-    if not keys:
-        return False
-    if keys.get("always"):
+def matches(nw: NeededWhen, d: DeploymentFacts) -> bool:
+    """All given conditions must hold (AND); none given never matches unless `always`."""
+    if nw.always:
         return True
-    if "families" in keys and d.family not in keys["families"]:
+    given = (nw.families, nw.weight_formats, nw.quant_methods, nw.min_sm, nw.max_sm, nw.head_dims,
+             nw.transformers, nw.drafter_model_types, nw.devices)
+    if all(v is None for v in given) and not nw.moe:
         return False
-    if "weight_formats" in keys and d.weight_format not in keys["weight_formats"]:
+    if nw.families is not None and d.family not in nw.families:
         return False
-    if "quant_methods" in keys and (d.quant_method or "") not in keys["quant_methods"]:
+    if nw.weight_formats is not None and d.weight_format not in nw.weight_formats:
         return False
-    if ("min_sm" in keys or "max_sm" in keys) and d.device != "cuda":
+    if nw.quant_methods is not None and (d.quant_method or "") not in nw.quant_methods:
         return False
-    if "min_sm" in keys and d.sm < float(keys["min_sm"]) - 1e-9:
+    if (nw.min_sm is not None or nw.max_sm is not None) and d.device != "cuda":
         return False
-    if "max_sm" in keys and d.sm > float(keys["max_sm"]) + 1e-9:
+    if nw.min_sm is not None and d.sm < nw.min_sm - 1e-9:
         return False
-    if "head_dims" in keys and not set(keys["head_dims"]) & set(d.head_dims):
+    if nw.max_sm is not None and d.sm > nw.max_sm + 1e-9:
         return False
-    if "drafter_model_types" in keys and d.drafter_model_type not in keys["drafter_model_types"]:
+    if nw.head_dims is not None and not set(nw.head_dims) & set(d.head_dims):
         return False
-    if "devices" in keys and d.device not in keys["devices"]:
+    if nw.drafter_model_types is not None and d.drafter_model_type not in nw.drafter_model_types:
         return False
-    if "transformers" in keys:
+    if nw.devices is not None and d.device not in nw.devices:
+        return False
+    if nw.moe and not d.moe:
+        return False
+    if nw.transformers is not None:
         try:
-            if Version(d.transformers) not in SpecifierSet(str(keys["transformers"])):
+            if Version(d.transformers) not in SpecifierSet(nw.transformers):
                 return False
         except (InvalidSpecifier, InvalidVersion):
             return False
@@ -141,6 +101,9 @@ class OverlayIndex:
     overlays: dict[str, OverlayInfo]
     status_fn: StatusFn | None = None
     cache_dir: Path | None = None
+    # Overlays a deployment can need although this catalog lacks them ("needed but not in the
+    # catalog"); None: those of the catalog shipped with the project (`shipped_overlays`).
+    known: dict[str, OverlayInfo] | None = None
     _memo: dict[str, tuple[dict[str, str], str | None]] = field(default_factory=dict)
     calls: int = 0  # how many times status_fn ran (for tests and the benchmark)
 
@@ -185,6 +148,7 @@ class OverlayIndex:
     def evaluate(self, d: DeploymentFacts, vllm_version: str) -> list[OverlayVerdict]:
         out: list[OverlayVerdict] = []
         seen = set()
+        known = self.known if self.known is not None else shipped_overlays()
         for info in sorted(self.overlays.values(), key=lambda o: o.id):
             seen.add(info.id)
             if not matches(info.needed_when, d):
@@ -201,23 +165,24 @@ class OverlayIndex:
                                           f"{info.id}: needed, pending on vLLM {vllm_version}" + (f" ({warn})" if warn else "")))
             elif st in NATIVE:
                 out.append(OverlayVerdict(info.id, False, "pass", f"{info.id}: not needed on vLLM {vllm_version} ({st})"))
-            elif st == "superseded" and _native(info.id, vllm_version):
+            elif st == "superseded" and (native := _native_from(info, known)).native_on(vllm_version):
                 out.append(OverlayVerdict(info.id, False, "pass",
-                                          f"{info.id}: not needed on vLLM {vllm_version} (superseded; fix native since {EXPECTED[info.id]['native_from']})"))
+                                          f"{info.id}: not needed on vLLM {vllm_version} (superseded; fix native since {native.native_from})"))
             elif st == "applied":
                 out.append(OverlayVerdict(info.id, True, "pass", f"{info.id}: needed, already applied"))
             else:
                 out.append(OverlayVerdict(info.id, True, "fail", f"{info.id}: needed but {st} on vLLM {vllm_version}"))
-        for oid, exp in EXPECTED.items():
-            if oid in seen or not matches(exp["needed_when"], d):
-                continue
-            if exp.get("moe_only") and not d.moe:
-                continue
-            nf = exp.get("native_from")
-            if nf and Version(vllm_version) >= Version(nf):
+        for oid, info in sorted(known.items()):
+            if oid in seen or not matches(info.needed_when, d) or info.native_on(vllm_version):
                 continue
             out.append(OverlayVerdict(oid, True, "fail", f"{oid}: needed on vLLM {vllm_version} but not in the catalog"))
         return out
+
+
+def _native_from(info: OverlayInfo, known: dict[str, OverlayInfo]) -> OverlayInfo:
+    """The manifest that says where the fix is native: this one, or (when its manifest predates
+    `native_from`) the shipped one of the same id."""
+    return info if info.native_from is not None else known.get(info.id, info)
 
 
 _ENGINE_DIGEST: list[str] = []
@@ -236,61 +201,87 @@ def _engine_digest() -> str:
     return _ENGINE_DIGEST[0]
 
 
-def _native(oid: str, version: str) -> bool:
-    nf = EXPECTED.get(oid, {}).get("native_from")
+def read_overlay(mf: Path) -> OverlayInfo:
+    """One overlays/<id>/overlay.yaml as an OverlayInfo; a manifest that does not validate keeps
+    the parts that do (its needed_when, when valid) and the first error, shortened."""
+    oid = mf.parent.name
     try:
-        return bool(nf) and Version(version) >= Version(nf)
-    except InvalidVersion:
+        digest = sha256_bytes(mf.read_bytes())[:16]
+    except OSError as exc:
+        return OverlayInfo(oid, invalid=f"unreadable: {exc}")
+    try:
+        raw = read_manifest(mf)
+    except ManagerError as exc:
+        return OverlayInfo(oid, invalid=_first_error(exc, mf), digest=digest)
+    try:
+        return OverlayInfo.from_manifest(validate_manifest(mf, raw), digest=digest)
+    except ManagerError as exc:
+        invalid = _first_error(exc, mf)
+    try:
+        needed_when = NeededWhen.model_validate(raw.get("needed_when") or {})
+    except ValidationError:
+        needed_when = NeededWhen()
+    rid, versions, provides = raw.get("id"), raw.get("versions"), raw.get("provides_families")
+    return OverlayInfo(
+        rid if isinstance(rid, str) and rid else oid,
+        needed_when=needed_when,
+        versions=versions if isinstance(versions, str) else "",
+        kernel="kernels" in raw,
+        provides_families=tuple(str(f) for f in provides) if isinstance(provides, list) else (),
+        invalid=invalid,
+        digest=digest,
+    )
+
+
+def _first_error(exc: ManagerError, mf: Path) -> str:
+    """The first of a manifest's errors without the path, and how many more there are."""
+    first = str(exc).splitlines()[0].split("; ")[0].replace(str(mf) + ": ", "")
+    n = str(exc).count("; ") + 1
+    return first[:100] + (f" (+{n - 1} more)" if n > 1 else "")
+
+
+def read_overlays(base: Path) -> dict[str, OverlayInfo]:
+    """id -> OverlayInfo for every overlays/<id>/overlay.yaml under `base`."""
+    infos: dict[str, OverlayInfo] = {}
+    if base.is_dir():
+        for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            mf = d / "overlay.yaml"
+            if mf.is_file():
+                info = read_overlay(mf)
+                infos[info.id] = info
+    return infos
+
+
+_SHIPPED: dict[str, dict[str, OverlayInfo]] = {}
+
+
+def shipped_overlays() -> dict[str, OverlayInfo]:
+    """The valid overlays of the catalog shipped with the project (memoized): what fits() can name
+    as needed when a user's own catalog lacks them."""
+    root = default_catalog_dir()
+    if root is None:
+        return {}
+    key = str(root)
+    if key not in _SHIPPED:
+        _SHIPPED[key] = {k: v for k, v in read_overlays(Catalog(root).overlays_dir).items() if v.invalid is None}
+    return _SHIPPED[key]
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
         return False
 
 
-def _read_raw(path: Path) -> tuple[dict[str, Any], bytes]:
-    data = path.read_bytes()
-    raw = yaml.safe_load(data)
-    return (raw if isinstance(raw, dict) else {}), data
-
-
 def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path | None = None) -> OverlayIndex:
-    """Read every overlays/<id>/overlay.yaml (validated by the overlay engine when it can)."""
+    """Read every overlays/<id>/overlay.yaml (`load_manifest`'s reading and validation)."""
     base = catalog.overlays_dir
-    infos: dict[str, OverlayInfo] = {}
-    valid_ids: list[str] = []
-    if base.is_dir():
-        try:
-            from ..overlays.manifest import load_manifest
-        except ImportError:  # pragma: no cover - the overlay engine ships with the project
-            load_manifest = None  # type: ignore[assignment]
-        for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-            mf = d / "overlay.yaml"
-            if not mf.is_file():
-                continue
-            try:
-                raw, data = _read_raw(mf)
-            except (OSError, yaml.YAMLError) as exc:
-                infos[d.name] = OverlayInfo(d.name, {}, invalid=f"unreadable: {exc}")
-                continue
-            invalid = None
-            if load_manifest is not None:
-                try:
-                    load_manifest(mf)
-                except ManagerError as exc:
-                    first = str(exc).splitlines()[0].split("; ")[0].replace(str(mf) + ": ", "")
-                    n = str(exc).count("; ") + 1
-                    invalid = first[:100] + (f" (+{n - 1} more)" if n > 1 else "")
-            nw = raw.get("needed_when") or {}
-            oid = str(raw.get("id") or d.name)
-            infos[oid] = OverlayInfo(
-                id=oid,
-                needed_when=dict(nw) if isinstance(nw, dict) else {},
-                versions=str(raw.get("versions") or ""),
-                kernel="kernels" in raw,
-                invalid=invalid,
-                digest=sha256_bytes(data)[:16],
-                provides_families=tuple(str(f) for f in (raw.get("provides_families") or [])
-                                        if isinstance(raw.get("provides_families"), list)),
-            )
-            if invalid is None:
-                valid_ids.append(oid)
+    infos = read_overlays(base)
+    valid_ids = [oid for oid, info in infos.items() if info.invalid is None]
+    shipped = default_catalog_dir()
+    if shipped is not None and _same_dir(shipped, catalog.root):  # read once: it is the shipped catalog
+        _SHIPPED.setdefault(str(shipped), {oid: infos[oid] for oid in valid_ids})
     status_fn = None
     if use_releases and valid_ids:
         def status_fn(version: str, _ids=tuple(valid_ids)) -> dict[str, str]:

@@ -21,7 +21,7 @@ class Rejected:
     deployment: dict[str, Any]
     reasons: list[str]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"deployment": dict(self.deployment), "reasons": list(self.reasons)}
 
 
@@ -33,7 +33,7 @@ class Plan:
     options: list[FitReport] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "model": self.model, "hardware": self.hardware, "gpus": self.gpus,
             "options": [

@@ -36,7 +36,7 @@ class ClassBytes:
     dims: tuple[int, ...]  # split dims seen (per param layout)
     why: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"class": self.cls, "rule": self.rule, "tensors": self.tensors, "bytes": self.bytes,
                 "params": list(self.params), "split_dims": list(self.dims), "why": self.why}
 
@@ -54,7 +54,7 @@ class TpSplit:
     def valid(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"tp": self.tp, "valid": self.valid, "per_rank": list(self.ranks), "sharded": self.sharded,
                 "replicated": self.replicated, "k_eq_v_copy_per_rank": self.k_eq_v_copy, "problems": list(self.problems)}
 
@@ -71,7 +71,7 @@ class WeightBytes:
     def split(self, tp: int) -> TpSplit | None:
         return next((s for s in self.tp if s.tp == tp), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"total": self.total, "tensors": self.tensors, "by_dtype": dict(self.by_dtype),
                 "rules": dict(RULES), "by_class": [c.to_json() for c in self.by_class],
                 "head_valid_tps": list(self.head_valid_tps), "tp": [s.to_json() for s in self.tp]}
@@ -86,7 +86,7 @@ class ShardInfo:
     file_size: int | None
     truncated: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"file": self.file, "tensors": self.tensors, "header_bytes": self.header_bytes,
                 "data_bytes": self.data_bytes, "file_size": self.file_size, "truncated": self.truncated}
 
@@ -108,7 +108,7 @@ class Inspection:
     def model(self) -> ModelProfile:
         return ModelProfile.model_validate(self.profile)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "source": self.source, "model_id": self.model_id, "profile": self.profile,
             "shards": [s.to_json() for s in self.shards], "quantization": self.quant.to_json(),

@@ -12,7 +12,6 @@ import json
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import InspectError
 from .source import Source
@@ -122,9 +121,9 @@ def read_shard(source: Source, file: str) -> Shard:
     return parse_header(file, raw, where=where, file_size=size)
 
 
-def header_bytes(tensors: dict[str, dict[str, Any]], metadata: dict[str, str] | None = None) -> bytes:
+def header_bytes(tensors: dict[str, dict[str, object]], metadata: dict[str, str] | None = None) -> bytes:
     """Encode a header (8-byte length + JSON, padded with spaces to 8 bytes as the library does)."""
-    obj: dict[str, Any] = {}
+    obj: dict[str, object] = {}
     if metadata:
         obj["__metadata__"] = metadata
     obj.update(tensors)

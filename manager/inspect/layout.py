@@ -10,20 +10,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
+from ..overlays.info import OverlayInfo
 from .headers import Shard, TensorEntry
 from .quant import QuantScheme
 from .tensors import Placement
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+    from ..profiles import Profiles
+    from ..profiles.schema import ModelProfile
 
 PR40886 = "vllm-pr40886-gemma4-awq-moe-keys"
 CONVERTOR = "gemma4-convertor-per-layer"
 
 SRC_40886 = ("this project's runs of vLLM 0.20.0 (CPU build and H200, 2026-11-30: shared/facts/real-engine.md); "
              "vLLM 0.20.0 gemma4.py _weight_iterator explodes only float 3-D experts")
-SRC_PLE = ("seed 000 (shared/facts/models.md: E2B NVFP4 load); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
+SRC_PLE = ("a user report of the E2B NVFP4 load (shared/facts/models.md); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
            "VocabParallelEmbedding whose unquantized method registers only `weight`")
 SRC_AMBIG = ("shared/facts/real-engine.md (vLLM 0.20.0 + transformers 5.17/5.24, this project's runs); shared/facts/models.md "
              "(vllm-openai:v0.27.1 ships transformers 5.15.0)")
@@ -48,7 +54,7 @@ class Finding:
     count: int = 0
     source: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"id": self.id, "severity": self.severity, "message": self.message, "keys": list(self.keys),
                 "count": self.count, "source": self.source}
 
@@ -73,7 +79,7 @@ class EngineCheck:
     failures: tuple[Failure, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"engine": self.engine, "vllm": self.vllm_version, "transformers": self.transformers_version,
                 "result": self.result, "overlays": list(self.overlays),
                 "failures": [f.to_json() for f in self.failures], "notes": list(self.notes)}
@@ -149,10 +155,10 @@ def _ge(a: str, b: str) -> bool:
         return False
 
 
-def _catalog(profiles, catalog):
+def _catalog(profiles: Profiles, catalog: Catalog | None) -> Catalog | None:
     if catalog is not None:
         return catalog
-    root = getattr(profiles, "root", None)
+    root = profiles.root
     if root is not None and Path(root).parent.is_dir():
         from ..catalog import Catalog
 
@@ -160,14 +166,11 @@ def _catalog(profiles, catalog):
     return None
 
 
-def _overlay_infos(cat, ids: tuple[str, ...]) -> dict[str, Any]:
-    """The few manifests the layout rules name: present? their `versions` range (C YAML loader: fast)."""
-    import yaml
+def _overlay_infos(cat: Catalog | None, ids: tuple[str, ...]) -> dict[str, OverlayInfo]:
+    """The few manifests the layout rules name: present? valid? their `versions` and `native_from`."""
+    from ..fits.overlays import read_overlay
 
-    from ..fits.overlays import OverlayInfo
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    out: dict[str, Any] = {}
+    out: dict[str, OverlayInfo] = {}
     if cat is None:
         return out
     for oid in ids:
@@ -177,24 +180,18 @@ def _overlay_infos(cat, ids: tuple[str, ...]) -> dict[str, Any]:
         except OSError:
             continue
         key = (str(mf), st.st_mtime_ns, st.st_size)
-        if key in _MANIFESTS:
-            out[oid] = _MANIFESTS[key]
-            continue
-        try:
-            raw = yaml.load(mf.read_text(), Loader=loader)
-        except (OSError, yaml.YAMLError) as exc:
-            out[oid] = OverlayInfo(oid, {}, invalid=f"unreadable: {str(exc).splitlines()[0]}")
-            continue
-        raw = raw if isinstance(raw, dict) else {}
-        out[oid] = _MANIFESTS[key] = OverlayInfo(oid, dict(raw.get("needed_when") or {}), versions=str(raw.get("versions") or ""))
+        if key not in _MANIFESTS:
+            _MANIFESTS[key] = read_overlay(mf)
+        out[oid] = _MANIFESTS[key]
     return out
 
 
-_MANIFESTS: dict[tuple[str, int, int], Any] = {}  # (path, mtime, size) -> OverlayInfo
+_MANIFESTS: dict[tuple[str, int, int], OverlayInfo] = {}  # (path, mtime, size) -> OverlayInfo
 
 
-def engine_checks(findings: list[Finding], cfg: dict[str, Any], model, profiles, catalog=None) -> list[EngineCheck]:
-    from ..fits.overlays import EXPECTED
+def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProfile, profiles: Profiles,
+                  catalog: Catalog | None = None) -> list[EngineCheck]:
+    from ..fits.overlays import shipped_overlays
 
     infos = _overlay_infos(_catalog(profiles, catalog), (PR40886, CONVERTOR))
     ids = {f.id: f for f in findings}
@@ -212,11 +209,12 @@ def engine_checks(findings: list[Finding], cfg: dict[str, Any], model, profiles,
         notes: list[str] = []
 
         def need(oid: str, finding: str, message: str, source: str) -> None:
-            nf = EXPECTED.get(oid, {}).get("native_from")
+            info = infos.get(oid)
+            said = info if info is not None and info.invalid is None and info.native_from else shipped_overlays().get(oid)
+            nf = said.native_from if said is not None else None
             if nf and _ge(e.vllm_version, nf):
                 notes.append(f"{finding}: native in vLLM >= {nf} ({oid} not needed)")
                 return
-            info = infos.get(oid)
             if info is not None and not info.invalid and info.in_range(e.vllm_version):
                 overlays.append(oid)
             else:

@@ -25,7 +25,7 @@ class QuantGroup:
     symmetric: bool | None
     activations: str | None  # e.g. "float4 group 16 (dynamic local)"; None = weight-only
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dict(name=self.name, targets=list(self.targets), bits=self.bits, type=self.type, strategy=self.strategy,
                     group_size=self.group_size, symmetric=self.symmetric, activations=self.activations)
 
@@ -44,7 +44,7 @@ class QuantScheme:
     unquantized_classes: tuple[tuple[str, int], ...] = ()  # 2-D+ weights without quant params
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "method": self.method, "format": self.format, "scheme": self.scheme, "bits": self.bits,
             "group_size": self.group_size, "symmetric": self.symmetric,
@@ -61,7 +61,7 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def _acts(a: Any) -> str | None:
+def _acts(a: object) -> str | None:
     if not isinstance(a, dict):
         return None
     parts = [f"{a.get('type', '?')}{a.get('num_bits', '?')}"]

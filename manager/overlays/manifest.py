@@ -64,6 +64,7 @@ class NeededWhen(_Strict):
     transformers: str | None = None
     drafter_model_types: list[str] | None = None  # the deployment's drafter maps to one of these (gemma4_mtp)
     devices: list[Literal["cpu", "cuda"]] | None = None  # the engine profile's `device` (a CPU-backend-only bug)
+    moe: bool = False  # true: only mixture-of-experts models
 
     @field_validator("transformers")
     @classmethod
@@ -204,6 +205,10 @@ class Manifest(_Strict):
     versions: str = ""
     targets: list[str] = Field(min_length=1)
     drop_when: str
+    # The first vLLM release that has the fix natively (what the probes recognise there); None:
+    # no release has it (a local workaround or a kernel). fits() reads it for a superseded status
+    # and for an overlay a deployment needs that its catalog lacks.
+    native_from: str | None = None
     probes: list[Probe] = []
     sentinel_version: int = Field(ge=1)
     needed_when: NeededWhen = NeededWhen()
@@ -226,6 +231,11 @@ class Manifest(_Strict):
     @classmethod
     def _versions(cls, v: str) -> str:
         return check_specifier(v)
+
+    @field_validator("native_from")
+    @classmethod
+    def _native_from(cls, v: str | None) -> str | None:
+        return v if v is None else check_version(v)
 
     @field_validator("targets")
     @classmethod
@@ -257,7 +267,7 @@ class Manifest(_Strict):
         return self.specifier.contains(version, prereleases=True)
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
+def _format_loc(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for p in loc:
         if isinstance(p, int):
@@ -281,7 +291,8 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_manifest(path: Path) -> Manifest:
+def read_manifest(path: Path) -> dict[str, object]:
+    """The manifest file's YAML mapping, unvalidated; OverlayError (one line) when it cannot be read."""
     from .. import safeyaml
 
     try:
@@ -300,6 +311,11 @@ def load_manifest(path: Path) -> Manifest:
         raise OverlayError(f"{path}:{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
         raise OverlayError(f"{path}: (top): expected a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def validate_manifest(path: Path, raw: dict[str, object]) -> Manifest:
+    """`raw` (read from `path`) as a Manifest; OverlayError naming the file, key and value."""
     try:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
@@ -307,6 +323,10 @@ def load_manifest(path: Path) -> Manifest:
     if manifest.id != path.parent.name:
         raise OverlayError(f"{path}: id: {manifest.id!r} must equal the directory name {path.parent.name!r}")
     return manifest
+
+
+def load_manifest(path: Path) -> Manifest:
+    return validate_manifest(path, read_manifest(path))
 
 
 def manifest_digest(overlay_dir: Path) -> str:

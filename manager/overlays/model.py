@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 # Worst first: an overlay's status is the worst of its targets' statuses.
 SEVERITY = [
@@ -64,7 +63,7 @@ class StatusReport:
     def failing(self) -> bool:
         return bool(self.interrupted) or any(o.status in FAILING for o in self.overlays)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "root": self.root,
             "package_version": self.package_version,
@@ -114,7 +113,7 @@ class ApplyResult:
     def changed(self) -> bool:
         return any(c.verb != "identical" for c in self.changes)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "root": self.root,
             "package_version": self.package_version,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 from pydantic import ValidationError
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from .. import safeyaml
 from ..catalog import Catalog
 from ..errors import ProfileError
-from .schema import KINDS, SCHEMAS, DrafterProfile, EngineProfile, HardwareProfile, ModelProfile
+from .schema import KINDS, SCHEMAS, Documented, DrafterProfile, EngineProfile, HardwareProfile, ModelProfile
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,12 @@ class Profiles:
     root: Path | None = None
     files: dict[tuple[str, str], Path] = field(default_factory=dict)
 
-    def kind(self, kind: str) -> dict[str, Any]:
+    def kind(self, kind: str) -> Mapping[str, Documented]:
         if kind not in KINDS:
             raise ProfileError(f"unknown profile kind {kind!r} (one of {', '.join(KINDS)})")
         return getattr(self, kind)
 
-    def get(self, kind: str, pid: str) -> Any:
+    def get(self, kind: str, pid: str) -> Any:  # the kind's profile class (callers name the kind)
         table = self.kind(kind)
         if pid not in table:
             known = ", ".join(sorted(table)) or "none"
@@ -45,17 +45,17 @@ class Profiles:
 class _Problems:
     items: list[str] = field(default_factory=list)
 
-    def add(self, file: Path | str, path: str, value: Any, problem: str) -> None:
+    def add(self, file: Path | str, path: str, value: object, problem: str) -> None:
         shown = _short(value)
         self.items.append(f"{file}: {path or '<root>'}: {shown}: {problem}")
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _loc_path(loc: tuple[Any, ...]) -> str:
+def _loc_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
@@ -65,7 +65,7 @@ def _loc_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
-def _value_at(data: Any, loc: tuple[Any, ...]) -> Any:
+def _value_at(data: Any, loc: tuple[int | str, ...]) -> Any:
     cur = data
     for item in loc:
         try:

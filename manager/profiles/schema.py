@@ -301,6 +301,8 @@ class HardwareProfile(_Documented):
         return self.vram_bytes if self.vram_bytes else int(self.vram_gb * 1e9)
 
 
+Documented = _Documented  # the base of every profile kind (each names its sources and unverified fields)
+
 KINDS = ("models", "engines", "drafters", "hardware")
 SCHEMAS: dict[str, type[_Documented]] = {
     "models": ModelProfile,

@@ -42,7 +42,7 @@ class CacheEntry:
     checked_at: dt.datetime
     body: Any
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "url": self.url,
             "status": self.status,

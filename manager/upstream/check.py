@@ -10,12 +10,13 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
 
 from ..errors import UpstreamError
+from ..overlays.info import OverlayInfo
 from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, is_sha
 from .facts import PRFacts, PRUnavailable, pr_facts
 from .github import GitHubClient
@@ -25,22 +26,6 @@ if TYPE_CHECKING:
     from ..catalog import Catalog
     from ..overlays.loader import Overlay
     from ..profiles.schema import EngineProfile
-
-
-@dataclass(frozen=True)
-class OverlayInfo:
-    id: str
-    repo: str | None = None
-    pr: int | None = None
-    state: str | None = None  # as recorded in the manifest (not trusted on its own)
-    head_commit: str | None = None
-    merge_commit: str | None = None
-    drop_when: str = ""
-    versions: str = ""
-
-    @property
-    def has_upstream(self) -> bool:
-        return bool(self.repo and self.pr)
 
 
 @dataclass(frozen=True)
@@ -79,8 +64,8 @@ class PairResult:
     pin: str
     pr_state: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "overlay": self.overlay,
             "engine": self.engine,
             "verdict": self.verdict,
@@ -114,7 +99,7 @@ class CheckReport:
         wanted = set(fail_on)
         return [r for r in self.results if r.verdict in wanted]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "offline": self.offline,
             "unreachable": self.unreachable,
@@ -233,24 +218,13 @@ def _ancestry(client: GitHubClient, repo: str, merge: str, eng: EngineInfo, prob
 
 
 # -- catalog adapters -----------------------------------------------------------------------
-def _text(value: Any) -> str:
-    return "" if value is None else str(value).strip()
+def _text(value: str | None) -> str:
+    return "" if value is None else value.strip()
 
 
 def overlay_info(overlay: Overlay) -> OverlayInfo:
     """The upstream facts of a loaded overlay's manifest."""
-    m = overlay.manifest
-    up = m.upstream
-    return OverlayInfo(
-        id=str(m.id),
-        repo=(_text(up.repo) or None) if up is not None else None,
-        pr=up.pr if up is not None else None,
-        state=(_text(up.state) or None) if up is not None else None,
-        head_commit=(_text(up.head_commit) or None) if up is not None else None,
-        merge_commit=(_text(up.merge_commit) or None) if up is not None else None,
-        drop_when=" ".join(_text(m.drop_when).split()),
-        versions=_text(m.versions),
-    )
+    return OverlayInfo.from_manifest(overlay.manifest)
 
 
 def engine_info(engine_id: str, engine: EngineProfile) -> EngineInfo:
@@ -268,7 +242,7 @@ def engine_info(engine_id: str, engine: EngineProfile) -> EngineInfo:
     )
 
 
-def select(items: dict[str, Any], wanted: Sequence[str] | None, what: str) -> list[str]:
+def select(items: Mapping[str, object], wanted: Sequence[str] | None, what: str) -> list[str]:
     if not wanted:
         return sorted(items)
     missing = [w for w in wanted if w not in items]

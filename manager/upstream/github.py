@@ -19,6 +19,7 @@ import email.utils
 import os
 import re
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UpstreamError
@@ -82,7 +83,7 @@ def _compare_extra(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _httpx() -> Any:
+def _httpx() -> ModuleType:
     try:
         import httpx
     except ImportError:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Iterable, Sequence
 
 from .. import releases
 from ..catalog import Catalog
 from ..errors import ManagerError
+from ..overlays.model import OverlayStatus, TargetStatus
 from .check import EngineInfo, EngineProbe, OverlayInfo, sdist_commit
 from .verdict import ProbeFacts
 
@@ -28,22 +28,19 @@ def release_cached(version: str) -> Path | None:
     return None
 
 
-def _facts(report: Any, where: str) -> dict[str, ProbeFacts]:
+def _facts(overlays: Iterable[OverlayStatus], where: str) -> dict[str, ProbeFacts]:
     out: dict[str, ProbeFacts] = {}
-    for ov in getattr(report, "overlays", ()):
-        status = str(getattr(ov, "status", "") or "") or None
+    for ov in overlays:
+        status = ov.status or None
         line = f"probe: {status} at {where}"
         if status in ("pending", "applied"):
             line += ": the overlay's anchors are there, no native fix detected"
         else:
-            details = []
-            for t in getattr(ov, "targets", ()) or ():
-                detail = getattr(t, "detail", "") or ""
-                if detail and getattr(t, "status", "") not in ("pending", "applied"):
-                    details.append(f"{getattr(t, 'path', '?')}: {detail}")
+            details = [f"{t.path}: {t.detail}" for t in ov.targets
+                       if t.detail and t.status not in ("pending", "applied")]
             if details:
                 line += f" [{'; '.join(details[:3])}]"
-        out[str(ov.id)] = ProbeFacts(status, (line,))
+        out[ov.id] = ProbeFacts(status, (line,))
     return out
 
 
@@ -80,7 +77,7 @@ class CatalogProber:
         root = releases.pristine_tree(version)
         commit = sdist_commit(root)
         return EngineProbe(
-            statuses=_facts(report, f"vllm {version} (release sources)"),
+            statuses=_facts(report.overlays, f"vllm {version} (release sources)"),
             pin_commit=commit,
             pin_commit_source=f"vllm/_version.py __commit_id__ in the {version} sdist" if commit else "",
         )
@@ -116,7 +113,7 @@ class CatalogProber:
         report = status(wanted, root)
         commit = sdist_commit(root)
         return EngineProbe(
-            statuses=_facts(report, f"{engine.id} sources in {root}"),
+            statuses=_facts(report.overlays, f"{engine.id} sources in {root}"),
             pin_commit=commit,
             pin_commit_source=f"vllm/_version.py __commit_id__ in {root}" if commit else "",
         )
@@ -137,16 +134,21 @@ def probe_report_file(engine: EngineInfo, path: Path) -> EngineProbe:
     report = status if isinstance(status, dict) else data
     overlays = report.get("overlays") if isinstance(report, dict) else None
     if isinstance(overlays, dict):  # the verify summary: {id: status}
-        items = [SimpleNamespace(id=k, status=v, targets=()) for k, v in overlays.items()]
+        items = [OverlayStatus(str(k), _str(v)) for k, v in overlays.items()]
     elif isinstance(overlays, list):
         items = [
-            SimpleNamespace(
-                id=o.get("id"), status=o.get("status"),
-                targets=[SimpleNamespace(**{k: t.get(k, "") for k in ("path", "status", "detail")})
-                         for t in o.get("targets") or () if isinstance(t, dict)],
+            OverlayStatus(
+                str(o["id"]), _str(o.get("status")),
+                tuple(TargetStatus(_str(t.get("path")), _str(t.get("status")), _str(t.get("detail")))
+                      for t in o.get("targets") or () if isinstance(t, dict)),
             )
             for o in overlays if isinstance(o, dict) and o.get("id")
         ]
     else:
         return EngineProbe(unavailable=f"--probe-report {engine.id}={path}: no overlay statuses in it")
-    return EngineProbe(statuses=_facts(SimpleNamespace(overlays=items), where))
+    return EngineProbe(statuses=_facts(items, where))
+
+
+def _str(value: object) -> str:
+    """A JSON value as the text the report would show ("" for null/absent)."""
+    return "" if value is None else str(value)
