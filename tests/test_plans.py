@@ -432,3 +432,19 @@ def test_a_ledger_on_disk_before_a_target_rename_is_recovered_by_the_journal(tmp
     assert _tree(root) == _tree(ref)
     revert(every, every, root)
     assert {k: v for k, v in _tree(root).items() if not k.startswith(".overlay-manager/")} == pristine
+
+
+def test_fsync_all_syncs_every_fd_from_its_threads_and_reports_a_file_error(tmp_path):
+    from manager.overlays import plans
+
+    fds = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644) for i in range(5)]
+    try:
+        plans._fsync_all(fds)  # every fd, concurrently; no error
+        bad = os.open(tmp_path / "gone", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(bad)  # a closed descriptor: EBADF from whichever thread syncs it
+        with pytest.raises(OSError):
+            plans._fsync_all([*fds, bad])
+        plans._fsync_all([*fds, bad], strict=False)  # directories: skipped, as fsutil.fsync_dir does
+    finally:
+        for fd in fds:
+            os.close(fd)
