@@ -5,8 +5,11 @@ written by the last apply still matches (same package version, no interrupted ap
 selected overlay directory's digest and every target file's sha256 as recorded, every
 status one that apply leaves alone), there is nothing to do, and importing click, rich,
 pydantic and libcst just to find that out would cost ~10x a regex patcher's no-op. This
-module decides that case before the CLI is imported; anything else falls through to
-`manager.cli.main`, which makes the same decision again with the full engine.
+module decides that case before the CLI is imported. A first apply with a prepared plan is
+replayed next (manager.overlays.plans, standard library only). A plain apply that needs the
+engine runs it without the CLI when stderr is not a terminal (`engine_apply`: no click, rich
+or other commands' modules); anything else falls through to `manager.cli.main`, which makes
+the same decisions again with the full engine.
 """
 
 from __future__ import annotations
@@ -210,6 +213,56 @@ def _from_plan(argv: list[str]) -> dict | None:
     return main_apply(parsed)
 
 
+def _line(verb: str, text: str) -> None:
+    sys.stderr.write(f"{verb:>12}  {text}\n")
+
+
+_download: list = []
+
+
+def _download_progress(step) -> None:
+    """releases' progress for a release file fetched during the apply: the CLI's reporter (rich),
+    imported only when such a step happens (a cache miss of a release-file edit's source)."""
+    if not _download:
+        from .cli.progress import DownloadProgress
+
+        _download.append(DownloadProgress())
+    _download[0](step)
+
+
+def engine_apply(argv: list[str]) -> int | None:
+    """`[--catalog C] apply [IDS] [--root R]` with the full engine, without the CLI: click, rich
+    and the other commands' modules are ~0.1 s of a first start that has no prepared plan. Only
+    when stderr is not a terminal (a container's log: the lines are the CLI's, plain; a terminal
+    gets the CLI and its colours); None otherwise, and for any other command line. Errors go
+    through the CLI's own handler (one line, exit 1; a crash log, exit 3)."""
+    parsed = _parse_apply(argv)
+    if parsed is None or sys.stderr.isatty():
+        return None
+    catalog_arg, root_arg, ids, _ = parsed  # --plans: tried before this, as the CLI's apply does
+    try:
+        from .catalog import Catalog
+        from .overlays import find_root, load_overlays, select
+        from .overlays.plans import ENV_CACHE
+        from .overlays.prepare import apply_and_record, report_lines
+        from .releases import set_progress
+
+        set_progress(_download_progress)
+        every = load_overlays(Catalog.locate(catalog_arg))
+        recorded = apply_and_record(select(every, ids), find_root(root_arg), explicit=bool(ids), ids=ids,
+                                    cache=os.environ.get(ENV_CACHE) or None, on_wait=lambda m: _line("waiting", m))
+        for verb, text, _kind in report_lines(recorded):
+            _line(verb, text)
+        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported exactly as the CLI reports it
+        from .cli.app import handle_errors
+
+        with handle_errors():
+            raise exc
+
+
 def main() -> None:
     argv = sys.argv[1:]
     try:
@@ -235,6 +288,9 @@ def main() -> None:
                 sys.stderr.write(f"{st:>12}  {oid}\n")
         sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified)\n")
         sys.exit(0)
+    code = engine_apply(argv)
+    if code is not None:
+        sys.exit(code)
     from .cli import main as cli_main
 
     cli_main()

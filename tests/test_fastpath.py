@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,46 @@ def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY=\n" in proc.stdout
     assert "nothing to do (ledger hashes match)" in proc.stderr
+
+
+def _entry(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """The console script's entry (`manager.fastpath.main`) as a process, stderr a pipe (not a terminal)."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['overlay'] + {json.dumps(argv)}\n"
+        "from manager.fastpath import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('LOADED=' + ','.join(sorted(m for m in ('click', 'rich', 'manager.cli') if m in sys.modules)))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": "", **(env or {})})
+
+
+def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_what_the_cli_says(tmp_path, vllm_root):
+    from manager import releases
+
+    cat = make_catalog(tmp_path / "cat").root
+    lean_root = vllm_root("0.20.0")
+    proc = _entry(_argv(cat, lean_root))
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED=\n" in proc.stdout  # neither click nor rich nor the CLI's modules
+    cli_root = releases.copy_release("0.20.0", tmp_path / "cli")
+    cli_proc = subprocess.run([sys.executable, "-c", "from manager.cli import main; main()", *_argv(cat, cli_root)],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": ""})
+    assert cli_proc.returncode == 0, cli_proc.stderr
+    assert proc.stderr == cli_proc.stderr and "updated" in proc.stderr  # the CLI's lines, plain
+    for t in ("vllm/model_executor/models/gemma4.py", CUDA_PY):
+        assert (lean_root / t).read_bytes() == (cli_root / t).read_bytes()
+
+
+def test_the_cli_less_apply_reports_errors_through_the_cli_handler(tmp_path, vllm_root):
+    cat = make_catalog(tmp_path / "cat").root
+    root = vllm_root("0.20.0")
+    proc = _entry(_argv(cat, root, "no-such-overlay"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: unknown overlay 'no-such-overlay'") and "Traceback" not in proc.stderr
+    proc = _entry(_argv(cat, tmp_path / "nowhere"))
+    assert proc.returncode == 1 and proc.stderr.startswith("error: --root") and not (root / ".overlay-manager").exists()
