@@ -167,6 +167,25 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str,
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_entry(argv: list[str], watch: Iterable[str], env: Mapping[str, str] | None = None,
+              timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`overlay ARGV` through the console script's entry (`manager.fastpath.main`) as a process,
+    stderr a pipe (not a terminal); returns (the process, which of the `watch` modules it loaded)."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['overlay'] + {list(argv)!r}\n"
+        "from manager.fastpath import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        f"    print('LOADED=' + ','.join(sorted(m for m in {tuple(watch)!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=dict(env) if env is not None else None, cwd=REPO_ROOT)
+    loaded = next((line[7:] for line in proc.stdout.splitlines() if line.startswith("LOADED=")), None)
+    return proc, [] if not loaded else loaded.split(",")
+
+
 def slim_root(version: str, dest: Path, rels: Iterable[str] = TARGETS) -> Path:
     """A writable package root holding only `rels` (plus the dist-info) of a real release.
 

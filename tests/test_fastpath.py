@@ -13,7 +13,7 @@ import pytest
 from manager import fastpath
 from manager.overlays import apply, load_overlays
 
-from _overlay_helpers import CUDA_PY, PR40886, make_catalog
+from _overlay_helpers import CUDA_PY, PR40886, make_catalog, run_entry
 
 
 @pytest.fixture
@@ -93,19 +93,9 @@ def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
     assert "nothing to do (ledger hashes match)" in proc.stderr
 
 
-def _entry(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """The console script's entry (`manager.fastpath.main`) as a process, stderr a pipe (not a terminal)."""
-    code = (
-        "import sys\n"
-        f"sys.argv = ['overlay'] + {json.dumps(argv)}\n"
-        "from manager.fastpath import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
-        "    print('LOADED=' + ','.join(sorted(m for m in ('click', 'rich', 'manager.cli') if m in sys.modules)))\n"
-    )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": "", **(env or {})})
+def _entry(argv: list[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
+    return run_entry(argv, ("click", "rich", "manager.cli"), env={**os.environ, "OVERLAY_PLANS": "",
+                                                                   "OVERLAY_PLAN_CACHE": ""})
 
 
 def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_what_the_cli_says(tmp_path, vllm_root):
@@ -113,9 +103,9 @@ def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_w
 
     cat = make_catalog(tmp_path / "cat").root
     lean_root = vllm_root("0.20.0")
-    proc = _entry(_argv(cat, lean_root))
+    proc, loaded = _entry(_argv(cat, lean_root))
     assert proc.returncode == 0, proc.stderr
-    assert "LOADED=\n" in proc.stdout  # neither click nor rich nor the CLI's modules
+    assert loaded == []  # neither click nor rich nor the CLI's modules
     cli_root = releases.copy_release("0.20.0", tmp_path / "cli")
     cli_proc = subprocess.run([sys.executable, "-c", "from manager.cli import main; main()", *_argv(cat, cli_root)],
                               capture_output=True, text=True, timeout=300,
@@ -129,8 +119,8 @@ def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_w
 def test_the_cli_less_apply_reports_errors_through_the_cli_handler(tmp_path, vllm_root):
     cat = make_catalog(tmp_path / "cat").root
     root = vllm_root("0.20.0")
-    proc = _entry(_argv(cat, root, "no-such-overlay"))
+    proc, _ = _entry(_argv(cat, root, "no-such-overlay"))
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: unknown overlay 'no-such-overlay'") and "Traceback" not in proc.stderr
-    proc = _entry(_argv(cat, tmp_path / "nowhere"))
+    proc, _ = _entry(_argv(cat, tmp_path / "nowhere"))
     assert proc.returncode == 1 and proc.stderr.startswith("error: --root") and not (root / ".overlay-manager").exists()

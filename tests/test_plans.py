@@ -17,7 +17,7 @@ from manager.overlays import apply, load_overlays, revert, status
 from manager.overlays.plans import PlanRefused, apply_plan
 from manager.overlays.prepare import input_paths, prepare
 
-from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog
+from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog, run_entry
 from conftest import RELEASES
 
 ALL_IDS = tuple(sorted(p.name for p in SHIPPED_OVERLAYS.iterdir() if (p / "overlay.yaml").is_file()))
@@ -216,20 +216,9 @@ def test_plan_apply_process_imports_none_of_the_heavy_modules(tmp_path, catalog,
     root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
     apply(every, ref)
     argv = ["--catalog", str(catalog.root), "apply", "--root", str(root), "--plans", str(plan_path.parent)]
-    code = (
-        "import sys\n"
-        f"sys.argv = ['overlay'] + {json.dumps(argv)}\n"
-        "from manager.fastpath import main\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as e:\n"
-        "    assert e.code == 0, e.code\n"
-        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
-        "print('HEAVY=' + ','.join(heavy))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    proc, heavy = run_entry(argv, HEAVY, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "HEAVY=\n" in proc.stdout
+    assert heavy == []
     assert "prepared plan, hashes verified" in proc.stderr
     assert _tree(root) == _tree(ref)
 
