@@ -15,7 +15,6 @@ the same decisions again with the full engine.
 from __future__ import annotations
 
 import importlib.machinery
-import json
 import os
 import re
 import stat
@@ -29,7 +28,8 @@ except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
     except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
-_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+# compiled on first use (re's cache), not at import: the warm no-op never reads a _version.py
+_VERSION_RE = r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]"""
 
 # apply skips these: the overlay needs nothing written (when its ids were named, a
 # superseded/missing-target overlay is an error, so the full CLI must report it)
@@ -72,10 +72,49 @@ def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> st
             continue
     try:
         with open(os.path.join(root, package, "_version.py"), errors="replace") as fh:
-            m = _VERSION_RE.search(fh.read())
+            m = re.search(_VERSION_RE, fh.read(), re.M)
     except OSError:
         return None
     return m.group(1) if m else None
+
+
+class _Scanning:
+    """The settings json.JSONDecoder hands its C scanner (strict; no hooks; NaN/Infinity refused)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> object:
+        raise ValueError(f"{name} is not in a ledger")
+
+
+_JSON_WS = " \t\n\r"
+
+
+def json_loads(raw: bytes) -> object:
+    """json.loads(raw) for the warm check without importing the json package: its import
+    compiles seven regular expressions, ~2 ms of every container restart and the largest part
+    of the warm no-op's own time. This is the C scanner json.loads itself runs
+    (`_json.make_scanner`, CPython), with the same strictness; anything it does not take whole
+    (no C scanner, not UTF-8, trailing text, a syntax error) goes to json.loads, which gives
+    the reference answer or the ValueError."""
+    try:
+        from _json import make_scanner
+
+        text = raw.decode("utf-8")
+        start = len(text) - len(text.lstrip(_JSON_WS))
+        value, end = make_scanner(_Scanning)(text, start)
+        if not text[end:].strip(_JSON_WS):
+            return value
+    except Exception:  # noqa: BLE001 - StopIteration (a syntax error), ImportError, UnicodeDecodeError...
+        pass
+    import json
+
+    return json.loads(raw)
 
 
 def _file_sha(path: str) -> str:
@@ -166,8 +205,8 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
         return None
     state = os.path.join(root, ".overlay-manager")
     try:
-        with open(os.path.join(state, "ledger.json")) as fh:
-            ledger = json.load(fh)
+        with open(os.path.join(state, "ledger.json"), "rb") as fh:
+            ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
     if os.path.exists(os.path.join(state, "journal.json")):

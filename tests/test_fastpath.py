@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from manager import fastpath
 from manager.overlays import apply, load_overlays
@@ -76,6 +78,7 @@ def test_fastpath_declines_when_the_package_version_changed(applied):
 
 
 def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
+    """...nor the json package (the ledger is read with json's C scanner: fastpath.json_loads)."""
     cat, root = applied
     code = (
         "import sys, runpy\n"
@@ -84,7 +87,7 @@ def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
         "    runpy.run_module('manager', run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    assert e.code == 0, e.code\n"
-        "heavy = sorted(m for m in ('click', 'rich', 'pydantic', 'libcst', 'yaml') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('click', 'rich', 'pydantic', 'libcst', 'yaml', 'json') if m in sys.modules)\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -124,3 +127,32 @@ def test_the_cli_less_apply_reports_errors_through_the_cli_handler(tmp_path, vll
     assert proc.stderr.startswith("error: unknown overlay 'no-such-overlay'") and "Traceback" not in proc.stderr
     proc, _ = _entry(_argv(cat, tmp_path / "nowhere"))
     assert proc.returncode == 1 and proc.stderr.startswith("error: --root") and not (root / ".overlay-manager").exists()
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON_VALUES, st.sampled_from([None, 0, 2]), st.booleans(), st.sampled_from(["", " ", "\n", "\t\r\n "]))
+@settings(max_examples=300, deadline=None)
+def test_warm_check_json_reader_equals_json_loads(value, indent, ascii_only, ws):
+    """fastpath.json_loads (the C scanner, without importing the json package) reads what
+    json.loads reads, ledgers written with indent=2 included."""
+    raw = (ws + json.dumps(value, indent=indent, ensure_ascii=ascii_only) + ws).encode()
+    assert fastpath.json_loads(raw) == json.loads(raw)
+
+
+@given(st.binary(max_size=40) | st.text(alphabet='{}[]",:0123456789.eE-+ \ntrufalsn\\u', max_size=40).map(str.encode))
+@settings(max_examples=300, deadline=None)
+def test_warm_check_json_reader_fails_where_json_loads_fails(raw):
+    try:
+        want = json.loads(raw)
+    except ValueError:
+        with pytest.raises(ValueError):
+            fastpath.json_loads(raw)
+    else:
+        got = fastpath.json_loads(raw)
+        assert got == want
