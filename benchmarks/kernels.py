@@ -25,8 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the float32 torch oracle lives with the kernel tests
 
-from manager.kernels.d512_reference import make_paged, ref_decode, ref_prefill  # noqa: E402
+from _d512_reference import make_paged, ref_decode, ref_prefill  # noqa: E402
 
 TOL = 2e-3
 PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "V100": 0.9e12}
@@ -74,7 +75,8 @@ def _err(out, ref) -> float:
     return float((out.float() - ref).abs().max().item())
 
 
-def correctness(attn, device: str, quick: bool = False, only: str | None = None, decode: bool = True) -> list[dict]:
+def correctness(attn, device: str, quick: bool = False, only: str | None = None, decode: bool = True,
+                prefill: bool = True) -> list[dict]:
     import torch
 
     rows = []
@@ -98,7 +100,8 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
                          max_abs_err=e, ok=bool(e <= TOL and not math.isnan(e))))
         print(f"decode {rows[-1]}", flush=True)
         del case, q, out, ref
-    for i, (qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(PREFILL_GRID if not quick else PREFILL_GRID[:3]):
+    pgrid = (PREFILL_GRID if not quick else PREFILL_GRID[:3]) if prefill else []
+    for i, (qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(pgrid):
         if only and only not in str(PREFILL_GRID[i]):
             continue
         g = torch.Generator().manual_seed(200 + i)
@@ -137,12 +140,94 @@ def _time(fn, iters: int = 20, warmup: int = 3) -> float:
     return start.elapsed_time(end) / iters / 1e3
 
 
-def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: int = 16) -> list[dict]:
+def _graph_time(run, copies: int) -> tuple[float, str]:
+    """Seconds per call from one CUDA graph of `copies` calls (no Python launch cost), else eager."""
+    import torch
+
+    try:
+        graph = torch.cuda.CUDAGraph()
+        run()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for _ in range(copies):
+                run()
+        return _time(graph.replay, iters=max(5, 80 // copies)) / copies, "graph"
+    except Exception as exc:  # noqa: BLE001
+        print(f"graph capture failed: {exc}", flush=True)
+        return _time(run, iters=max(20, copies * 4)), "eager"
+
+
+def split_candidates(ctx: int) -> list[int]:
+    """Split counts worth timing for one context length (each split keeps >= one 32-key chunk)."""
+    cands = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+    return [s for s in cands if s <= max(1, ctx // 32)]
+
+
+class TritonAnchor:
+    """vLLM's own Triton attention (`unified_attention`, the kernel the routed module replaces) on the
+    same paged caches, set up the way vLLM 0.20.0's TritonAttentionMetadataBuilder does for decode
+    (3-D kernel with 16 softmax segments below its sequence threshold) and prefill (2-D kernel)."""
+
+    SEGMENTS = 16   # NUM_PAR_SOFTMAX_SEGMENTS in vllm/v1/attention/backends/triton_attn.py (0.20.0)
+
+    def __init__(self):
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+        import vllm
+
+        self.fn = unified_attention
+        self.version = vllm.__version__
+
+    def decode(self, q, case, bt, lens, max_len: int, scale: float, kv_shared: bool, work: dict):
+        import torch
+
+        batch, hq, d = q.shape
+        hk = case.k_cache.shape[2]
+        threshold = 128 // hk   # MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads (then the nearest capture size)
+        if "segm" not in work:
+            dev = q.device
+            work["segm"] = (torch.empty((threshold, hq, self.SEGMENTS, d), dtype=torch.float32, device=dev),
+                            torch.empty((threshold, hq, self.SEGMENTS), dtype=torch.float32, device=dev),
+                            torch.empty((threshold, hq, self.SEGMENTS), dtype=torch.float32, device=dev))
+            work["cu"] = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+            work["descale"] = torch.ones((batch, hk), dtype=torch.float32, device=dev)
+            work["out"] = torch.empty_like(q)
+        so, sm, se = work["segm"]
+        v = case.k_cache if kv_shared else case.v_cache
+        self.fn(q=q, k=case.k_cache, v=v, out=work["out"], cu_seqlens_q=work["cu"], max_seqlen_q=1,
+                seqused_k=lens, max_seqlen_k=max_len, softmax_scale=scale, causal=True, window_size=(-1, -1),
+                block_table=bt, softcap=0, q_descale=None, k_descale=work["descale"], v_descale=work["descale"],
+                seq_threshold_3D=threshold, num_par_softmax_segments=self.SEGMENTS, softmax_segm_output=so,
+                softmax_segm_max=sm, softmax_segm_expsum=se)
+        return work["out"]
+
+    def prefill(self, q, case, cu, max_q: int, scale: float, work: dict):
+        import torch
+
+        batch = case.seq_lens.shape[0]
+        hk = case.k_cache.shape[2]
+        if "out" not in work:
+            work["out"] = torch.empty_like(q)
+            work["descale"] = torch.ones((batch, hk), dtype=torch.float32, device=q.device)
+        self.fn(q=q, k=case.k_cache, v=case.v_cache, out=work["out"], cu_seqlens_q=cu, max_seqlen_q=max_q,
+                seqused_k=case.seq_lens, max_seqlen_k=int(case.seq_lens.max()), softmax_scale=scale, causal=True,
+                window_size=(-1, -1), block_table=case.block_tables, softcap=0, q_descale=None,
+                k_descale=work["descale"], v_descale=work["descale"])
+        return work["out"]
+
+
+def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: int = 16,
+                 sweep: bool = False, triton: TritonAnchor | None = None) -> list[dict]:
+    """Per decode step, from CUDA graphs over rotating cache copies (working set >= 256 MB).
+
+    sweep: also time every split count of `split_candidates` (and the split-reduce kernel alone);
+    triton: also time vLLM's Triton attention on the same caches (and check it agrees with ours).
+    """
     import torch
 
     rows = []
     scale = 1.0 / math.sqrt(512)
-    for batch in (1, 8, 32):
+    for batch in (1, 4, 8, 32):
         for ctx in (4096, 32768):
             for shared in (False, True):
                 kv_bytes = batch * ctx * hk * 512 * 2 * (1 if shared else 2)
@@ -154,31 +239,58 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
                 q = torch.randn((batch, hq, 512), device=device).to(torch.float16)
                 it = [0]
 
-                def run():
+                def run(splits=None):
                     bt = tables[it[0] % copies]
                     it[0] += 1
-                    attn.decode(q, case.k_cache, case.v_cache, bt, lens, ctx, scale, kv_shared=shared)
+                    return attn.decode(q, case.k_cache, case.v_cache, bt, lens, ctx, scale, kv_shared=shared,
+                                       num_splits=splits)
 
                 t_eager = _time(run, iters=max(20, copies * 4))
-                # GPU time without Python launch overhead: one CUDA graph of `copies` decodes
-                # (vLLM captures decode in CUDA graphs too).
-                try:
-                    graph = torch.cuda.CUDAGraph()
-                    run()
-                    torch.cuda.synchronize()
-                    with torch.cuda.graph(graph):
-                        for _ in range(copies):
-                            run()
-                    t = _time(graph.replay, iters=max(5, 80 // copies)) / copies
-                    how = "graph"
-                except Exception as exc:  # noqa: BLE001
-                    print(f"graph capture failed: {exc}", flush=True)
-                    t, how = t_eager, "eager"
-                rows.append(dict(batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, kv_shared=shared,
-                                 splits=attn.pick_splits(batch, hk, hq // hk, ctx), us=t * 1e6, timing=how,
-                                 eager_us=t_eager * 1e6,
-                                 kv_read_GBps=kv_bytes / t / 1e9, frac_peak=kv_bytes / t / peak))
-                print(f"bench decode {rows[-1]}", flush=True)
+                t, how = _graph_time(run, copies)
+                auto = attn.pick_splits(batch, hk, hq // hk, ctx)
+                row = dict(batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, kv_shared=shared, splits=auto, us=t * 1e6,
+                           timing=how, eager_us=t_eager * 1e6, kv_read_GBps=kv_bytes / t / 1e9, frac_peak=kv_bytes / t / peak)
+                if sweep:
+                    per = {}
+                    for s in split_candidates(ctx):
+                        ts, _ = _graph_time(lambda s=s: run(s), copies)
+                        per[s] = ts * 1e6
+                    best = min(per, key=per.get)
+                    row.update(sweep_us=per, best_splits=best, best_us=per[best],
+                               best_frac_peak=kv_bytes / (per[best] / 1e6) / peak)
+                    if auto > 1:   # the merge kernel alone, on real split results
+                        from manager.kernels.d512 import MERGE_COLS
+                        part_o = torch.empty((auto, batch, hq, 512), dtype=torch.float32, device=device)
+                        part_ml = torch.empty((auto, batch, hq, 2), dtype=torch.float32, device=device)
+                        out = torch.empty_like(q)
+                        red = attn.k["paged_decode_d512_reduce"]
+                        dec = attn.k["paged_decode_d512"]
+                        sb, st, sh, _ = case.k_cache.stride()
+                        bt0 = tables[0].to(torch.int32).contiguous()
+                        dec.launch((hk * math.ceil((hq // hk) / 16), batch, auto), [
+                            out, part_o, part_ml, q, case.k_cache, case.v_cache, bt0, lens, batch, hq, hk, bs,
+                            bt0.shape[1], sb, st, sh, float(scale), 0, auto, int(shared)])
+                        tr, _ = _graph_time(lambda: red.launch((hq, batch, 512 // MERGE_COLS), [out, part_o, part_ml, batch, hq, auto]), 8)
+                        row["reduce_us"] = tr * 1e6
+                if triton is not None:
+                    work: dict = {}
+                    try:
+                        bt0 = tables[0]
+                        ref = attn.decode(q, case.k_cache, case.v_cache, bt0, lens, ctx, scale, kv_shared=shared).float()
+                        tri = triton.decode(q, case, bt0, lens, ctx, scale, shared, work).float()
+                        row["triton_vs_ours_max_abs"] = float((tri - ref).abs().max())
+
+                        def run_t():
+                            bt = tables[it[0] % copies]
+                            it[0] += 1
+                            triton.decode(q, case, bt, lens, ctx, scale, shared, work)
+
+                        tt, _ = _graph_time(run_t, copies)
+                        row.update(triton_us=tt * 1e6, triton_frac_peak=kv_bytes / tt / peak, ours_over_triton=tt / t)
+                    except Exception as exc:  # noqa: BLE001 - the anchor failing is data
+                        row["triton_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                rows.append(row)
+                print(f"bench decode {row}", flush=True)
                 del case, tables, q
                 torch.cuda.empty_cache()
     return rows
@@ -213,7 +325,7 @@ def _sdpa_best(q, k, v):
 
 
 def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sdpa: bool = True,
-                  repeats: int = 1) -> list[dict]:
+                  repeats: int = 1, triton: TritonAnchor | None = None) -> list[dict]:
     """Times are the median over `repeats` measurements, each the mean of 5 launches after 2 warm-ups."""
     import statistics
 
@@ -231,7 +343,7 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
         row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, repeats=repeats, ours_ms=t * 1e3,
                    ours_tflops=flops / t / 1e12)
         if sdpa:
-            from manager.kernels.d512_reference import gather
+            from _d512_reference import gather
 
             k = torch.stack([gather(case.k_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
             v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
@@ -254,6 +366,17 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
                 row["sdpa_tflops"] = flops / res[best] / 1e12
                 row["speedup_vs_sdpa"] = res[best] / t
             del k, v, qs
+        if triton is not None:
+            work: dict = {}
+            try:
+                ours = fn().float()
+                tri = triton.prefill(q, case, cu, L, scale, work).float()
+                row["triton_vs_ours_max_abs"] = float((tri - ours).abs().max())
+                tt = statistics.median(_time(lambda: triton.prefill(q, case, cu, L, scale, work), iters=5, warmup=2)
+                                       for _ in range(max(1, repeats)))
+                row.update(triton_ms=tt * 1e3, triton_tflops=flops / tt / 1e12, ours_over_triton=tt / t)
+            except Exception as exc:  # noqa: BLE001 - the anchor failing is data
+                row["triton_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         rows.append(row)
         print(f"bench prefill {row}", flush=True)
         del case, q
@@ -325,6 +448,13 @@ def main() -> int:
     ap.add_argument("--variant-full", action="store_true",
                     help="--variant builds get the full prefill correctness grid and the prefill benchmark (no SDPA)")
     ap.add_argument("--only", default=None, help="substring of a grid row's shape to run (e.g. 262144)")
+    ap.add_argument("--full-grid", action="store_true", help="every variant runs the whole correctness grid")
+    ap.add_argument("--variant-grid", default="quick", choices=("quick", "decode"),
+                    help="--variant builds: the quick grid, or the whole decode grid (no prefill cases)")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="decode: time every split count per shape, and the split-reduce kernel alone")
+    ap.add_argument("--triton", action="store_true",
+                    help="second anchor: vLLM's Triton unified_attention on the same paged caches (needs vllm)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     if a.dry_run:
@@ -353,6 +483,14 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001
             res["sm90_build"] = {"error": f"{type(exc).__name__}: {exc}"}
             print(traceback.format_exc(), flush=True)
+    triton = None
+    if a.triton:
+        try:
+            triton = TritonAnchor()
+            res["triton_anchor"] = {"vllm": triton.version, "kernel": "vllm.v1.attention.ops.triton_unified_attention"}
+        except Exception as exc:  # noqa: BLE001
+            res["triton_anchor"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(traceback.format_exc(), flush=True)
     for label, cache, prefer, extra in variants:
         v: dict = {}
         res["variants"][label] = v
@@ -363,13 +501,20 @@ def main() -> int:
             v["objects"] = [o.__dict__ for o in attn.k.objects]
             v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
             full = extra and a.variant_full
-            v["correctness"] = correctness(attn, "cuda", quick=(a.quick or extra) and not full, only=a.only,
-                                           decode=not full)
+            if a.full_grid:
+                v["correctness"] = correctness(attn, "cuda", only=a.only)
+            elif extra and a.variant_grid == "decode":
+                v["correctness"] = correctness(attn, "cuda", only=a.only, prefill=False)
+            else:
+                v["correctness"] = correctness(attn, "cuda", quick=(a.quick or extra) and not full, only=a.only,
+                                               decode=not full)
+            anchor = triton if not extra else None
             if not a.no_bench:
                 if a.bench in ("all", "decode"):
-                    v["decode"] = bench_decode(attn, "cuda", peak)
+                    v["decode"] = bench_decode(attn, "cuda", peak, sweep=a.split_sweep, triton=anchor)
                 if a.bench in ("all", "prefill") and (not extra or a.variant_full):
-                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats)
+                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats,
+                                                 triton=anchor)
         except Exception as exc:  # noqa: BLE001
             v["error"] = f"{type(exc).__name__}: {exc}"
             print(traceback.format_exc(), flush=True)

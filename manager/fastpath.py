@@ -14,68 +14,27 @@ the same decisions again with the full engine.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import re
-import stat
 import sys
 
-try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
-    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # Python <= 3.11
-except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
-    try:
-        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
-    except ImportError:
-        from hashlib import sha256 as _sha256  # type: ignore[assignment]
+from .state import (
+    APPLY_SKIPS,
+    JOURNAL_FILE,
+    LEDGER_FILE,
+    SKIP_UNLESS_NAMED,
+    STATE_DIR,
+    catalog_dir,
+    catalog_overlay_ids,
+    file_sha,
+    overlay_digest,
+    package_version,
+    vllm_root,
+)
 
-# compiled on first use (re's cache), not at import: the warm no-op never reads a _version.py
-_VERSION_RE = r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]"""
-
-# apply skips these: the overlay needs nothing written (when its ids were named, a
-# superseded/missing-target overlay is an error, so the full CLI must report it)
-_QUIET = {"applied", "upstream", "not-applicable"}
-_QUIET_UNNAMED = _QUIET | {"superseded", "missing-target"}
-
-
-def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
-    """sha256 over an overlay directory: the manifest and every file it may read."""
-    base = os.fspath(overlay_dir)
-    files = []
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        files.extend(os.path.join(dirpath, f) for f in filenames)
-    h = _sha256()
-    for path in sorted(files, key=lambda f: os.path.relpath(f, base).split(os.sep)):
-        h.update(os.path.relpath(path, base).replace(os.sep, "/").encode() + b"\0")
-        with open(path, "rb") as fh:
-            h.update(fh.read() + b"\0")
-    return h.hexdigest()
-
-
-def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> str | None:
-    """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
-    root = os.fspath(root)
-    prefix = package.replace("-", "_") + "-"
-    try:
-        infos = sorted(n for n in os.listdir(root) if n.startswith(prefix) and n.endswith(".dist-info"))
-    except OSError:
-        infos = []
-    for info in infos:
-        try:
-            with open(os.path.join(root, info, "METADATA"), errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break
-        except OSError:
-            continue
-    try:
-        with open(os.path.join(root, package, "_version.py"), errors="replace") as fh:
-            m = re.search(_VERSION_RE, fh.read(), re.M)
-    except OSError:
-        return None
-    return m.group(1) if m else None
+# apply skips these (manager.state): when its ids were named, a superseded/missing-target
+# overlay is an error, so the full CLI must report it
+_QUIET = APPLY_SKIPS
+_QUIET_UNNAMED = APPLY_SKIPS | SKIP_UNLESS_NAMED
 
 
 class _Scanning:
@@ -117,26 +76,6 @@ def json_loads(raw: bytes) -> object:
     return json.loads(raw)
 
 
-def _file_sha(path: str) -> str:
-    try:  # non-blocking open + fstat: a FIFO or device in a target's place never blocks the read
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (FileNotFoundError, IsADirectoryError):
-        return "absent"
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not-a-regular-file"  # matches no recorded hash: the full CLI reports it
-        return _sha256(fh.read()).hexdigest()
-
-
-def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:
-    """Sorted ids of the catalog's overlays (folders with an overlay.yaml), or None when unreadable."""
-    try:
-        return sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
-                      and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
-    except OSError:
-        return None
-
-
 def _parse_apply(argv: list[str]) -> tuple[str | None, str | None, list[str], str | None] | None:
     """`[--catalog DIR] apply [IDS...] [--root DIR] [--plans DIR]` -> (catalog, root, ids, plans); None otherwise."""
     catalog = root = plans = None
@@ -175,41 +114,22 @@ def _parse(argv: list[str]) -> tuple[str | None, str | None, list[str]] | None:
     return None if parsed is None else parsed[:3]
 
 
-def _catalog_dir(arg: str | None) -> str | None:
-    raw = arg or os.environ.get("OVERLAY_CATALOG")
-    if raw:
-        return os.path.realpath(os.path.expanduser(raw))
-    from .catalog import default_catalog_dir
-
-    found = default_catalog_dir()
-    return os.fspath(found) if found is not None else None
-
-
-def _root(arg: str | None) -> str | None:
-    if arg:
-        return os.path.realpath(os.path.expanduser(arg))
-    spec = importlib.machinery.PathFinder.find_spec("vllm", sys.path)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))
-
-
 def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     """[(overlay id, status)] when `overlay <argv>` is an apply the ledger proves is a no-op."""
     parsed = _parse(argv)
     if parsed is None:
         return None
     catalog_arg, root_arg, ids = parsed
-    catalog, root = _catalog_dir(catalog_arg), _root(root_arg)
+    catalog, root = catalog_dir(catalog_arg), vllm_root(root_arg)
     if catalog is None or root is None:
         return None
-    state = os.path.join(root, ".overlay-manager")
+    state = os.path.join(root, STATE_DIR)
     try:
-        with open(os.path.join(state, "ledger.json"), "rb") as fh:
+        with open(os.path.join(state, LEDGER_FILE), "rb") as fh:
             ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
-    if os.path.exists(os.path.join(state, "journal.json")):
+    if os.path.exists(os.path.join(state, JOURNAL_FILE)):
         return None
     if ledger.get("package_version") != package_version(root):
         return None
@@ -236,7 +156,7 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
             return None
         for t in rec.get("targets", []):
             want = observed.get(t["path"])
-            if want is None or _file_sha(os.path.join(root, t["path"])) != want:
+            if want is None or file_sha(os.path.join(root, t["path"])) != want:
                 return None
         out.append((oid, rec["status"]))
     return out

@@ -4,6 +4,8 @@
   (pytest.fail instead when OVERLAY_REQUIRE_DOCKER=1, as CI sets it).
 - `base_image()`: Debian bookworm minbase + python3 built with debootstrap and
   `docker import` (no registry needed), cached by tag.
+- `engine_runtime_image()`: the same + the system libraries vLLM's CPU build needs, for the
+  real-engine compose test (the engine's Python packages are mounted, not baked).
 - `vllm_image(version)`: the base + the real `vllm` package sources of a PyPI
   release in site-packages + a stand-in `vllm` executable (below) + a real
   transformers wheel's files, cached by a tag derived from its inputs.
@@ -32,6 +34,8 @@ from manager import releases
 
 REQUIRE_ENV = "OVERLAY_REQUIRE_DOCKER"
 BASE_TAG = "overlay-manager-test/bookworm-python3:1"
+ENGINE_RUNTIME_REPO = "overlay-manager-test/vllm-cpu-runtime"
+ENGINE_RUNTIME_PACKAGES = ("python3", "libnuma1", "g++", "libpython3.11-dev", "openssl")
 IMAGE_REPO = "overlay-manager-test/vllm-standin"
 SITE = "/usr/local/lib/python3.11/dist-packages"
 IMAGE_PYTHON = "3.11"
@@ -168,29 +172,48 @@ def _lock(name: str):
     return FileLock(str(releases.cache_dir() / f"{name}.lock"))
 
 
-def base_image(client) -> str:
-    """Debian bookworm minbase + python3, via debootstrap + docker import (cached by tag)."""
-    if _has_image(client, BASE_TAG):
-        return BASE_TAG
+def debootstrap_image(client, tag: str, packages: tuple[str, ...]) -> str:
+    """Debian bookworm minbase + `packages`, via debootstrap + docker import (cached by tag)."""
+    if _has_image(client, tag):
+        return tag
     need_tools("debootstrap")
-    with _lock("test-base-image"):
-        if _has_image(client, BASE_TAG):
-            return BASE_TAG
+    with _lock("test-base-image-" + re.sub(r"[^A-Za-z0-9.-]", "-", tag)):
+        if _has_image(client, tag):
+            return tag
         with tempfile.TemporaryDirectory(prefix="om-debootstrap-") as tmp:
             root = Path(tmp) / "root"
             proc = subprocess.run(
-                ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root), debian_mirror()],
+                ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", "bookworm", str(root),
+                 debian_mirror()],
                 capture_output=True, text=True,
             )
             if proc.returncode != 0:
                 pytest.fail(f"debootstrap failed: {proc.stderr.strip().splitlines()[-3:]}")
             shutil.rmtree(root / "var" / "cache" / "apt" / "archives", ignore_errors=True)
             tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-            imp = subprocess.run(["docker", "import", "-", BASE_TAG], stdin=tar.stdout, capture_output=True, text=True)
+            imp = subprocess.run(["docker", "import", "-", tag], stdin=tar.stdout, capture_output=True, text=True)
             tar.wait()
             if imp.returncode != 0 or tar.returncode != 0:
                 pytest.fail(f"docker import failed: {imp.stderr.strip()}")
-    return BASE_TAG
+    return tag
+
+
+def base_image(client) -> str:
+    """Debian bookworm minbase + python3 (cached by tag)."""
+    return debootstrap_image(client, BASE_TAG, ("python3",))
+
+
+def engine_runtime_image(client) -> str:
+    """bookworm + python3 + what vLLM's CPU build needs from the system, for a mounted engine environment.
+
+    Found by running the cached vllm-cpu venv in the plain base image: `libnuma.so.1` (vllm._C_AVX2 links it),
+    a C++ compiler and Python's headers (the CPU worker's warm-up compiles the sampler with torch inductor:
+    "InvalidCxxCompiler: No working C++ compiler found ... 'g++'") and `openssl` (inductor's codecache runs
+    `openssl sha512`). vLLM's own docker/Dockerfile.cpu (0.20.0 sdist) installs gcc-12/g++-12 and libnuma too.
+    The engine's ~6 GB of Python packages are not in the image: tests mount the cached venv read-only.
+    """
+    tag = f"{ENGINE_RUNTIME_REPO}:{hashlib.sha256(' '.join(ENGINE_RUNTIME_PACKAGES).encode()).hexdigest()[:10]}"
+    return debootstrap_image(client, tag, ENGINE_RUNTIME_PACKAGES)
 
 
 def _transformers_files() -> Path:
@@ -308,10 +331,13 @@ def compose_env(bundle: Path, models: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def compose(project: str, file: Path, *args: str, env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess:
+def compose(project: str, file: Path | list[Path], *args: str, env: dict[str, str],
+            timeout: int = 180) -> subprocess.CompletedProcess:
+    """`docker-compose -p PROJECT -f FILE [-f OVERRIDE ...] ARGS` (a list: later files override earlier ones)."""
     need_tools("docker-compose")
+    files = [a for f in (file if isinstance(file, list) else [file]) for a in ("-f", str(f))]
     return subprocess.run(
-        ["docker-compose", "-p", project, "-f", str(file), *args],
+        ["docker-compose", "-p", project, *files, *args],
         env=env, capture_output=True, text=True, timeout=timeout,
     )
 

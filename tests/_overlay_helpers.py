@@ -45,14 +45,20 @@ TARGETS = (CUDA_PY, CONVERTOR_PY, GEMMA4)
 Mutator = Callable[[dict, Path], None]  # (raw manifest dict, copied overlay dir) -> None, edits in place
 
 
-def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None) -> Catalog:
-    """A catalog at `dest` with only `ids`: symlinks to the shipped overlays, mutated copies for `variants`."""
+def make_catalog_dir(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None,
+                     copies: Iterable[str] = ()) -> Path:
+    """A catalog directory at `dest` with only `ids`: symlinks to the shipped overlays, plain copies
+    for `copies` (so a test may break them), mutated copies for `variants`."""
     variants = dict(variants or {})
+    copies = set(copies)
     overlays = dest / "overlays"
     overlays.mkdir(parents=True, exist_ok=True)
     for oid in ids:
         src = SHIPPED_OVERLAYS / oid
         link = overlays / oid
+        if oid in copies:
+            shutil.copytree(src, link)
+            continue
         if oid not in variants:
             link.symlink_to(src, target_is_directory=True)
             continue
@@ -61,7 +67,12 @@ def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping
         raw = yaml.safe_load(manifest.read_text())
         variants[oid](raw, link)
         manifest.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return Catalog.locate(dest)
+    return dest
+
+
+def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None) -> Catalog:
+    """make_catalog_dir(), located as a Catalog."""
+    return Catalog.locate(make_catalog_dir(dest, ids, variants))
 
 
 SNIPPET_REVISION_LINE = "_overlay_snippet_revision = 2"
@@ -159,11 +170,11 @@ def edit_one_char_after_sentinel(text: str, overlay_id: str, edit: str | None = 
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-    """Run `overlay ARGS` (the installed console script's module) and return (rc, stdout, stderr)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "manager", *args], capture_output=True, text=True, env=dict(env) if env else None,
-        cwd=REPO_ROOT, timeout=120,
-    )
+    """Run `overlay ARGS` (the installed console script's module) and return (rc, stdout, stderr).
+    `env`, when given, is the whole environment (the one subprocess runner: _overlay_test_helpers.cli)."""
+    from _overlay_test_helpers import cli
+
+    proc = cli(*args, env=dict(env) if env else None, inherit_env=not env)
     return proc.returncode, proc.stdout, proc.stderr
 
 

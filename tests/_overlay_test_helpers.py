@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +17,9 @@ THREE = ("dynamo-dict-caches", "gemma4-convertor-per-layer", "vllm-pr40886-gemma
 def make_catalog(dest: Path, ids=THREE, copies: tuple[str, ...] = ()) -> Path:
     """A catalog dir with overlays/ holding symlinks to the shipped overlays `ids`;
     those in `copies` are real copies instead (so a test may break them)."""
-    ov = dest / "overlays"
-    ov.mkdir(parents=True, exist_ok=True)
-    for i in ids:
-        src = REPO_ROOT / "overlays" / i
-        if i in copies:
-            shutil.copytree(src, ov / i)
-        else:
-            os.symlink(src, ov / i)
-    return dest
+    from _overlay_helpers import make_catalog_dir
+
+    return make_catalog_dir(dest, ids, copies=copies)
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -40,12 +33,18 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return out
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `python -m manager ARGS` (the `overlay` CLI) in a fresh process."""
-    full_env = dict(os.environ)
+def _entry(env: dict | None) -> str:
+    """`python -m` target: the CLI, or with OVERLAY_TEST_WRITE_DELAY set, the CLI behind the write-delay seam."""
+    return "manager.testing.faults" if env and "OVERLAY_TEST_WRITE_DELAY" in env else "manager"
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120, inherit_env: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m manager ARGS` (the `overlay` CLI) in a fresh process: the one subprocess runner
+    of the tests. `env` is added to this process's environment (or, `inherit_env=False`, is all of it)."""
+    full_env = dict(os.environ) if inherit_env else {}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "manager", *args],
+        [sys.executable, "-m", _entry(env), *args],
         capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO_ROOT,
     )
 
@@ -54,6 +53,6 @@ def popen_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "manager", *args],
+        [sys.executable, "-m", _entry(env), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO_ROOT,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,151 @@ def test_reference_of_ct_checkpoint_runs_the_dequantized_model(built):
     ref = ck.reference(built["ct-w4a16-moe-g16-shape"].path, PROMPT, 3)
     direct = ck.reference(built["ct-w4a16-moe-g16-shape"].reference_path, PROMPT, 3)
     assert ref == direct
+
+
+# --------------------------------------------------------------------------------- unified 12B form (gemma4_unified)
+
+needs_unified = pytest.mark.skipif(not hasattr(transformers, "Gemma4UnifiedConfig"),
+                                   reason="transformers < 5.10 has no models/gemma4_unified")
+
+
+@pytest.fixture(scope="module")
+def unified(tmp_path_factory):
+    return ck.build_checkpoint("unified", tmp_path_factory.mktemp("unified") / "u")
+
+
+@needs_unified
+def test_unified_config_is_the_released_12b_form(unified):
+    """The fields google/gemma-4-12B-it's config.json carries (tests/fixtures/hf-configs/gemma-4-12b.json), flat."""
+    cfg = json.loads((unified.path / "config.json").read_text())
+    released = json.loads((Path(__file__).parent / "fixtures/hf-configs/gemma-4-12b.json").read_text())
+    assert cfg["architectures"] == released["architectures"] == ["Gemma4UnifiedForConditionalGeneration"]
+    assert cfg["model_type"] == released["model_type"] == "gemma4_unified"
+    tc = cfg["text_config"]
+    assert tc["model_type"] == released["text_config"]["model_type"] == "gemma4_unified_text"
+    assert "per_layer_config" not in tc
+    assert set(released["text_config"]) <= set(tc), set(released["text_config"]) - set(tc)
+    assert (tc["head_dim"], tc["global_head_dim"], tc["num_key_value_heads"], tc["num_global_key_value_heads"]) == \
+        (64, 512, 2, 1)
+    assert tc["attention_k_eq_v"] is True and tc["layer_types"].count("full_attention") == 2
+    assert tc["layer_types"][-1] == "full_attention"
+    assert cfg["vision_config"]["model_type"] == "gemma4_unified_vision"
+    # read by vLLM 0.24.0's gemma4_unified.py at start-up; transformers' config class keeps it as an extra field
+    assert cfg["vision_config"]["num_soft_tokens"] == 280
+    assert transformers.AutoConfig.from_pretrained(str(unified.path)).vision_config.num_soft_tokens == 280
+    assert cfg["audio_config"]["model_type"] == "gemma4_unified_audio"
+    assert max(cfg[k] for k in ck.UNIFIED_TOKENS) < tc["vocab_size"]
+
+
+@needs_unified
+def test_unified_tensor_names_are_the_released_ones_and_load_in_transformers_without_gaps(unified):
+    names = {n for n, _, _ in unified.tensors}
+    assert "model.vision_embedder.patch_dense.weight" in names
+    assert "model.embed_vision.embedding_projection.weight" in names
+    assert not any(".multimodal_embedder." in n or n.startswith("model.embed_vision.patch_") for n in names)
+    assert "model.language_model.layers.2.self_attn.k_proj.weight" in names
+    assert "model.language_model.layers.2.self_attn.v_proj.weight" not in names  # k_eq_v on full layers
+    model, info = transformers.Gemma4UnifiedForConditionalGeneration.from_pretrained(
+        str(unified.path), output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set())
+    t = _tensors(unified.path)
+    assert torch.equal(model.state_dict()["model.embed_vision.patch_dense.weight"],
+                       t["model.vision_embedder.patch_dense.weight"])
+
+
+@needs_unified
+def test_unified_tokenizer_and_processor_files_carry_the_multimodal_placeholders(unified):
+    tok = transformers.AutoTokenizer.from_pretrained(str(unified.path))
+    cfg = json.loads((unified.path / "config.json").read_text())
+    assert tok.convert_tokens_to_ids(["<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>"]) == [
+        cfg[k] for k in ("boi_token_id", "eoi_token_id", "image_token_id", "video_token_id", "boa_token_id",
+                         "eoa_token_index", "audio_token_id")]
+    assert (tok.boi_token, tok.image_token, tok.audio_token) == ("<boi>", "<image>", "<audio>")
+    assert len(tok) <= 512
+    proc = json.loads((unified.path / "processor_config.json").read_text())
+    assert proc["processor_class"] == "Gemma4UnifiedProcessor"
+    assert proc["image_processor"]["patch_size"] * proc["image_processor"]["pooling_kernel_size"] == \
+        cfg["vision_config"]["patch_size"] * cfg["vision_config"]["pooling_kernel_size"]
+    assert proc["feature_extractor"]["feature_size"] == cfg["audio_config"]["audio_embed_dim"]
+
+
+@needs_unified
+def test_unified_processor_loads_in_transformers_without_growing_the_vocab(unified):
+    pytest.importorskip("torchvision")
+    pytest.importorskip("PIL")
+    proc = transformers.AutoProcessor.from_pretrained(str(unified.path))
+    assert type(proc).__name__ == "Gemma4UnifiedProcessor"
+    assert (proc.image_token_id, proc.video_token_id, proc.audio_token_id) == (5, 6, 9)
+    assert len(proc.tokenizer) <= 512
+
+
+@needs_unified
+def test_unified_reference_runs_the_conditional_generation_class(unified):
+    ref = ck.reference(unified.path, PROMPT, 4, top_k=3)
+    assert len(ref.tokens) == 4 and ref == ck.reference(unified.path, PROMPT, 4, top_k=3)
+    assert all(top[0][0] == tok for tok, top in zip(ref.tokens, ref.top_logprobs))
+
+
+# ------------------------------------------------------------------------ 26B-A4B-shaped MoE + assistant (MTP)
+
+needs_assistant = pytest.mark.skipif(not hasattr(transformers, "Gemma4AssistantConfig"),
+                                     reason="transformers without Gemma4AssistantConfig")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return ck.build_checkpoint("moe-assistant", tmp_path_factory.mktemp("pair") / "p")
+
+
+@needs_assistant
+def test_pair_target_is_the_moe_model_and_the_assistant_sits_next_to_it(pair):
+    assert pair.kind == "moe-assistant" and pair.assistant_path == pair.path / "assistant"
+    cfg = json.loads((pair.path / "config.json").read_text())
+    assert cfg["enable_moe_block"] is True and cfg["num_experts"] == 4 and cfg["top_k_experts"] == 2
+    assert "per_layer_config" not in cfg
+
+
+@needs_assistant
+def test_assistant_config_is_the_released_gemma4_assistant_form(pair):
+    """Gemma4AssistantConfig (transformers 5.24.0): model_type gemma4_assistant with a gemma4_text text_config whose
+    layers are all KV-shared, dense, without per-layer inputs; backbone_hidden_size = the target's hidden size."""
+    a = json.loads((pair.assistant_path / "config.json").read_text())
+    target = json.loads((pair.path / "config.json").read_text())
+    assert a["model_type"] == "gemma4_assistant" and a["architectures"] == ["Gemma4AssistantForCausalLM"]
+    assert a["backbone_hidden_size"] == target["hidden_size"]
+    tc = a["text_config"]
+    assert tc["model_type"] == "gemma4_text" and "per_layer_config" not in tc
+    assert tc["num_kv_shared_layers"] == tc["num_hidden_layers"] == 2
+    assert tc["enable_moe_block"] is False and tc["hidden_size_per_layer_input"] == 0
+    assert tc["vocab_size_per_layer_input"] == 0 and tc["use_double_wide_mlp"] is False
+    # the drafter attends over the target's KV cache: same head dims and KV heads per layer type
+    for k in ("head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads", "vocab_size",
+              "sliding_window", "attention_k_eq_v"):
+        assert tc[k] == target[k], k
+    assert tc["layer_types"] == ["sliding_attention", "full_attention"]
+
+
+@needs_assistant
+def test_assistant_loads_in_transformers_and_is_heterogeneous_under_new_transformers(pair):
+    model, info = transformers.Gemma4AssistantForCausalLM.from_pretrained(str(pair.assistant_path),
+                                                                          output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set())
+    names = {n for n, _ in model.named_parameters()}
+    assert {"pre_projection.weight", "post_projection.weight"} <= names
+    assert not any("k_proj" in n or "v_proj" in n for n in names)  # all layers read the target's KV
+    if Version(transformers.__version__) >= Version("5.15"):
+        with pytest.raises(RuntimeError) as exc:
+            getattr(model.config.text_config, "head_dim", 0)
+        assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"
+
+
+@needs_assistant
+def test_dense_assistant_pairs_the_same_drafter_with_the_dense_target(pair, tmp_path):
+    dense = ck.build_checkpoint("dense-assistant", tmp_path / "dp")
+    assert dense.kind == "dense-assistant"
+    assert "enable_moe_block" not in json.loads((dense.path / "config.json").read_text()) or \
+        json.loads((dense.path / "config.json").read_text())["enable_moe_block"] is False
+    a, b = (json.loads((p.assistant_path / "config.json").read_text()) for p in (pair, dense))
+    assert a == b
+    ta, tb = _tensors(pair.assistant_path), _tensors(dense.assistant_path)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)

@@ -6,7 +6,7 @@ import pytest
 
 from manager.cli import main
 from manager.errors import OverlayError
-from manager.overlays import engine
+from manager.overlays import loader
 
 
 def _run(argv: list[str]) -> int:
@@ -19,7 +19,7 @@ def test_user_error_exits_1_with_one_line(monkeypatch, capsys):
     def boom(catalog):
         raise OverlayError("overlays/x/overlay.yaml: id: 'X' must match ...")
 
-    monkeypatch.setattr(engine, "load_overlays", boom)
+    monkeypatch.setattr(loader, "load_overlays", boom)
     assert _run(["list"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: overlays/x/overlay.yaml: id:")
@@ -31,7 +31,7 @@ def test_unexpected_exception_exits_3_and_writes_a_crash_log(monkeypatch, capsys
     def bug(catalog):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(engine, "load_overlays", bug)
+    monkeypatch.setattr(loader, "load_overlays", bug)
     assert _run(["list"]) == 3
     logs = list(tmp_path.glob("overlay-crash-*.log"))
     assert len(logs) == 1
@@ -44,7 +44,7 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     def interrupted(catalog):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine, "load_overlays", interrupted)
+    monkeypatch.setattr(loader, "load_overlays", interrupted)
     assert _run(["list"]) == 130
     assert "interrupted" in capsys.readouterr().err
 

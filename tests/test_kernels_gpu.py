@@ -52,7 +52,7 @@ def attn(tmp_path_factory):
     (64, 256, 16, 2, 32, 0, False),
 ])
 def test_decode_matches_fp32_reference(attn, batch, ctx, hq, hk, bs, window, shared):
-    from manager.kernels.d512_reference import make_paged, ref_decode
+    from _d512_reference import make_paged, ref_decode
 
     g = torch.Generator().manual_seed(batch * 7 + ctx)
     lens = [ctx] + torch.randint(1, ctx + 1, (batch - 1,), generator=g).tolist()
@@ -65,7 +65,7 @@ def test_decode_matches_fp32_reference(attn, batch, ctx, hq, hk, bs, window, sha
 
 
 def test_decode_split_count_does_not_change_the_result(attn):
-    from manager.kernels.d512_reference import make_paged
+    from _d512_reference import make_paged
 
     case = make_paged([4000, 1200], 2, 16, device="cuda", seed=3)
     q = torch.randn((2, 16, 512), device="cuda").half()
@@ -83,7 +83,7 @@ def test_decode_split_count_does_not_change_the_result(attn):
     ([200, 90], [64, 0], 8, 2, 32, True, 0, True),
 ])
 def test_prefill_matches_fp32_reference(attn, qlens, ctxs, hq, hk, bs, causal, window, shared):
-    from manager.kernels.d512_reference import make_paged, ref_prefill
+    from _d512_reference import make_paged, ref_prefill
 
     lens = [a + c for a, c in zip(qlens, ctxs)]
     case = make_paged(lens, hk, bs, device="cuda", kv_shared=shared, seed=sum(lens))

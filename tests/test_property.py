@@ -277,7 +277,7 @@ def test_source_segment_equals_ast_get_source_segment(lines, newline, trailing):
     every node, whatever the line endings, form feeds and non-ASCII columns."""
     import ast
 
-    from manager.overlays.engine import source_segment
+    from manager.overlays.statuses import source_segment
 
     text = newline.join(line.replace("\n", newline) for line in lines) + (newline if trailing else "")
     try:
@@ -297,7 +297,7 @@ def test_probe_scope_walk_finds_the_defs_ast_walk_finds_on_a_real_release():
     classes `ast.walk` finds, from the module and from each class."""
     import ast
 
-    from manager.overlays.engine import _AST_DEFS, _statements
+    from manager.overlays.statuses import _AST_DEFS, _statements
     from manager.releases import pristine_tree
 
     base = pristine_tree("0.20.0") / "vllm"

@@ -38,6 +38,16 @@ def cli(ctx: click.Context, catalog: str | None) -> None:
     set_progress(DownloadProgress())
 
 
+@cli.result_callback()
+@click.pass_context
+def _exit_status(ctx: click.Context, rv: object, **_: object) -> object:
+    """Every command returns its exit status (an int; None = 0): a non-zero one ends the run with it
+    (also under click's standalone mode), zero is handed back as the command returned it."""
+    if isinstance(rv, int) and rv:
+        ctx.exit(rv)
+    return rv
+
+
 for _module in (overlays, profiles, compose, upstream, build, inspect, completion):
     _module.register(cli)
 

@@ -21,19 +21,24 @@ INSTALL = {
 }
 
 
+@click.command("completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_cmd(shell: str) -> None:
+    """Print the completion script for SHELL (bash, zsh or fish).
+
+    \b
+    bash:  eval "$(overlay completion bash)"   (in ~/.bashrc)
+    zsh:   eval "$(overlay completion zsh)"    (in ~/.zshrc)
+    fish:  overlay completion fish > ~/.config/fish/completions/overlay.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # click ships all three
+    print_data(cls(click.get_current_context().find_root().command, {}, "overlay", COMPLETE_VAR).source())
+
+
 def register(cli: click.Group) -> None:
-    @cli.command("completion")
-    @click.argument("shell", type=click.Choice(SHELLS))
-    def completion_cmd(shell: str) -> None:
-        """Print the completion script for SHELL (bash, zsh or fish).
-
-        \b
-        bash:  eval "$(overlay completion bash)"   (in ~/.bashrc)
-        zsh:   eval "$(overlay completion zsh)"    (in ~/.zshrc)
-        fish:  overlay completion fish > ~/.config/fish/completions/overlay.fish
-        """
-        from click.shell_completion import get_completion_class
-
-        cls = get_completion_class(shell)
-        assert cls is not None  # click ships all three
-        print_data(cls(cli, {}, "overlay", COMPLETE_VAR).source())
+    """Add this area's commands to the root `overlay` group."""
+    for cmd in (completion_cmd,):
+        cli.add_command(cmd)

@@ -99,24 +99,29 @@ def render(r) -> str:
     return "\n".join(lines) + "\n"
 
 
+@click.command("inspect")
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--revision", default="main", show_default=True, help="Hub revision (repo ids only).")
+@click.option("--endpoint", default=None, help="Hub endpoint for repo ids (default $HF_ENDPOINT or https://huggingface.co).")
+@click.pass_context
+def inspect_cmd(ctx: click.Context, target: str, as_json: bool, revision: str, endpoint: str | None) -> None:
+    """Read a checkpoint's config.json and safetensors headers (never its tensor data): model facts,
+    quantization, exact weight bytes per TP rank, and what each engine profile will do with its keys.
+
+    TARGET is a checkpoint directory, an http(s) URL of one, or a Hugging Face repo id (range requests)."""
+    from ..inspect import inspect_checkpoint
+    from ..profiles import load_profiles
+
+    result = inspect_checkpoint(target, profiles=load_profiles(ctx.obj.catalog), catalog=ctx.obj.catalog,
+                                revision=revision, endpoint=endpoint)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print_data(render(result))
+
+
 def register(cli: click.Group) -> None:
-    @cli.command("inspect")
-    @click.argument("target")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @click.option("--revision", default="main", show_default=True, help="Hub revision (repo ids only).")
-    @click.option("--endpoint", default=None, help="Hub endpoint for repo ids (default $HF_ENDPOINT or https://huggingface.co).")
-    @click.pass_context
-    def inspect_cmd(ctx: click.Context, target: str, as_json: bool, revision: str, endpoint: str | None) -> None:
-        """Read a checkpoint's config.json and safetensors headers (never its tensor data): model facts,
-        quantization, exact weight bytes per TP rank, and what each engine profile will do with its keys.
-
-        TARGET is a checkpoint directory, an http(s) URL of one, or a Hugging Face repo id (range requests)."""
-        from ..inspect import inspect_checkpoint
-        from ..profiles import load_profiles
-
-        result = inspect_checkpoint(target, profiles=load_profiles(ctx.obj.catalog), catalog=ctx.obj.catalog,
-                                    revision=revision, endpoint=endpoint)
-        if as_json:
-            print_json(result.to_json())
-        else:
-            print_data(render(result))
+    """Add this area's commands to the root `overlay` group."""
+    for cmd in (inspect_cmd,):
+        cli.add_command(cmd)

@@ -8,7 +8,7 @@ import click
 
 from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
 from .app import Application
-from .params import CatalogChoice
+from .params import CatalogChoice, json_option, root_option, wait_option
 
 _STYLE = {
     "applied": "green",
@@ -22,20 +22,6 @@ _STYLE = {
     "missing-target": "red",
     "error": "red",
 }
-
-root_option = click.option(
-    "--root",
-    "root",
-    type=click.Path(file_okay=False, path_type=str),
-    default=None,
-    help="Directory holding the vllm/ package (default: where python would import it from).",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine output (JSON) on stdout.")
-wait_option = click.option(
-    "--wait", "wait", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
-    help="How long to wait for the root's lock while another run holds it (0: fail at once).",
-)
-
 
 def _waiting(message: str) -> None:
     say("waiting", message, "yellow")

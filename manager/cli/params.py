@@ -112,3 +112,18 @@ class CatalogChoice(click.ParamType):
 
 
 POSITIVE = click.IntRange(min=1)
+
+
+# Options several commands share.
+root_option = click.option(
+    "--root",
+    "root",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    help="Directory holding the vllm/ package (default: where python would import it from).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine output (JSON) on stdout.")
+wait_option = click.option(
+    "--wait", "wait", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+    help="How long to wait for the root's lock while another run holds it (0: fail at once).",
+)

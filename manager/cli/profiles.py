@@ -68,152 +68,155 @@ def _print_report(report) -> None:
     data.print(f"verdict: [{col}]{report.verdict}[/{col}]")
 
 
+@click.group("profiles")
+def profiles_group() -> None:
+    """Model, engine, drafter and hardware profiles."""
+
+@profiles_group.command("list")
+@click.option("--kind", "kind", type=click.Choice(["models", "engines", "drafters", "hardware"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def list_cmd(ctx: click.Context, kind: str | None, as_json: bool) -> None:
+    """List profiles (all kinds, or one)."""
+    p = _profiles(ctx)
+    kinds = [kind] if kind else ["models", "engines", "drafters", "hardware"]
+    if as_json:
+        print_json({k: sorted(p.kind(k)) for k in kinds})
+        return
+    for k in kinds:
+        for pid in sorted(p.kind(k)):
+            print_data(f"{k}/{pid}")
+
+@profiles_group.command("show")
+@click.argument("ref", type=CatalogChoice("profile", validate=False))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def show_cmd(ctx: click.Context, ref: str, as_json: bool) -> None:
+    """Show one profile: KIND/ID (e.g. models/gemma-4-26b-a4b)."""
+    if "/" not in ref:
+        raise ProfileError(f"{ref}: expected KIND/ID (kinds: models, engines, drafters, hardware)")
+    kind, pid = ref.split("/", 1)
+    kind = KIND_ALIASES.get(kind, kind)
+    obj = _profiles(ctx).get(kind, pid)
+    data = obj.model_dump(mode="json", exclude_defaults=False)
+    if as_json:
+        print_json(data)
+    else:
+        print_data(yaml.safe_dump(data, sort_keys=False, width=100))
+
+@profiles_group.command("validate")
+@click.argument("path", required=False, type=click.Path(exists=True, path_type=Path))
+@click.pass_context
+def validate_cmd(ctx: click.Context, path: Path | None) -> None:
+    """Validate the catalog's profiles (or PATH: a profiles dir, catalog root, or one file)."""
+    from ..profiles import validate_path
+
+    target = path if path is not None else ctx.obj.catalog.profiles_dir
+    p = validate_path(target)
+    n = sum(len(p.kind(k)) for k in ("models", "engines", "drafters", "hardware"))
+    err.print(f"[green]ok[/green]  {n} profile{'s' if n != 1 else ''} valid in {esc(target)}")
+
+@profiles_group.command("import-config")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--id", "model_id", default=None, help="Profile id (default: the directory or file name).")
+@click.option("--hf-repo", default=None, help="Hugging Face repo of the weights.")
+@click.option("--size-gb", type=float, default=None, help="Checkpoint size on disk (default: estimated).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the profile here instead of stdout.")
+def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: float | None,
+               output: Path | None) -> None:
+    """Build a model profile from a Hugging Face config.json."""
+    from ..profiles import import_config, to_yaml
+    from .app import write_output
+
+    text = to_yaml(import_config(file, model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
+    if output is None:
+        print_data(text)
+    else:
+        status(write_output(output, text.encode(), make_dirs=True), str(output))
+
+@click.command("fits")
+@click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
+@click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
+@click.option("--weights", default=None, type=CatalogChoice("weights"))
+@click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+@click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+@click.option("--tp", type=POSITIVE, default=None)
+@click.option("--engine", default=None, type=CatalogChoice("engine"))
+@click.option("--drafter", default=None, type=CatalogChoice("drafter"))
+@click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+@click.option("--kv-dtype", default=None, type=CatalogChoice("kv-dtype"))
+@click.option("--max-seqs", type=POSITIVE, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
+             kv_dtype, max_seqs, as_json) -> int:
+    """Check whether a deployment fits; exit 0 for fits/tight, 1 for fails."""
+    from ..fits import fits
+
+    profiles = _profiles(ctx)
+    insp = _checkpoint(ctx, profiles, model, checkpoint)
+    report = fits(profiles, model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
+                  engine=engine, drafter=drafter, ctx=ctx_len, kv_dtype=kv_dtype,
+                  max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        _print_report(report)
+    return 0 if report.ok else 1
+
+@click.command("plan")
+@click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
+@click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id (overlay inspect).")
+@click.option("--hardware", required=True, type=CatalogChoice("hardware"))
+@click.option("--gpus", type=POSITIVE, default=1, show_default=True)
+@click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
+@click.option("--max-seqs", type=POSITIVE, default=None)
+@click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, as_json) -> int:
+    """List the deployments that fit, best first, and why the others were rejected."""
+    from ..fits import plan
+
+    profiles = _profiles(ctx)
+    insp = _checkpoint(ctx, profiles, model, checkpoint)
+    pl = plan(profiles, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
+              max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
+    model = pl.model
+    if as_json:
+        print_json(pl.to_json())
+        return 0 if pl.options else 1
+    shown = min(limit, len(pl.options))
+    data.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
+               + (f" (best {shown} shown, +{len(pl.options) - shown} more)" if len(pl.options) > shown else ""))
+    for i, r in enumerate(pl.options[:limit], 1):
+        d = r.deployment
+        col = "green" if r.verdict == "fits" else "yellow"
+        data.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} "
+                   + esc(f"{d['engine']:<12} {d['weights']:<21} kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} "
+                         f"drafter={d['drafter'] or '-'}  overlays={','.join(r.overlays) or '-'}"))
+        for c in r.constraints:
+            if c.result == "warn":
+                data.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(c.message)}")
+    if pl.rejected:
+        data.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
+        seen: dict[str, list[str]] = {}
+        for rj in pl.rejected:
+            d = rj.deployment
+            seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
+        groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
+        for reason, deps in groups[:limit]:
+            more = f" +{len(deps) - 4} more" if len(deps) > 4 else ""
+            data.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{more}: {reason}"))
+        hidden = groups[limit:]
+        if hidden:
+            data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "
+                       f"(--limit N or --json for all)")
+    return 0 if pl.options else 1
+
+
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
-
-    @cli.group("profiles")
-    def profiles_group() -> None:
-        """Model, engine, drafter and hardware profiles."""
-
-    @profiles_group.command("list")
-    @click.option("--kind", "kind", type=click.Choice(["models", "engines", "drafters", "hardware"]), default=None)
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @click.pass_context
-    def list_cmd(ctx: click.Context, kind: str | None, as_json: bool) -> None:
-        """List profiles (all kinds, or one)."""
-        p = _profiles(ctx)
-        kinds = [kind] if kind else ["models", "engines", "drafters", "hardware"]
-        if as_json:
-            print_json({k: sorted(p.kind(k)) for k in kinds})
-            return
-        for k in kinds:
-            for pid in sorted(p.kind(k)):
-                print_data(f"{k}/{pid}")
-
-    @profiles_group.command("show")
-    @click.argument("ref", type=CatalogChoice("profile", validate=False))
-    @click.option("--json", "as_json", is_flag=True)
-    @click.pass_context
-    def show_cmd(ctx: click.Context, ref: str, as_json: bool) -> None:
-        """Show one profile: KIND/ID (e.g. models/gemma-4-26b-a4b)."""
-        if "/" not in ref:
-            raise ProfileError(f"{ref}: expected KIND/ID (kinds: models, engines, drafters, hardware)")
-        kind, pid = ref.split("/", 1)
-        kind = KIND_ALIASES.get(kind, kind)
-        obj = _profiles(ctx).get(kind, pid)
-        data = obj.model_dump(mode="json", exclude_defaults=False)
-        if as_json:
-            print_json(data)
-        else:
-            print_data(yaml.safe_dump(data, sort_keys=False, width=100))
-
-    @profiles_group.command("validate")
-    @click.argument("path", required=False, type=click.Path(exists=True, path_type=Path))
-    @click.pass_context
-    def validate_cmd(ctx: click.Context, path: Path | None) -> None:
-        """Validate the catalog's profiles (or PATH: a profiles dir, catalog root, or one file)."""
-        from ..profiles import validate_path
-
-        target = path if path is not None else ctx.obj.catalog.profiles_dir
-        p = validate_path(target)
-        n = sum(len(p.kind(k)) for k in ("models", "engines", "drafters", "hardware"))
-        err.print(f"[green]ok[/green]  {n} profile{'s' if n != 1 else ''} valid in {esc(target)}")
-
-    @profiles_group.command("import-config")
-    @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-    @click.option("--id", "model_id", default=None, help="Profile id (default: the directory or file name).")
-    @click.option("--hf-repo", default=None, help="Hugging Face repo of the weights.")
-    @click.option("--size-gb", type=float, default=None, help="Checkpoint size on disk (default: estimated).")
-    @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Write the profile here instead of stdout.")
-    def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: float | None,
-                   output: Path | None) -> None:
-        """Build a model profile from a Hugging Face config.json."""
-        from ..profiles import import_config, to_yaml
-        from .app import write_output
-
-        text = to_yaml(import_config(file, model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
-        if output is None:
-            print_data(text)
-        else:
-            status(write_output(output, text.encode(), make_dirs=True), str(output))
-
-    @cli.command("fits")
-    @click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
-    @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
-    @click.option("--weights", default=None, type=CatalogChoice("weights"))
-    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
-    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
-    @click.option("--tp", type=POSITIVE, default=None)
-    @click.option("--engine", default=None, type=CatalogChoice("engine"))
-    @click.option("--drafter", default=None, type=CatalogChoice("drafter"))
-    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
-    @click.option("--kv-dtype", default=None, type=CatalogChoice("kv-dtype"))
-    @click.option("--max-seqs", type=POSITIVE, default=None)
-    @click.option("--json", "as_json", is_flag=True)
-    @click.pass_context
-    def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
-                 kv_dtype, max_seqs, as_json) -> None:
-        """Check whether a deployment fits; exit 0 for fits/tight, 1 for fails."""
-        from ..fits import fits
-
-        profiles = _profiles(ctx)
-        insp = _checkpoint(ctx, profiles, model, checkpoint)
-        report = fits(profiles, model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
-                      engine=engine, drafter=drafter, ctx=ctx_len, kv_dtype=kv_dtype,
-                      max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
-        if as_json:
-            print_json(report.to_json())
-        else:
-            _print_report(report)
-        ctx.exit(0 if report.ok else 1)
-
-    @cli.command("plan")
-    @click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
-    @click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id (overlay inspect).")
-    @click.option("--hardware", required=True, type=CatalogChoice("hardware"))
-    @click.option("--gpus", type=POSITIVE, default=1, show_default=True)
-    @click.option("--ctx", "ctx_len", type=POSITIVE, default=None)
-    @click.option("--max-seqs", type=POSITIVE, default=None)
-    @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
-    @click.option("--json", "as_json", is_flag=True)
-    @click.pass_context
-    def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, as_json) -> None:
-        """List the deployments that fit, best first, and why the others were rejected."""
-        from ..fits import plan
-
-        profiles = _profiles(ctx)
-        insp = _checkpoint(ctx, profiles, model, checkpoint)
-        pl = plan(profiles, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
-                  max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
-        model = pl.model
-        if as_json:
-            print_json(pl.to_json())
-            ctx.exit(0 if pl.options else 1)
-        shown = min(limit, len(pl.options))
-        data.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
-                   + (f" (best {shown} shown, +{len(pl.options) - shown} more)" if len(pl.options) > shown else ""))
-        for i, r in enumerate(pl.options[:limit], 1):
-            d = r.deployment
-            col = "green" if r.verdict == "fits" else "yellow"
-            data.print(f" {i:>2}. [{col}]{r.verdict:<5}[/{col}] TP{d['tp']} "
-                       + esc(f"{d['engine']:<12} {d['weights']:<21} kv={r.memory.kv_dtype:<8} max_ctx={r.memory.max_ctx:<7} "
-                             f"drafter={d['drafter'] or '-'}  overlays={','.join(r.overlays) or '-'}"))
-            for c in r.constraints:
-                if c.result == "warn":
-                    data.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(c.message)}")
-        if pl.rejected:
-            data.print(f"[bold]rejected[/bold] ({len(pl.rejected)}):")
-            seen: dict[str, list[str]] = {}
-            for rj in pl.rejected:
-                d = rj.deployment
-                seen.setdefault("; ".join(rj.reasons), []).append(f"TP{d['tp']} {d['engine']} {d['weights']}")
-            groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
-            for reason, deps in groups[:limit]:
-                more = f" +{len(deps) - 4} more" if len(deps) > 4 else ""
-                data.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{more}: {reason}"))
-            hidden = groups[limit:]
-            if hidden:
-                data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "
-                           f"(--limit N or --json for all)")
-        ctx.exit(0 if pl.options else 1)
+    for cmd in (profiles_group, fits_cmd, plan_cmd):
+        cli.add_command(cmd)

@@ -59,69 +59,72 @@ def _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, prob
     )
 
 
+@click.group("upstream")
+def upstream_group() -> None:
+    """Drop triggers: is each overlay still needed on each engine?"""
+
+@upstream_group.command("check")
+@_common
+@click.option("--json", "as_json", is_flag=True, help="Machine output: {\"results\": [...]} on stdout.")
+@click.option("--fail-on", default=None, metavar="VERDICTS",
+              help="Exit 1 when any of these verdicts occurs, e.g. drop,drift (for a scheduled CI job).")
+@click.pass_obj
+def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
+              probe_reports, as_json, fail_on) -> int:
+    """Verdict (keep/waiting/drop/superseded/drift/unknown) per overlay x engine, with evidence."""
+    from ..upstream import VERDICTS, parse_fail_on
+
+    fail = parse_fail_on(fail_on)
+    report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True,
+                  fail_fast="unknown" in fail)
+    if report.unreachable:  # once, not per result
+        err.print(f"[yellow]warning:[/yellow] {esc(report.unreachable)}; GitHub facts from the cache only")
+    if as_json:
+        print_json(report.to_json())
+    else:
+        for r in report.results:
+            style = _VERDICT_STYLE.get(r.verdict, "white")
+            extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
+            data.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
+                       markup=True)
+            for line in r.evidence:
+                data.print(f"            - {line}", markup=False)
+    counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}
+    err.print(f"{len(report.results)} result(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
+              + (" (offline: GitHub facts from the cache only)" if report.offline else ""), markup=False)
+    hits = report.failing(fail)
+    if hits:
+        err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
+                  + esc(", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits)), markup=True)
+        return 1
+    return 0
+
+@upstream_group.command("report")
+@_common
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write here (create/identical/updated) instead of stdout, e.g. docs/UPSTREAM.md.")
+@click.pass_obj
+def report_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
+               probe_reports, fmt, output) -> None:
+    """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
+    import json
+
+    from ..upstream import render_markdown
+    from .app import write_output
+
+    report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
+    if fmt == "markdown":
+        text = render_markdown(report)
+    else:
+        text = json.dumps(report.to_json(), indent=2) + "\n"
+    if output is None:
+        print_data(text)
+    else:
+        status(write_output(output, text.encode(), make_dirs=True), str(output))
+
+
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
-
-    @cli.group("upstream")
-    def upstream_group() -> None:
-        """Drop triggers: is each overlay still needed on each engine?"""
-
-    @upstream_group.command("check")
-    @_common
-    @click.option("--json", "as_json", is_flag=True, help="Machine output: {\"results\": [...]} on stdout.")
-    @click.option("--fail-on", default=None, metavar="VERDICTS",
-                  help="Exit 1 when any of these verdicts occurs, e.g. drop,drift (for a scheduled CI job).")
-    @click.pass_obj
-    def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
-                  probe_reports, as_json, fail_on) -> int:
-        """Verdict (keep/waiting/drop/superseded/drift/unknown) per overlay x engine, with evidence."""
-        from ..upstream import VERDICTS, parse_fail_on
-
-        fail = parse_fail_on(fail_on)
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, True,
-                      fail_fast="unknown" in fail)
-        if report.unreachable:  # once, not per result
-            err.print(f"[yellow]warning:[/yellow] {esc(report.unreachable)}; GitHub facts from the cache only")
-        if as_json:
-            print_json(report.to_json())
-        else:
-            for r in report.results:
-                style = _VERDICT_STYLE.get(r.verdict, "white")
-                extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-                data.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
-                           markup=True)
-                for line in r.evidence:
-                    data.print(f"            - {line}", markup=False)
-        counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}
-        err.print(f"{len(report.results)} result(s): " + ", ".join(f"{n} {v}" for v, n in counts.items())
-                  + (" (offline: GitHub facts from the cache only)" if report.offline else ""), markup=False)
-        hits = report.failing(fail)
-        if hits:
-            err.print(f"[red]fail-on:[/red] {len(hits)} result(s) with verdict in {','.join(fail)}: "
-                      + esc(", ".join(f"{r.overlay}@{r.engine}={r.verdict}" for r in hits)), markup=True)
-            raise click.exceptions.Exit(1)
-        return 0
-
-    @upstream_group.command("report")
-    @_common
-    @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-    @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="Write here (create/identical/updated) instead of stdout, e.g. docs/UPSTREAM.md.")
-    @click.pass_obj
-    def report_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots,  # type: ignore[no-untyped-def]
-                   probe_reports, fmt, output) -> None:
-        """The tracking table (overlay, PR, state, verdicts per engine, drop rule, last checked)."""
-        import json
-
-        from ..upstream import render_markdown
-        from .app import write_output
-
-        report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
-        if fmt == "markdown":
-            text = render_markdown(report)
-        else:
-            text = json.dumps(report.to_json(), indent=2) + "\n"
-        if output is None:
-            print_data(text)
-        else:
-            status(write_output(output, text.encode(), make_dirs=True), str(output))
+    for cmd in (upstream_group,):
+        cli.add_command(cmd)

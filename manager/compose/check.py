@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
@@ -12,6 +12,9 @@ from ..catalog import Catalog
 from ..fsutil import write_if_changed
 from .registry import Registry
 from .render import RenderOptions, ServicePlan, render_compose
+
+if TYPE_CHECKING:
+    from ..profiles import Profiles
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
     return CheckReport(tuple(out))
 
 
-def run_check(catalog: Catalog, profiles: Any = None) -> CheckReport:
+def run_check(catalog: Catalog, profiles: Profiles | None = None) -> CheckReport:
     from .plan import load_profiles, plan_all
     from .registry import load_registry
 

@@ -4,55 +4,26 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Mapping, TypeVar
 
 from ..catalog import Catalog
 from ..errors import ComposeError
 from .registry import Deployment, Registry
 from .render import CONTAINER_PORT, MODELS_MOUNT, ServicePlan
 
-FAIL_RESULTS = ("fail", "failed", "error", "no")
+if TYPE_CHECKING:
+    from ..fits import FitReport
+    from ..profiles import Profiles
+    from ..profiles.schema import DrafterProfile, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
+
+T = TypeVar("T")
 
 
-def _get(obj: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        if isinstance(obj, dict) and name in obj:
-            return obj[name]
-        if obj is not None and not isinstance(obj, dict) and getattr(obj, name, None) is not None:
-            return getattr(obj, name)
-    return default
-
-
-def _lookup(table: Any, key: str, kind: str, slug: str) -> Any:
+def _lookup(table: Mapping[str, T], key: str, kind: str, slug: str) -> T:
     try:
         return table[key]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(table)) if isinstance(table, dict) else "none"
-        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {known})") from None
-
-
-def _sm(hardware: Any) -> float | None:
-    raw = _get(hardware, "sm", "compute_capability")
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return None
-
-
-def _weights(model: Any, weights_id: str | None, slug: str) -> Any:
-    if weights_id is None:
-        return None
-    table = _get(model, "weights", default=None)
-    if isinstance(table, dict):
-        return _lookup(table, weights_id, "weights", slug)
-    if isinstance(table, (list, tuple)):
-        for w in table:
-            if _get(w, "id", "name") == weights_id:
-                return w
-        raise ComposeError(f"deployments.{slug}.weights: model has no weights variant {weights_id!r}")
-    return None
+    except KeyError:
+        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {', '.join(sorted(table))})") from None
 
 
 def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
@@ -67,16 +38,14 @@ def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
         return {}
     out: dict[str, tuple[bool, bool]] = {}
     for ov in load_overlays(catalog):
-        manifest = getattr(ov, "manifest", ov)
-        oid = str(getattr(ov, "id", None) or getattr(manifest, "id"))
-        out[oid] = (bool(getattr(manifest, "edits", None)), bool(getattr(manifest, "kernels", None)))
+        out[ov.id] = (bool(ov.manifest.edits), ov.manifest.kernels is not None)
     return out
 
 
 _REPO_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
 
-def _models_path(raw: Any, what: str, slug: str) -> str:
+def _models_path(raw: str, what: str, slug: str) -> str:
     text = str(raw)
     if not _REPO_PATH.match(text):
         raise ComposeError(
@@ -85,15 +54,28 @@ def _models_path(raw: Any, what: str, slug: str) -> str:
     return f"{MODELS_MOUNT}/{text}"
 
 
-def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter: Any) -> tuple[str, ...]:
-    """The `vllm serve` arguments (everything after `serve`), from the registry entry and profiles."""
+# The command that starts the OpenAI server, per engine profile `server` (manager/profiles/schema.py).
+SERVER_COMMANDS: dict[str, tuple[str, ...]] = {
+    "vllm-serve": ("vllm", "serve"),
+    "openai-api-server": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+}
+
+
+def serve_args(dep: Deployment, model: ModelProfile, weights: WeightVariant | None, hardware: HardwareProfile,
+               drafter: DrafterProfile | None, engine: EngineProfile | None = None) -> tuple[str, ...]:
+    """The server's arguments (everything after `vllm serve`, or after the api_server module), from the
+    registry entry and profiles. The API server module takes the model as `--model` (only `vllm serve` maps its
+    positional model_tag to --model); a CPU engine gets no GPU flags."""
+    cpu = engine is not None and engine.device == "cpu"
     if dep.model_dir:
         model_path = f"{MODELS_MOUNT}/{dep.model_dir}"
     else:
-        repo = _get(weights, "hf_repo", "repo", "path") or _get(model, "hf_repo", "repo") or dep.model
+        repo = (weights.hf_repo if weights is not None else None) or model.hf_repo or dep.model
         model_path = _models_path(repo, "weights hf_repo", dep.slug)
-    served = dep.served_name or _get(model, "served_name") or dep.model
+    served = dep.served_name or dep.model
+    server = engine.server if engine is not None else "vllm-serve"
     args: list[str] = [
+        *(["--model"] if server == "openai-api-server" else []),
         model_path,
         "--served-model-name", str(served),
         "--host", "0.0.0.0",
@@ -101,18 +83,18 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
         "--tensor-parallel-size", str(dep.tp),
         "--max-model-len", str(dep.ctx),
         "--max-num-seqs", str(dep.max_seqs),
-        "--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or _get(hardware, 'safe_mem_util') or 0.9):.2f}",
     ]
-    sm = _sm(hardware)
-    if sm is not None and sm < 8.0:
+    if not cpu:  # the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not a GPU memory fraction
+        args += ["--gpu-memory-utilization", f"{float(dep.gpu_memory_utilization or hardware.safe_mem_util):.2f}"]
+    if not cpu and hardware.sm < 8.0:
         args += ["--dtype", "float16"]
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
     if drafter is not None:
-        spec = dict(_get(drafter, "speculative_config", default={}) or {})
-        repo = _get(drafter, "hf_repo", "repo") or spec.get("model") or dep.drafter
+        spec = dict(drafter.speculative_config or {})
+        repo = drafter.hf_repo or spec.get("model") or dep.drafter
         spec["model"] = _models_path(repo, "drafter hf_repo", dep.slug)
-        tokens = dep.num_speculative_tokens or _get(drafter, "default_tokens") or spec.get("num_speculative_tokens")
+        tokens = dep.num_speculative_tokens or drafter.default_tokens or spec.get("num_speculative_tokens")
         if tokens:
             spec["num_speculative_tokens"] = int(tokens)
         args += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
@@ -120,8 +102,8 @@ def serve_args(dep: Deployment, model: Any, weights: Any, hardware: Any, drafter
     return tuple(args)
 
 
-def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
-    from ..fits import fits  # the profiles engineer's contract
+def fit_report(profiles: Profiles, dep: Deployment, catalog: Catalog) -> FitReport:
+    from ..fits import fits  # the fits() contract (docs/design.md)
 
     return fits(
         profiles,
@@ -139,44 +121,39 @@ def fit_report(profiles: Any, dep: Deployment, catalog: Catalog) -> Any:
     )
 
 
-def failing_constraints(report: Any) -> tuple[str, ...]:
-    out = []
-    for c in _get(report, "constraints", default=()) or ():
-        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
-            out.append(str(_get(c, "id", default="?")))
-    return tuple(out)
+def failing_constraints(report: FitReport) -> tuple[str, ...]:
+    """The ids of the constraints fits() failed (Constraint.result: pass / warn / fail / skip)."""
+    return tuple(c.id for c in report.constraints if c.result == "fail")
 
 
-def plan_warnings(report: Any) -> tuple[str, ...]:
+def plan_warnings(report: FitReport) -> tuple[str, ...]:
     """Header warnings: every failing constraint and every unverified profile field the verdict rests on."""
-    out = []
-    for c in _get(report, "constraints", default=()) or ():
-        if str(_get(c, "result", default="")).lower() in FAIL_RESULTS:
-            out.append(f"fits() fails {_get(c, 'id')}: {_get(c, 'message')}")
-    for field_ in _get(report, "unverified", default=()) or ():
-        out.append(f"unverified: {field_}")
+    out = [f"fits() fails {c.id}: {c.message}" for c in report.constraints if c.result == "fail"]
+    out += [f"unverified: {field_}" for field_ in report.unverified]
     return tuple(out)
 
 
-def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: Any = None,
+def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, report: FitReport | None = None,
                     kinds: dict[str, tuple[bool, bool]] | None = None) -> ServicePlan:
     engine = _lookup(profiles.engines, dep.engine, "engine", dep.slug)
     model = _lookup(profiles.models, dep.model, "model", dep.slug)
     hardware = _lookup(profiles.hardware, dep.hardware, "hardware", dep.slug)
     drafter = _lookup(profiles.drafters, dep.drafter, "drafter", dep.slug) if dep.drafter else None
-    weights = _weights(model, dep.weights, dep.slug)
-    image = _get(engine, "image")
+    weights = _lookup(model.weights, dep.weights, "weights", dep.slug) if dep.weights is not None else None
+    image = engine.image
     if not image:
         raise ComposeError(f"engine profile {dep.engine!r} has no image pin")
     if report is None:
         report = fit_report(profiles, dep, catalog)
     if kinds is None:
         kinds = overlay_kinds(catalog)
-    needed = [str(i) for i in (_get(report, "overlays", default=()) or ())]
+    needed = [str(i) for i in report.overlays]
     return ServicePlan(
         slug=dep.slug,
         image=str(image),
-        serve_args=serve_args(dep, model, weights, hardware, drafter),
+        serve_args=serve_args(dep, model, weights, hardware, drafter, engine),
+        server_command=SERVER_COMMANDS[engine.server],
+        device=engine.device,
         overlays=tuple(i for i in needed if kinds.get(i, (True, False))[0]),
         kernel_overlays=tuple(i for i in needed if kinds.get(i, (True, False))[1]),
         gpus=dep.gpus,
@@ -185,24 +162,24 @@ def plan_deployment(dep: Deployment, profiles: Any, catalog: Catalog, report: An
         status=dep.status,
         note=dep.note,
         engine=dep.engine,
-        vllm_version=str(_get(engine, "vllm_version", default="")),
+        vllm_version=str(engine.vllm_version),
         model=dep.model,
         hardware=dep.hardware,
         env=dict(dep.env),
         shm_size=dep.shm_size,
-        verdict=str(_get(report, "verdict", default="")),
+        verdict=str(report.verdict),
         failing=failing_constraints(report),
         warnings=plan_warnings(report),
     )
 
 
-def load_profiles(catalog: Catalog) -> Any:
-    from ..profiles import load_profiles as _load  # the profiles engineer's contract
+def load_profiles(catalog: Catalog) -> Profiles:
+    from ..profiles import load_profiles as _load  # the profiles contract (docs/design.md)
 
     return _load(catalog)
 
 
-def plan_all(registry: Registry, catalog: Catalog, profiles: Any = None) -> dict[str, ServicePlan]:
+def plan_all(registry: Registry, catalog: Catalog, profiles: Profiles | None = None) -> dict[str, ServicePlan]:
     profiles = profiles if profiles is not None else load_profiles(catalog)
     kinds = overlay_kinds(catalog)
     return {

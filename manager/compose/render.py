@@ -198,11 +198,16 @@ class ServicePlan:
     failing: tuple[str, ...] = ()
     # What fits() could not verify or what fails: printed as WARNING lines in the file's header.
     warnings: tuple[str, ...] = ()
+    # How the entrypoint starts the server (the engine profile's `server`), and what the engine runs on:
+    # a "cpu" plan never gets an NVIDIA device reservation.
+    server_command: tuple[str, ...] = ("vllm", "serve")
+    device: str = "cuda"
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """`gpu=False` leaves out the NVIDIA device reservation (machines without the NVIDIA runtime, CI)."""
+    """`gpu=False` leaves out the NVIDIA device reservation (machines without the NVIDIA runtime, CI);
+    a CPU engine's plan never has one."""
 
     gpu: bool = True
 
@@ -239,6 +244,9 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
     """The compose file text for one deployment (validated against the key allow-list)."""
     if plan.gpus < plan.tp:
         raise ComposeError(f"{plan.slug}: tp={plan.tp} needs at least {plan.tp} GPUs, registry gives {plan.gpus}")
+    if not plan.server_command:
+        raise ComposeError(f"{plan.slug}: no server command")
+    gpu = options.gpu and plan.device == "cuda"
     script = render_entrypoint(plan)
     health = (
         "import sys, urllib.request; "
@@ -246,7 +254,7 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
     )
     text = environment().get_template("compose.yml.j2").render(
         plan=plan,
-        gpu=options.gpu,
+        gpu=gpu,
         script=script,
         env=_env_items(plan),
         device_ids=[str(i) for i in range(plan.gpus)],
@@ -256,7 +264,7 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
         kernel_cache=KERNEL_CACHE,
         container_port=CONTAINER_PORT,
     )
-    validate_compose_text(text, plan.slug, gpu=options.gpu)
+    validate_compose_text(text, plan.slug, gpu=gpu)
     return text
 
 

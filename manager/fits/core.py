@@ -1,11 +1,16 @@
-"""fits(): every named constraint (no short-circuit), a verdict and the memory picture."""
+"""fits(): every named constraint (no short-circuit), a verdict and the memory picture.
+
+Size: over 400 lines on purpose. Each constraint is one short `c_*` function over the same
+resolved deployment (`_Ctx`); kept together they read as the list of rules fits() runs, in
+order, and no rule's context has to cross a module boundary. The memory model is memory.py.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -15,6 +20,9 @@ from ..profiles.loader import Profiles
 from ..profiles.schema import EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
 from .overlays import DeploymentFacts, OverlayIndex, index_for
+
+if TYPE_CHECKING:
+    from ..inspect import Inspection
 
 CONSTRAINT_IDS = (
     "gpu-count", "tp-heads", "engine-family", "weight-format", "engine-sm", "dtype", "kv-dtype",
@@ -92,13 +100,13 @@ def valid_tps(model: ModelProfile) -> list[int]:
 
 def default_engine(profiles: Profiles, hw: HardwareProfile, model: ModelProfile | None = None) -> EngineProfile:
     """Newest stock engine whose image targets this SM (and serves the model's family); else a fork."""
-    cands = [e for e in profiles.engines.values() if e.min_sm <= hw.sm + 1e-9]
+    cands = [e for e in profiles.engines.values() if e.device == hw.device and e.min_sm <= hw.sm + 1e-9]
     if model is not None:
         serving = [e for e in cands if model.family in e.families and (
             not model.min_transformers or Version(e.transformers_version) >= Version(model.min_transformers))]
         cands = serving or cands
     if not cands:
-        raise ProfileError(f"hardware/{hw.id}: no engine profile supports sm {hw.sm}")
+        raise ProfileError(f"hardware/{hw.id}: no {hw.device} engine profile supports sm {hw.sm}")
     cands.sort(key=lambda e: (not e.fork, Version(e.vllm_version)), reverse=True)
     return cands[0]
 
@@ -198,6 +206,10 @@ def c_weight_format(c: _Ctx) -> Constraint:
 
 def c_engine_sm(c: _Ctx) -> Constraint:
     e, sm = c.e, c.hw.sm
+    if e.device != c.hw.device:
+        return Constraint("engine-sm", "fail", f"{e.id} is a {e.device} build; {c.hw.id} is a {c.hw.device} device")
+    if e.device == "cpu":
+        return Constraint("engine-sm", "pass", f"{e.id} is vLLM's CPU build; {c.hw.id} is a CPU host")
     if sm < e.min_sm - 1e-9:
         return Constraint("engine-sm", "fail", f"{e.id} is built for sm >= {e.min_sm} ({e.cuda_version and 'CUDA ' + e.cuda_version}); {c.hw.id} is sm {sm}")
     if e.cuda_arch_list and not any(int(a) == int(sm) and a <= sm + 1e-9 for a in e.cuda_arch_list):
@@ -383,7 +395,7 @@ def c_overlays(c: _Ctx) -> tuple[Constraint, list[str]]:
     facts = DeploymentFacts(
         family=c.m.family, weight_format=c.w.format, quant_method=c.w.quant_method, sm=c.hw.sm,
         head_dims=tuple(c.m.head_dims), transformers=c.e.transformers_version, moe=c.m.moe is not None,
-        drafter_model_type=c.d.model_type if c.d is not None else None,
+        drafter_model_type=c.d.model_type if c.d is not None else None, device=c.hw.device,
     )
     verdicts = c.index.evaluate(facts, c.e.vllm_version)
     needed = [v.id for v in verdicts if v.needed and v.result != "fail"]
@@ -421,6 +433,7 @@ UNVERIFIED_RESTS_ON: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "engines": {
         "image": ("engine-sm",), "vllm_version": ("overlays", "drafter"), "upstream_ref": ("overlays",),
+        "device": ("engine-sm", "overlays"), "server": (),
         "transformers_version": ("engine-family", "overlays"), "cuda_version": ("engine-sm",),
         "cuda_arch_list": ("engine-sm",), "min_sm": ("engine-sm",), "families": ("engine-family",),
         "weight_formats": ("weight-format",), "kv_dtypes": ("kv-dtype",), "attention": ("head-dim",),
@@ -433,7 +446,7 @@ UNVERIFIED_RESTS_ON: dict[str, dict[str, tuple[str, ...]]] = {
         "method": ("drafter",), "model_type": ("drafter",), "min_vllm": ("drafter",), "hf_repo": ("drafter",),
     },
     "hardware": {
-        "sm": ("engine-sm", "head-dim", "quant-kernel"), "vram_gb": ("memory",), "vram_bytes": ("memory",),
+        "sm": ("engine-sm", "head-dim", "quant-kernel"), "device": ("engine-sm", "overlays"), "vram_gb": ("memory",), "vram_bytes": ("memory",),
         "safe_mem_util": ("memory",), "bf16": ("dtype", "kv-dtype"), "fp8": ("dtype", "kv-dtype"),
         "smem_per_block_kb": ("head-dim",), "nvlink": ("nvlink",),
     },
@@ -508,7 +521,7 @@ def fits(
     max_seqs: int | None = None,
     catalog: Catalog | None = None,
     overlay_index: OverlayIndex | None = None,
-    checkpoint: Any = None,
+    checkpoint: Inspection | None = None,
 ) -> FitReport:
     """Check one deployment against every constraint; see docs/profiles.md.
 
@@ -516,7 +529,7 @@ def fits(
     own config and its exact per-rank weight bytes from the safetensors headers."""
     measured: dict[int, tuple[int, int]] = {}
     if checkpoint is not None:
-        from ..inspect.fitting import with_checkpoint
+        from .checkpoint import with_checkpoint
 
         profiles, model, weights, measured = with_checkpoint(profiles, checkpoint)
     m: ModelProfile = profiles.get("models", model)

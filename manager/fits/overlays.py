@@ -82,6 +82,7 @@ class DeploymentFacts:
     transformers: str
     moe: bool
     drafter_model_type: str | None = None
+    device: str = "cuda"  # "cpu": SM conditions (min_sm / max_sm) describe CUDA GPUs and never match
 
 
 def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
@@ -96,6 +97,8 @@ def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
     if "weight_formats" in keys and d.weight_format not in keys["weight_formats"]:
         return False
     if "quant_methods" in keys and (d.quant_method or "") not in keys["quant_methods"]:
+        return False
+    if ("min_sm" in keys or "max_sm" in keys) and d.device != "cuda":
         return False
     if "min_sm" in keys and d.sm < float(keys["min_sm"]) - 1e-9:
         return False
@@ -132,7 +135,6 @@ class OverlayIndex:
     overlays: dict[str, OverlayInfo]
     status_fn: StatusFn | None = None
     cache_dir: Path | None = None
-    load_error: str | None = None
     _memo: dict[str, tuple[dict[str, str], str | None]] = field(default_factory=dict)
     calls: int = 0  # how many times status_fn ran (for tests and the benchmark)
 
@@ -246,7 +248,6 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
     """Read every overlays/<id>/overlay.yaml (validated by the overlay engine when it can)."""
     base = catalog.overlays_dir
     infos: dict[str, OverlayInfo] = {}
-    load_error = None
     valid_ids: list[str] = []
     if base.is_dir():
         try:
@@ -300,7 +301,7 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
         from ..releases import cache_dir as _cd
 
         cache_dir = Path(os.environ.get("OVERLAY_FITS_CACHE", _cd() / "fits"))
-    return OverlayIndex(infos, status_fn=status_fn, cache_dir=cache_dir, load_error=load_error)
+    return OverlayIndex(infos, status_fn=status_fn, cache_dir=cache_dir)
 
 
 _INDEXES: dict[tuple[str, str], OverlayIndex] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -11,6 +11,9 @@ from ..catalog import Catalog
 from ..profiles.loader import Profiles
 from .core import FitReport, fits
 from .overlays import OverlayIndex
+
+if TYPE_CHECKING:
+    from ..inspect import Inspection
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,11 @@ def plan(
     max_seqs: int | None = None,
     catalog: Catalog | None = None,
     overlay_index: OverlayIndex | None = None,
-    checkpoint: Any = None,
+    checkpoint: Inspection | None = None,
 ) -> Plan:
     """`checkpoint` (manager.inspect.Inspection): plan for that checkpoint (its config, measured bytes)."""
     if checkpoint is not None:
-        from ..inspect.fitting import with_checkpoint
+        from .checkpoint import with_checkpoint
 
         profiles, model, _, _ = with_checkpoint(profiles, checkpoint)
     m = profiles.get("models", model)

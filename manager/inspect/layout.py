@@ -34,7 +34,9 @@ SRC_GROUP = "shared/facts/hardware.md (Marlin needs per-rank K divisible by the 
 # Architectures an engine serves from a release on, beyond its profile's families (shared/facts/models.md).
 ARCH_FROM = {"Gemma4UnifiedForConditionalGeneration": "0.24.0"}
 # transformers that first has each model_type's config class (shared/facts/models.md; 5.10 is "about").
-MODEL_TYPE_TRANSFORMERS = {"gemma4": "5.5.0", "gemma4_unified": "5.10.0"}
+MODEL_TYPE_TRANSFORMERS = {"gemma4": "5.5.0", "gemma4_text": "5.5.0", "gemma4_unified": "5.10.0"}
+# model_types vLLM reads through Gemma4ModelArchConfigConvertor (what gemma4-convertor-per-layer patches)
+GEMMA4_CONVERTOR_TYPES = ("gemma4", "gemma4_text")
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,9 @@ def key_findings(tensors: list[TensorEntry], places: list[Placement], text: dict
             f"vLLM loads it as a plain embedding -> KeyError: '{key}'; no overlay in the catalog handles this layout",
             tuple(t.name for t in ple[:3]), len(ple), SRC_PLE))
     family = str(cfg.get("model_type") or text.get("model_type") or "")
-    if family == "gemma4":
+    # gemma4_text: a text-only checkpoint (Gemma4ForCausalLM); vLLM maps it to the same convertor
+    # (0.20.0 vllm/transformers_utils/model_arch_config_convertor.py MODEL_ARCH_CONFIG_CONVERTORS)
+    if family in GEMMA4_CONVERTOR_TYPES:
         form = "transformers >= 5.15 per_layer_config" if text.get("per_layer_config") else "flat (global_head_dim / num_global_key_value_heads)"
         out.append(Finding(
             "gemma4-heterogeneous-config", "info",

@@ -13,6 +13,9 @@ image no longer matches the sha256 recorded in its meta.json is rebuilt.
 Objects are published by renaming a finished temporary directory, so readers
 never see half-written entries and two processes building the same key end
 with one compile (the second waits on the lock, then finds the object).
+
+The builder prints nothing: it returns BuildItem records, and tells an optional
+`BuildProgress` (the CLI's console, `manager.cli.build`) what it is doing as it goes.
 """
 
 from __future__ import annotations
@@ -24,12 +27,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, ContextManager, Iterable, Protocol
 
 from filelock import FileLock
-from rich.markup import escape
-
-from .. import console
 from ..errors import BuildError
 from ..fsutil import TMP_MARK, atomic_write, fsync_dir, sha256_bytes, write_if_changed
 from . import nvrtc as _nvrtc
@@ -58,6 +58,18 @@ class BuildItem:
     path: str          # the image, absolute
     action: str        # compiled | cached | rebuilt
     seconds: float
+
+
+class BuildProgress(Protocol):
+    """What a caller is told during a build (the records themselves are returned)."""
+
+    def compiling(self, overlay: str, source: str, arch: str, compiler: str) -> ContextManager[object]:
+        """Entered around one NVRTC compilation."""
+        ...
+
+    def built(self, item: BuildItem, seconds: float) -> None:
+        """One (source, arch) object is ready: compiled, rebuilt or found in the cache."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -169,7 +181,7 @@ def build_overlay(
     cache: Path,
     nv_for: Callable[[str], _nvrtc.Nvrtc],
     archs: Iterable[str] | None = None,
-    progress: bool = True,
+    progress: BuildProgress | None = None,
 ) -> list[BuildItem]:
     """Build every source of one overlay for every arch; write its index. Returns one item per (source, arch)."""
     cache = Path(cache)
@@ -187,7 +199,6 @@ def build_overlay(
             text = _inside(overlay_dir, src.path).read_text()
             key = cache_key(text, headers, spec.options, compiler, arch)
             obj = _object_dir(cache, key)
-            subject = escape(f"{overlay_id}/{src.path} [{arch}]")
             started = time.monotonic()
             image = _valid_object(obj)
             action = "cached"
@@ -198,7 +209,7 @@ def build_overlay(
                     if image is None:
                         action = "rebuilt" if obj.exists() else "compiled"
                         if progress:
-                            with console.err.status(f"compiling {subject} with {compiler}"):
+                            with progress.compiling(overlay_id, src.path, arch, compiler):
                                 out = _nvrtc.compile_source(nv, text, Path(src.path).name, arch, spec.options, headers)
                         else:
                             out = _nvrtc.compile_source(nv, text, Path(src.path).name, arch, spec.options, headers)
@@ -208,10 +219,10 @@ def build_overlay(
                         })
             seconds = time.monotonic() - started
             kind = "ptx" if arch.startswith("compute_") else "cubin"
+            item = BuildItem(overlay_id, src.path, arch, kind, key, str(image), action, round(seconds, 3))
             if progress:
-                style = "green" if action == "compiled" else ("yellow" if action == "rebuilt" else "cyan")
-                console.status(action, f"{subject} {key[:12]} ({seconds:.1f}s)", style=style)
-            items.append(BuildItem(overlay_id, src.path, arch, kind, key, str(image), action, round(seconds, 3)))
+                progress.built(item, seconds)
+            items.append(item)
     index = {
         "format": CACHE_FORMAT,
         "overlay": overlay_id,
@@ -261,7 +272,7 @@ def build(
     archs: Iterable[str] | None = None,
     cache: Path | None = None,
     nvrtc_path: str | None = None,
-    progress: bool = True,
+    progress: BuildProgress | None = None,
 ) -> BuildResult:
     """Build the named kernel overlays (or all of them) into `cache`."""
     cache = Path(cache) if cache else default_cache_dir()
@@ -281,12 +292,13 @@ def build(
     for oid, d, spec in found:
         items.extend(build_overlay(oid, d, spec, cache, nv_for, archs, progress))
     compilers = sorted({f"nvrtc {n.version_str} ({n.path})" for n in loaded.values()})
-    result = BuildResult(cache=str(cache), compiler="; ".join(compilers), items=tuple(items))
-    if progress:
-        if not found:
-            console.err.print("no kernel overlays to build")
-        elif result.compiled == 0:
-            console.err.print(f"kernel cache {cache} is warm: 0 compilations ({len(items)} objects cached)")
-        else:
-            console.err.print(f"built {result.compiled} of {len(items)} objects into {cache}")
-    return result
+    return BuildResult(cache=str(cache), compiler="; ".join(compilers), items=tuple(items))
+
+
+def summary(result: BuildResult) -> str:
+    """The one-line outcome of a build (every kernel overlay yields at least one object)."""
+    if not result.items:
+        return "no kernel overlays to build"
+    if result.compiled == 0:
+        return f"kernel cache {result.cache} is warm: 0 compilations ({len(result.items)} objects cached)"
+    return f"built {result.compiled} of {len(result.items)} objects into {result.cache}"

@@ -21,6 +21,9 @@ from .runtime import KernelSet, load_overlay_kernels
 
 OVERLAY_ID = "sm70-d512-attention"
 HEAD_DIM = 512
+MAX_SPLITS = 256   # MAX_SPLITS in paged_decode_d512.cu (the merge kernel's weight table)
+MIN_KEYS_PER_SPLIT = 64   # two 32-key chunks
+MERGE_COLS = 128   # columns per block of the split merge (MERGE_COLS in paged_decode_d512.cu)
 _lock = threading.Lock()
 _loaded: dict[tuple, "D512Attention"] = {}
 
@@ -58,22 +61,17 @@ class D512Attention:
         self.last_splits = 1
 
     def pick_splits(self, num_seqs: int, num_kv_heads: int, group: int, max_seq_len: int) -> int:
-        """Split the context so the decode grid fills whole waves of resident blocks.
+        """Split the context so that the decode grid fills one wave of resident blocks.
 
-        Smallest split count whose grid reaches >= 90 % wave efficiency (the last wave
-        nearly full), each split keeping >= 256 keys; else the most efficient one.
+        As many splits as one wave holds (slots // blocks without splitting), each split keeping
+        >= MIN_KEYS_PER_SPLIT keys; a grid that fills the GPU already is not split. Measured on the
+        H200 (benchmarks/kernels.py --split-sweep, 2026-11-30): the fastest split count of every
+        batch 1/4/8/32 x 4K/32K shape gives one wave of 128-132 blocks (64 splits at batch 1, 16 at
+        batch 4), and 64-key splits beat 256-key ones at batch 1 x 4K (20.6 vs 30.2 us).
         """
         base = num_seqs * num_kv_heads * math.ceil(group / 16)
-        limit = max(1, min(64, math.ceil(max_seq_len / 256)))
-        best, best_eff = 1, -1.0
-        for s in range(1, limit + 1):
-            blocks = base * s
-            eff = blocks / (math.ceil(blocks / self.slots) * self.slots)
-            if eff >= 0.9:
-                return s
-            if eff > best_eff + 1e-9:
-                best, best_eff = s, eff
-        return best
+        limit = max(1, min(MAX_SPLITS, math.ceil(max_seq_len / MIN_KEYS_PER_SPLIT)))
+        return max(1, min(limit, self.slots // base))
 
     def decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len: int, scale: float,
                window: int = 0, kv_shared: bool = False, num_splits: int | None = None, out=None):
@@ -85,6 +83,8 @@ class D512Attention:
         group = num_q_heads // num_kv_heads
         eff = min(max_seq_len, window) if window > 0 else max_seq_len
         splits = num_splits or self.pick_splits(num_seqs, num_kv_heads, group, eff)
+        if not 1 <= splits <= MAX_SPLITS:
+            raise BuildError(f"decode: {splits} context splits; the merge kernel takes 1..{MAX_SPLITS}")
         self.last_splits = splits  # what the last decode used (the route's marker line reports it)
         out = torch.empty_like(q) if out is None else out
         if splits > 1:
@@ -100,7 +100,7 @@ class D512Attention:
             block_size, bt.shape[1], sb, st, sh, float(scale), int(window), splits, int(kv_shared)])
         if splits > 1:
             self.k["paged_decode_d512_reduce"].launch(
-                (num_q_heads, num_seqs, 1), [out, part_o, part_ml, num_seqs, num_q_heads, splits])
+                (num_q_heads, num_seqs, HEAD_DIM // MERGE_COLS), [out, part_o, part_ml, num_seqs, num_q_heads, splits])
         return out
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_query_len: int,

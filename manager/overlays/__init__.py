@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Overlay": "engine", "apply": "engine", "diff": "engine", "load_overlays": "engine", "revert": "engine",
-    "select": "engine", "status": "engine", "status_on_release": "engine", "unified_diff": "engine",
+    "Overlay": "loader", "load_overlays": "loader", "select": "loader",
+    "status": "statuses", "status_on_release": "statuses",
+    "apply": "transaction", "diff": "transaction", "revert": "transaction", "unified_diff": "transaction",
     "Manifest": "manifest", "load_manifest": "manifest",
     "ApplyResult": "model", "FileChange": "model", "OverlayStatus": "model", "RevertResult": "model",
     "StatusReport": "model", "TargetStatus": "model",

@@ -18,9 +18,8 @@ from typing import Any
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
+from ..state import ABSENT, JOURNAL_FILE, LEDGER_FILE, ORIGINALS_DIR, STATE_DIR
 
-STATE_DIR = ".overlay-manager"
-ABSENT = "absent"
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -122,7 +121,7 @@ class Ledger:
 
     @property
     def path(self) -> Path:
-        return state_dir(self.root) / "ledger.json"
+        return state_dir(self.root) / LEDGER_FILE
 
     @property
     def files(self) -> dict[str, dict[str, Any]]:
@@ -167,7 +166,7 @@ class Ledger:
     # originals store --------------------------------------------------------------
     def store_original(self, data: bytes) -> str:
         digest = sha256_bytes(data)
-        p = state_dir(self.root) / "originals" / digest
+        p = state_dir(self.root) / ORIGINALS_DIR / digest
         if not p.exists():
             _write_state(p, data, "the original bytes", mode=0o644)
         return digest
@@ -175,7 +174,7 @@ class Ledger:
     def original(self, digest: str) -> bytes | None:
         if digest == ABSENT:
             return None
-        p = state_dir(self.root) / "originals" / digest
+        p = state_dir(self.root) / ORIGINALS_DIR / digest
         try:
             data = p.read_bytes()
         except FileNotFoundError:
@@ -187,7 +186,7 @@ class Ledger:
     # journal ------------------------------------------------------------------------
     @property
     def journal_path(self) -> Path:
-        return state_dir(self.root) / "journal.json"
+        return state_dir(self.root) / JOURNAL_FILE
 
     def write_journal(self, entries: dict[str, dict[str, Any]]) -> None:
         try:

@@ -15,7 +15,7 @@ from packaging.specifiers import SpecifierSet
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
-from ..fastpath import overlay_digest
+from ..state import overlay_digest
 from ..schema import Strict, check_specifier, check_version
 from ..kernels.spec import KernelsSpec
 

@@ -21,6 +21,9 @@ Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` writ
 
 Only the standard library here; recording and `overlay prepare` (the engine) are in
 `manager.overlays.prepare`.
+
+Size: about 400 lines: the plan's checks and its stdlib transaction belong together, since a
+plan is trusted only after every check that the replay relies on.
 """
 
 from __future__ import annotations
@@ -31,13 +34,12 @@ import os
 import sys
 
 from .. import __version__
-from ..fastpath import _sha256, catalog_overlay_ids, overlay_digest, package_version
+from ..state import ABSENT, STATE_DIR, catalog_overlay_ids, overlay_digest, package_version
+from ..state import sha256 as _sha256
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
 ENV_CACHE = "OVERLAY_PLAN_CACHE"
-STATE_DIR = ".overlay-manager"  # as manager.overlays.ledger.STATE_DIR (not imported: pydantic-free path)
-ABSENT = "absent"
 
 
 class PlanRefused(Exception):
@@ -531,7 +533,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
 
 def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict | None:
     """fastpath: the plan apply for `[--catalog C] apply [IDS] [--root R] [--plans D]`, or None."""
-    from ..fastpath import _catalog_dir, _root
+    from ..state import catalog_dir as _catalog_dir, vllm_root as _root
 
     catalog_arg, root_arg, ids, plans_arg = argv_parsed
     dirs = plan_dirs(plans_arg)

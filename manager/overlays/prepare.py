@@ -18,8 +18,9 @@ from typing import Iterable, Sequence
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
-from .engine import Overlay, apply, select
-from .ledger import ABSENT, STATE_DIR
+from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR
+from .loader import Overlay, select
+from .transaction import apply
 from .model import ApplyResult
 from .plans import FORMAT, PlanRefused, apply_hunks, check_plan, plan_key
 
@@ -44,7 +45,7 @@ def report_lines(recorded: RecordedApply, dry_run: bool = False) -> list[tuple[s
         out.append((verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "change"))
     if not dry_run:
         out += [(o.status, o.id, "status") for o in result.statuses.overlays
-                if o.status in ("applied", "upstream", "not-applicable")]
+                if o.status in APPLY_SKIPS]
     if not result.changes:
         out.append(("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "quiet"))
     if recorded.plan:
@@ -103,7 +104,7 @@ def apply_and_record(
     plan that replays it is written to `cache` (when given; a read-only cache is a note)."""
     root = Path(root)
     state = root / STATE_DIR
-    first = not (state / "ledger.json").exists() and not (state / "journal.json").exists()
+    first = not (state / LEDGER_FILE).exists() and not (state / JOURNAL_FILE).exists()
     inputs = {rel: _sha_or_absent(root / rel) for rel in input_paths(overlays)} if first and cache else {}
     result = apply(overlays, root, dry_run=dry_run, explicit=explicit, wait=wait, on_wait=on_wait)
     if dry_run or not cache or not first or result.notes:
@@ -120,7 +121,7 @@ def record(
     explicit: bool, ids: Iterable[str], out: Path,
 ) -> Path:
     """Write the plan of the first apply just made (`inputs`: the hashes read before it)."""
-    led = json.loads((Path(root) / STATE_DIR / "ledger.json").read_bytes())
+    led = json.loads((Path(root) / STATE_DIR / LEDGER_FILE).read_bytes())
     led.pop("updated_at", None)
     by_id = {o.id: o for o in overlays}
     wanted = list(dict.fromkeys(ids)) or [o.id for o in overlays]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import OverlayError
-from ..fastpath import package_version as _package_version
+from ..state import package_version as _package_version
 
 
 def find_root(root_arg: str | Path | None, package: str = "vllm") -> Path:

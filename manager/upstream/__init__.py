@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from .. import releases
+from ..catalog import Catalog
 from .ancestry import Ancestry, compare_ancestry, git_ancestry
 from .cache import FactCache, utcnow
 from .check import (
@@ -40,7 +41,7 @@ def default_cache_dir() -> Path:
 
 
 def check(
-    catalog: Any,
+    catalog: Catalog,
     ids: Sequence[str] | None = None,
     engine_ids: Sequence[str] | None = None,
     *,

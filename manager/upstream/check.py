@@ -10,7 +10,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
@@ -20,6 +20,11 @@ from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, i
 from .facts import PRFacts, PRUnavailable, pr_facts
 from .github import GitHubClient
 from .verdict import VERDICTS, ProbeFacts, Verdict, decide
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+    from ..overlays.loader import Overlay
+    from ..profiles.schema import EngineProfile
 
 
 @dataclass(frozen=True)
@@ -232,36 +237,34 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value).strip()
 
 
-def overlay_info(overlay: Any) -> OverlayInfo:
-    m = getattr(overlay, "manifest", overlay)
-    up = getattr(m, "upstream", None)
-    get = (lambda k: up.get(k)) if isinstance(up, dict) else (lambda k: getattr(up, k, None))
-    state = get("state") if up is not None else None
-    state = getattr(state, "value", state)
-    pr = get("pr") if up is not None else None
+def overlay_info(overlay: Overlay) -> OverlayInfo:
+    """The upstream facts of a loaded overlay's manifest."""
+    m = overlay.manifest
+    up = m.upstream
     return OverlayInfo(
         id=str(m.id),
-        repo=_text(get("repo")) or None if up is not None else None,
-        pr=int(pr) if pr not in (None, "") else None,
-        state=_text(state) or None,
-        head_commit=_text(get("head_commit")) or None if up is not None else None,
-        merge_commit=_text(get("merge_commit")) or None if up is not None else None,
-        drop_when=" ".join(_text(getattr(m, "drop_when", "")).split()),
-        versions=_text(getattr(m, "versions", "")),
+        repo=(_text(up.repo) or None) if up is not None else None,
+        pr=up.pr if up is not None else None,
+        state=(_text(up.state) or None) if up is not None else None,
+        head_commit=(_text(up.head_commit) or None) if up is not None else None,
+        merge_commit=(_text(up.merge_commit) or None) if up is not None else None,
+        drop_when=" ".join(_text(m.drop_when).split()),
+        versions=_text(m.versions),
     )
 
 
-def engine_info(engine_id: str, engine: Any) -> EngineInfo:
-    version = _text(getattr(engine, "vllm_version", ""))
-    ref = _text(getattr(engine, "upstream_ref", "")) or (f"v{version}" if version else "")
+def engine_info(engine_id: str, engine: EngineProfile) -> EngineInfo:
+    """What a verdict needs of an engine profile: its pin (upstream_ref, else v<vllm_version>)."""
+    version = _text(engine.vllm_version)
+    ref = _text(engine.upstream_ref) or (f"v{version}" if version else "")
     if not ref:
         raise UpstreamError(f"engine profile {engine_id}: neither upstream_ref nor vllm_version is set")
     return EngineInfo(
         id=engine_id,
         vllm_version=version,
         upstream_ref=ref,
-        upstream_repo=_text(getattr(engine, "upstream_repo", "")) or None,
-        image=_text(getattr(engine, "image", "")) or None,
+        upstream_repo=_text(engine.upstream_repo) or None,
+        image=_text(engine.image) or None,
     )
 
 
@@ -275,7 +278,7 @@ def select(items: dict[str, Any], wanted: Sequence[str] | None, what: str) -> li
     return list(dict.fromkeys(wanted))
 
 
-def catalog_inputs(catalog: Any, ids: Sequence[str] | None = None, engine_ids: Sequence[str] | None = None,
+def catalog_inputs(catalog: Catalog, ids: Sequence[str] | None = None, engine_ids: Sequence[str] | None = None,
                    ) -> tuple[list[OverlayInfo], list[EngineInfo]]:
     from ..overlays import load_overlays
     from ..profiles import load_profiles

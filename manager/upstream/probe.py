@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from .. import releases
+from ..catalog import Catalog
 from ..errors import ManagerError
 from .check import EngineInfo, EngineProbe, OverlayInfo, sdist_commit
 from .verdict import ProbeFacts
@@ -49,7 +50,7 @@ def _facts(report: Any, where: str) -> dict[str, ProbeFacts]:
 class CatalogProber:
     """Probe engines with the catalog's overlays on release sources (or given source roots)."""
 
-    def __init__(self, catalog: Any, *, offline: bool = False, roots: dict[str, Path] | None = None,
+    def __init__(self, catalog: Catalog, *, offline: bool = False, roots: dict[str, Path] | None = None,
                  reports: dict[str, Path] | None = None) -> None:
         self.catalog = catalog
         self.offline = offline

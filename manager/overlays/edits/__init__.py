@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .base import EditContext, EditFailed, EditState, Inspection
-from .python import DictCache, DictEntry, InsertStatements, PythonEdit, SetValue
+from .dictcache import DictCache
+from .python import DictEntry, InsertStatements, PythonEdit, SetValue
 from .release import ReleaseFile
 from .text import NewFile, TextEdit, TextInsert
 

@@ -49,11 +49,7 @@ from .base import EditFailed
 SENTINEL_COMMENT = m.Comment(m.MatchRegex(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"))  # fullmatch
 SENTINEL_LINE = m.EmptyLine(comment=SENTINEL_COMMENT)
 
-_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef)
-try:  # libcst >= 0.4.x
-    _COMPOUND = _COMPOUND + (cst.TryStar, cst.Match)  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover
-    pass
+_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef)
 
 
 class ScopeProblem(Exception):
@@ -81,7 +77,7 @@ def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield stmt.orelse.body
     elif isinstance(stmt, cst.With):
         yield stmt.body
-    elif isinstance(stmt, cst.Try) or type(stmt).__name__ == "TryStar":
+    elif isinstance(stmt, (cst.Try, cst.TryStar)):
         yield stmt.body
         for h in stmt.handlers:
             yield h.body
@@ -89,7 +85,7 @@ def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield stmt.orelse.body
         if stmt.finalbody is not None:
             yield stmt.finalbody.body
-    elif type(stmt).__name__ == "Match":
+    elif isinstance(stmt, cst.Match):
         for case in stmt.cases:
             yield case.body
 
@@ -115,7 +111,7 @@ def statement_lists(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
             stack.extend(_child_blocks(stmt))
 
 
-def _defs_in(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def defs_in(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Function/class definitions declared directly in `owner` (through if/try/with blocks)."""
     for block in statement_lists(owner):
         for stmt in block.body:
@@ -128,7 +124,7 @@ def resolve_scope(module: cst.Module, path: str) -> cst.CSTNode:
     node: cst.CSTNode = module
     walked: list[str] = []
     for part in [p for p in path.split(".") if p]:
-        found = [d for d in _defs_in(node) if d.name.value == part]  # type: ignore[attr-defined]
+        found = [d for d in defs_in(node) if d.name.value == part]  # type: ignore[attr-defined]
         walked.append(part)
         if not found:
             raise ScopeProblem("superseded", f"scope {'.'.join(walked)} not found")
@@ -265,17 +261,17 @@ def find_marked_blocks(module: cst.Module, overlay: str, edit: str) -> list[Mark
     for block in statement_lists(module):
         _collect(module, block, overlay, edit, found)
     # nested defs are not walked by statement_lists(module); walk every def too
-    for node in _all_defs(module):
+    for node in all_defs(module):
         for block in statement_lists(node):
             _collect(module, block, overlay, edit, found)
     return found
 
 
-def _all_defs(module: cst.Module) -> Iterator[cst.CSTNode]:
+def all_defs(module: cst.Module) -> Iterator[cst.CSTNode]:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        for d in _defs_in(node):
+        for d in defs_in(node):
             yield d
             stack.append(d)
 

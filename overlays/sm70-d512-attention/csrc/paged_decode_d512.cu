@@ -31,6 +31,12 @@ typedef Tile<NTHREADS> DT;
 #endif
 #define SLD 36
 #define PLD 40
+// Every WMMA access to shared memory names the .shared state space (as in the
+// prefill): 1-8 % faster than generic addresses on the H200, and 192 instead of
+// 255 registers for sm_70 (docs/kernels.md, 2026-11-30).
+
+// Most splits the reduce kernel merges (its shared weight table).
+#define MAX_SPLITS 256
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, DECODE_MIN_BLOCKS)
 paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 512]
@@ -139,11 +145,11 @@ paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const int k0 = (kq * 8 + kk) * 16;
-        load_a_row(a, Qs + k0, LDS);
-        load_b_col(bk, Ks + nt * 16 * LDS + k0, LDS);
+        sload_a_row(a, Qs + k0, LDS);
+        sload_b_col(bk, Ks + nt * 16 * LDS + k0, LDS);
         mma_row_col(s, a, bk);
       }
-      store_acc_row(Sp + kq * QROWS * SLD + nt * 16, s, SLD);
+      sstore_acc_row(Sp + kq * QROWS * SLD + nt * 16, s, SLD);
     }
     __syncthreads();
 
@@ -179,10 +185,10 @@ paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 
       frag_ab bv;
 #pragma unroll
       for (int ks = 0; ks < CHUNK / 16; ++ks) {
-        load_a_row(a, Ps + ks * 16, PLD);
+        sload_a_row(a, Ps + ks * 16, PLD);
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
-          load_b_row(bv, Vs + ks * 16 * LDS + warp * 64 + f * 16, LDS);
+          sload_b_row(bv, Vs + ks * 16 * LDS + warp * 64 + f * 16, LDS);
           mma_row_row(o[f], a, bv);
         }
       }
@@ -197,7 +203,7 @@ paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 
   }
   float* Os = reinterpret_cast<float*>(Ks);
 #pragma unroll
-  for (int f = 0; f < 4; ++f) store_acc_row(Os + warp * 64 + f * 16, o[f], LDS);
+  for (int f = 0; f < 4; ++f) sstore_acc_row(Os + warp * 64 + f * 16, o[f], LDS);
   __syncthreads();
 
   if (num_splits == 1) {
@@ -224,28 +230,41 @@ paged_decode_d512(half* __restrict__ out,            // [num_seqs, num_q_heads, 
 }
 
 // Merge split results: out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s.
-// Grid (num_q_heads, num_seqs), 128 threads, 4 columns each.
-extern "C" __global__ void __launch_bounds__(128)
+// Grid (num_q_heads, num_seqs, HD / 128): a block merges 128 columns of one
+// row, one column per thread, so a small batch still spreads the merge over
+// many SMs.  The split weights are computed once per block into shared memory
+// (threads over splits); then every thread streams its column of all splits
+// (coalesced 512-byte rows, independent loads in flight).  num_splits <=
+// MAX_SPLITS (the launcher checks).
+#define MERGE_COLS 128
+extern "C" __global__ void __launch_bounds__(MERGE_COLS)
 paged_decode_d512_reduce(half* __restrict__ out, const float* __restrict__ part_o,
                          const float* __restrict__ part_ml, int num_seqs, int num_q_heads, int num_splits) {
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int c = threadIdx.x * 4;
-  float M = NEG_INF;
-  for (int s = 0; s < num_splits; ++s)
-    M = fmaxf(M, part_ml[(((i64)s * num_seqs + b) * num_q_heads + h) * 2]);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float denom = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const i64 row = ((i64)s * num_seqs + b) * num_q_heads + h;
-    const float l = part_ml[row * 2 + 1];
-    if (l == 0.f) continue;
-    const float w = exp2f(part_ml[row * 2] - M);
-    const float4 v = *reinterpret_cast<const float4*>(part_o + row * HD + c);
-    acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-    denom += w * l;
+  __shared__ float w_s[MAX_SPLITS];
+  __shared__ float red[MERGE_COLS / 32];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int c = blockIdx.z * MERGE_COLS + tid;
+  const i64 row0 = (i64)b * num_q_heads + h, step = (i64)num_seqs * num_q_heads;
+  float mloc = NEG_INF;
+  for (int s = tid; s < num_splits; s += MERGE_COLS) mloc = fmaxf(mloc, part_ml[(row0 + s * step) * 2]);
+  mloc = warp_max_width(mloc, 32);
+  if ((tid & 31) == 0) red[tid >> 5] = mloc;
+  __syncthreads();
+  const float M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+  __syncthreads();
+  float dloc = 0.f;
+  for (int s = tid; s < num_splits; s += MERGE_COLS) {
+    const float l = part_ml[(row0 + s * step) * 2 + 1];
+    const float w = l == 0.f ? 0.f : exp2f(part_ml[(row0 + s * step) * 2] - M);  // empty split: weight 0
+    w_s[s] = w;
+    dloc += w * l;
   }
-  const float inv = 1.f / denom;
-  half2* dst = reinterpret_cast<half2*>(out + ((i64)b * num_q_heads + h) * HD + c);
-  dst[0] = __floats2half2_rn(acc.x * inv, acc.y * inv);
-  dst[1] = __floats2half2_rn(acc.z * inv, acc.w * inv);
+  dloc = warp_sum_width(dloc, 32);
+  if ((tid & 31) == 0) red[tid >> 5] = dloc;
+  __syncthreads();
+  const float inv = 1.f / (red[0] + red[1] + red[2] + red[3]);
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < num_splits; ++s) acc += w_s[s] * part_o[(row0 + s * step) * HD + c];
+  out[row0 * HD + c] = __float2half_rn(acc * inv);
 }

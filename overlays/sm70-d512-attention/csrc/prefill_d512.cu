@@ -22,32 +22,6 @@
 // shared memory uses the .shared state space (below).
 #include "d512_common.cuh"
 
-// Shared-memory WMMA accesses name the .shared state space explicitly (32-bit
-// shared addresses) instead of generic addresses: the fragment loads are the
-// kernel's hottest instructions, and this alone made it 12-15 % faster on the
-// H200 (compute_70 PTX; docs/kernels.md).  Plain PTX wmma from sm_70 on.
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-#define WMMA_LOAD_AB_S(NAME, OP)                                                                \
-  __device__ __forceinline__ void NAME(frag_ab& f, const half* p, int ld) {                     \
-    asm volatile(OP " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                      \
-                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]),          \
-                   "=r"(f.x[5]), "=r"(f.x[6]), "=r"(f.x[7])                                      \
-                 : "r"(smem_u32(p)), "r"(ld)                                                     \
-                 : "memory");                                                                    \
-  }
-WMMA_LOAD_AB_S(sload_a_row, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
-WMMA_LOAD_AB_S(sload_b_col, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
-WMMA_LOAD_AB_S(sload_b_row, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
-__device__ __forceinline__ void sstore_acc_row(float* p, const acc_frag& f, int ld) {
-  asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
-               :: "r"(smem_u32(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
-                  "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
-}
-
 #define NTHREADS 512
 #define BM 32
 #define SLD 36

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..profiles.schema import KnownBroken, ModelProfile
+
+if TYPE_CHECKING:
+    from ..inspect import Inspection
+    from ..profiles.loader import Profiles
 
 # Findings whose predicted failure is a loader error fits() should report under weight-format.
 LOADER_FINDINGS = ("fused-moe-quantized-experts", "quantized-per-layer-embedding")
 
 
-def checkpoint_model(insp) -> ModelProfile:
+def checkpoint_model(insp: Inspection) -> ModelProfile:
     """The import-config profile of the checkpoint, its one weight variant carrying the loader failures predicted per engine."""
     prof: dict[str, Any] = dict(insp.profile)
     vid = prof["default_weights"]
@@ -33,7 +37,7 @@ def checkpoint_model(insp) -> ModelProfile:
     return ModelProfile.model_validate(prof)
 
 
-def with_checkpoint(profiles, insp) -> tuple[Any, str, str, dict[int, tuple[int, int]]]:
+def with_checkpoint(profiles: Profiles, insp: Inspection) -> tuple[Profiles, str, str, dict[int, tuple[int, int]]]:
     """(profiles with the checkpoint's model added, model id, weight variant id, {tp: (bytes per rank, replicated)}).
 
     Bytes per rank are what the headers give for that TP plus the K->V copy vLLM makes on K=V layers."""

@@ -1,6 +1,7 @@
 """Float32 PyTorch reference for the head_dim-512 kernels, and paged-cache test data.
 
-Used by the GPU tests and `benchmarks/kernels.py`; runs on CPU too (small shapes).
+Used by the GPU tests (tests/test_kernels_gpu.py) and `benchmarks/kernels.py` (which puts tests/ on
+sys.path); runs on CPU too (small shapes). Test and benchmark code: the library never imports it.
 """
 
 from __future__ import annotations

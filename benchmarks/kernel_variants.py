@@ -1,0 +1,87 @@
+"""Build variants of the sm70-d512-attention kernels for `benchmarks/kernels.py --variant LABEL@DIR`.
+
+    python benchmarks/kernel_variants.py --out DIR LABEL[@GITREF]=[-DNAME=VALUE,...] ...
+
+Each variant is the overlay's kernel sources (from the working tree, or from GITREF: e.g.
+`main@2fed222=` is the committed kernels of that commit) compiled to compute_70 PTX with the
+manifest's options plus the given -D flags, by `overlay build`'s library (NVRTC 12) into DIR/LABEL.
+Prints one `LABEL@DIR/LABEL` per variant (the --variant arguments). Nothing in the catalog changes:
+the build reads a temporary copy of the overlay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OVERLAY = "sm70-d512-attention"
+
+
+def parse(spec: str) -> tuple[str, str | None, list[str]]:
+    """'LABEL[@REF]=FLAG,FLAG' -> (label, ref, flags); every flag must be a -D definition."""
+    head, _, flags = spec.partition("=")
+    label, _, ref = head.partition("@")
+    if not label or not label.replace("-", "").replace("_", "").isalnum():
+        raise SystemExit(f"kernel_variants: {spec!r}: a label is letters, digits, '-' and '_'")
+    opts = [f for f in flags.split(",") if f]
+    bad = [f for f in opts if not f.startswith("-D")]
+    if bad:
+        raise SystemExit(f"kernel_variants: {spec!r}: only -D flags are allowed, not {bad[0]!r}")
+    return label, ref or None, opts
+
+
+def build_variant(label: str, ref: str | None, flags: list[str], out: Path, nvrtc: str) -> Path:
+    from manager.kernels import builder
+
+    src = ROOT / "overlays" / OVERLAY
+    with tempfile.TemporaryDirectory() as tmp:
+        cat = Path(tmp) / "overlays"
+        dst = cat / OVERLAY
+        shutil.copytree(src, dst)
+        if ref:   # the kernel sources (and manifest) as committed at ref
+            for rel in ["overlay.yaml", *(f"csrc/{p.name}" for p in (src / "csrc").iterdir())]:
+                text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:overlays/{OVERLAY}/{rel}"],
+                                      capture_output=True, text=True)
+                if text.returncode != 0:
+                    raise SystemExit(f"kernel_variants: {ref}:{rel}: {text.stderr.strip()}")
+                (dst / rel).write_text(text.stdout)
+        manifest = yaml.safe_load((dst / "overlay.yaml").read_text())
+        manifest["kernels"]["options"] = list(manifest["kernels"].get("options", [])) + flags
+        (dst / "overlay.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+        cache = out / label
+        if cache.exists():
+            shutil.rmtree(cache)
+        builder.build(cat, [OVERLAY], archs=["compute_70"], cache=cache, nvrtc_path=nvrtc, progress=False)
+    return cache
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--nvrtc", default=None, help="libnvrtc.so.12 (default: the test helpers' PyPI install)")
+    ap.add_argument("variants", nargs="+", metavar="LABEL[@REF]=FLAGS")
+    a = ap.parse_args(argv)
+    nvrtc = a.nvrtc
+    if nvrtc is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _kernels_helpers import nvrtc12_lib
+
+        nvrtc = str(nvrtc12_lib())
+    a.out.mkdir(parents=True, exist_ok=True)
+    for spec in a.variants:
+        label, ref, flags = parse(spec)
+        cache = build_variant(label, ref, flags, a.out, nvrtc)
+        print(f"{label}@{cache}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""One decode (32 x 32K) and one prefill (1 x 8192) launch of the sm70-d512-attention kernels, for a profiler.
+
+    ncu --clock-control none -k regex:d512 --section ... python3 benchmarks/kernels_profile.py --cache DIR
+
+Each kernel runs twice (the first launch JIT-compiles the PTX and warms the caches); profile the
+second with `--launch-skip 1` per kernel name. Prints the launches it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the float32 torch oracle lives with the kernel tests
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", required=True)
+    ap.add_argument("--prefer", default="ptx")
+    a = ap.parse_args()
+    import torch
+
+    from manager.kernels import d512
+    from _d512_reference import make_paged
+
+    attn = d512.load(cache=Path(a.cache), prefer=a.prefer, overlay_dir=ROOT / "overlays" / "sm70-d512-attention")
+    scale = 1.0 / math.sqrt(512)
+    case = make_paged([32768] * 32, 2, 16, seed=1)
+    q = torch.randn((32, 16, 512), device="cuda").to(torch.float16)
+    for _ in range(2):
+        attn.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 32768, scale)
+    torch.cuda.synchronize()
+    print(f"decode 32 x 32768, 16/2 heads, {attn.last_splits} split(s)", flush=True)
+    del case, q
+    L = 8192
+    case = make_paged([L], 2, 16, seed=2)
+    q = torch.randn((L, 16, 512), device="cuda").to(torch.float16)
+    cu = torch.tensor([0, L], dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu, case.seq_lens, L, scale)
+    torch.cuda.synchronize()
+    print("prefill 1 x 8192, 16/2 heads, causal", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Load the catalog's overlays, order them (dependencies first) and select some by id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..catalog import Catalog
+from ..errors import OverlayError
+from .manifest import Manifest, load_manifest, manifest_digest
+
+
+@dataclass(frozen=True)
+class Overlay:
+    manifest: Manifest
+    dir: Path
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @cached_property
+    def digest(self) -> str:
+        return manifest_digest(self.dir)
+
+    def edit_specs(self, target: str) -> list:
+        """The manifest edits for one target (an edit without `target` serves every target)."""
+        return [e for e in self.manifest.edits if e.target in (None, target)]
+
+    def make_edits(self, target: str) -> list:
+        from .edits import EditContext, make_edit
+
+        ctx = EditContext(self.id, self.manifest.sentinel_version, self.dir)
+        return [make_edit(spec, ctx, target) for spec in self.edit_specs(target)]
+
+
+def load_overlays(catalog: Catalog) -> list[Overlay]:
+    """Every overlay of the catalog, sorted by id; all manifest errors reported together."""
+    base = catalog.overlays_dir
+    if not base.is_dir():
+        return []
+    overlays, errors = [], []
+    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        mf = d / "overlay.yaml"
+        if not mf.exists():
+            continue
+        try:
+            overlays.append(Overlay(load_manifest(mf), d))
+        except OverlayError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise OverlayError("; ".join(errors))
+    known = {o.id for o in overlays}
+    for o in overlays:
+        for r in o.manifest.requires:
+            if r not in known:
+                raise OverlayError(f"{o.dir / 'overlay.yaml'}: requires: unknown overlay {r!r}")
+    return _ordered(overlays)
+
+
+def _ordered(overlays: list[Overlay]) -> list[Overlay]:
+    """Dependencies (`requires`) first, otherwise by id."""
+    by_id = {o.id: o for o in overlays}
+    out: list[Overlay] = []
+    seen: set[str] = set()
+
+    def visit(o: Overlay, stack: tuple[str, ...]) -> None:
+        if o.id in seen:
+            return
+        if o.id in stack:
+            raise OverlayError(f"overlay requires cycle: {' -> '.join(stack + (o.id,))}")
+        for r in o.manifest.requires:
+            visit(by_id[r], stack + (o.id,))
+        seen.add(o.id)
+        out.append(o)
+
+    for o in sorted(overlays, key=lambda x: x.id):
+        visit(o, ())
+    return out
+
+
+def select(overlays: Sequence[Overlay], ids: Iterable[str] | None) -> list[Overlay]:
+    ids = list(ids or [])
+    if not ids:
+        return list(overlays)
+    by_id = {o.id: o for o in overlays}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise OverlayError(f"unknown overlay {unknown[0]!r} (known: {', '.join(sorted(by_id)) or 'none'})")
+    wanted = set(ids)
+    # a selected overlay brings the ones it requires
+    changed = True
+    while changed:
+        changed = False
+        for i in list(wanted):
+            for r in by_id[i].manifest.requires:
+                if r not in wanted:
+                    wanted.add(r)
+                    changed = True
+    return [o for o in overlays if o.id in wanted]

@@ -1,0 +1,420 @@
+"""Plan, apply, diff and revert overlays transactionally.
+
+An apply computes every new text in memory (one edit loop, `_run_edits`, serves apply and the
+sentinel-block removal of revert), compile()s each, then writes each file atomically and the
+ledger last; any failure before the writes leaves the tree untouched, a failure part-way puts
+back the files already written. A file lock serialises concurrent applies on one root.
+
+Size: just over 400 lines: apply and revert share the plan, the write/roll-back loop, the
+journal and the litter clean-up; split apart they would share those through private names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from ..errors import OverlayError
+from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
+from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
+from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
+from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
+from .loader import Overlay
+from .model import ApplyResult, FileChange, RevertResult, StatusReport
+from .root import package_version
+from .statuses import edited_since_apply, ledger_fast_status, overlay_status
+
+# Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
+_SKIP = APPLY_SKIPS
+_SKIP_UNLESS_NAMED = SKIP_UNLESS_NAMED
+
+# A test seam (manager.testing.faults): called before each target file is written.
+BEFORE_WRITE: list[Callable[[], None]] = []
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    root: Path
+    version: str | None
+    report: StatusReport
+    tree: "Tree | None" = None  # the files as read (and parsed) for this plan
+    texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
+    modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
+    overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, remove: bool = False):
+    """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
+    and text edits on the text; returns (new text, its libcst module or None). Raises EditFailed."""
+    import libcst as cst
+
+    from .edits import EditFailed, PythonEdit
+
+    module = None
+    for e in edits:
+        if isinstance(e, PythonEdit):
+            if module is None:
+                if text is None:
+                    raise EditFailed(f"{rel} does not exist")
+                module = tree_module if tree_module is not None else cst.parse_module(text)
+            module = e.remove(module) if remove else e.apply(module)
+        else:
+            if module is not None:
+                text, module = module.code, None
+            text = e.remove(text) if remove else e.apply(text)
+    if module is not None:
+        text = module.code
+    return text, module
+
+
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
+    """Apply one overlay's edits for `rel` on `text`; returns (new text, its libcst module or None)."""
+    from .edits import EditFailed
+
+    edits = overlay.make_edits(rel)
+    try:
+        return _run_edits(edits, rel, text, tree_module)
+    except EditFailed as exc:
+        raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+
+
+def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
+    if text is None or not rel.endswith(".py"):
+        return
+    if "\0" in text:
+        raise OverlayError(f"overlay {', '.join(who)}: {rel}: line {nul_line(text)}: patched code contains a NUL byte")
+    try:
+        compile(text, rel, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise OverlayError(
+            f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
+        ) from None
+
+
+def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
+    tree = Tree(root)
+    version = package_version(root)
+    edited = edited_since_apply(root, tree, version)
+    report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
+    plan = _Plan(root, version, report, tree)
+    for o, st in zip(overlays, report.overlays):
+        if st.status in _SKIP:
+            continue
+        if st.status in _SKIP_UNLESS_NAMED and not explicit:
+            plan.skipped.append((o.id, f"{st.status}: {st.detail}"))
+            continue
+        if st.status not in ("pending", "partial"):
+            bad = next((t for t in st.targets if t.status == st.status), None)
+            where = bad.path if bad else "?"
+            raise OverlayError(f"overlay {o.id}: {where}: {st.status}: {bad.detail if bad else ''}".rstrip(": "))
+        for t in st.targets:
+            if t.status not in ("pending", "partial"):
+                continue
+            if t.path in plan.texts:
+                current, module = plan.texts[t.path], plan.modules.get(t.path)
+            else:
+                current = tree.text(t.path)
+                module = tree.module(t.path) if t.path.endswith(".py") and current is not None else None
+            plan.texts[t.path], plan.modules[t.path] = _apply_edits(o, t.path, current, module)
+            plan.overlays_by_file.setdefault(t.path, []).append(o.id)
+    for rel, text in plan.texts.items():
+        _check_compiles(rel, text, plan.overlays_by_file[rel])
+    return plan
+
+
+def _changes(plan: _Plan, tree_read) -> list[FileChange]:
+    out = []
+    for rel, text in sorted(plan.texts.items()):
+        before = tree_read(rel)
+        after = plan.tree.encode(rel, text)
+        if before != after:
+            out.append(FileChange(rel, before, after, tuple(plan.overlays_by_file[rel])))
+    return out
+
+
+def _drop_bytecode(root: Path, rel: str) -> None:
+    p = root / rel
+    if p.suffix != ".py":
+        return
+    cache = p.parent / "__pycache__"
+    if cache.is_dir():
+        for pyc in cache.glob(f"{p.stem}.*.pyc"):
+            try:
+                pyc.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _lock(root: Path, wait: float = 600.0, on_wait=None):
+    """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
+    from .lock import root_lock
+
+    resolve_in_root(root, STATE_DIR)  # a state directory symlinked out of the root is refused
+    return root_lock(state_dir(root), wait, on_wait)
+
+
+def _put(root: Path, rel: str, data: bytes | None) -> None:
+    """Write (or delete, for None) one target, through a file symlink that stays inside the root."""
+    p = resolve_in_root(root, rel)
+    if data is None:
+        if (Path(root) / rel).is_symlink():
+            raise OverlayError(f"{rel}: is a symlink; refusing to delete it or its target")
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise OverlayError(f"{rel}: cannot delete: {exc.strerror}") from None
+    else:
+        try:
+            atomic_write(p, data)
+        except OSError as exc:
+            raise OverlayError(f"{rel}: cannot write: {exc.strerror}") from None
+    _drop_bytecode(root, rel)
+
+
+def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled: bool = False) -> None:
+    """Write every change; when one fails, put back the ones already written (all or nothing).
+
+    `journaled` (apply): the journal written for these changes is removed after a clean roll-back;
+    it stays on disk only if the roll-back itself failed (the next run then sorts it out)."""
+    done: list[FileChange] = []
+    try:
+        for c in changes:
+            for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
+                hook()
+            _put(root, c.path, c.after)
+            done.append(c)
+    except OverlayError as exc:
+        stuck = []
+        for c in reversed(done):
+            try:
+                _put(root, c.path, c.before)
+            except OverlayError as back:
+                stuck.append(str(back))
+        if stuck:
+            raise OverlayError(
+                f"{exc}; rolling back the {len(done)} file(s) already written failed ({'; '.join(stuck)}); "
+                f"{led.journal_path} records them"
+            ) from None
+        if journaled:
+            led.clear_journal()
+        raise OverlayError(f"{exc}; nothing changed (rolled back {len(done)} file(s) already written)") from None
+
+
+def _clean_litter(root: Path, rels: Iterable[str]) -> list[str]:
+    """Delete the temp files a killed run left next to the targets and in the state directory."""
+    dirs = {state_dir(root), state_dir(root) / "originals"}
+    legacy: dict[Path, set[str]] = {}
+    for rel in rels:
+        try:
+            parent = resolve_in_root(root, rel).parent
+        except OverlayError:
+            continue  # refused later, where it is read
+        dirs.add(parent)
+        legacy.setdefault(parent, set()).add(Path(rel).name)
+    removed = [p for d in sorted(dirs) for p in clean_temp_files(d)]
+    # overlay-manager 0.1.0 named them `.<target>.<8 random>.tmp`: only those of our targets go
+    for d, names in legacy.items():
+        for name in names:
+            for p in d.glob(f".{glob_escape(name)}.*.tmp"):
+                mid = p.name[len(name) + 2 : -4]
+                if re.fullmatch(r"[a-z0-9_]{8}", mid) and p.is_file() and not p.is_symlink():
+                    p.unlink()
+                    removed.append(p)
+    base = Path(root).resolve()
+    return [f"removed {p.relative_to(base) if base in p.parents else p}, left by an interrupted run" for p in removed]
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") -> StatusReport:
+    """Recompute status after writing and store it (with every target's hash) in the ledger.
+
+    `tree` holds the bytes (and parsed modules) just written, so nothing is parsed twice."""
+    version = package_version(root)
+    report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version) for o in overlays))
+    for o, st in zip(overlays, report.overlays):
+        led.overlays[o.id] = {
+            "version": o.manifest.sentinel_version,
+            "requires": list(o.manifest.requires),
+            "digest": o.digest,
+            "status": st.status,
+            "targets": [{"path": t.path, "status": t.status, "detail": t.detail} for t in st.targets],
+        }
+        for t in o.manifest.targets:
+            led.observed[t] = tree.sha(t)
+    return report
+
+
+def apply(
+    overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
+    wait: float = 600.0, on_wait=None,
+) -> ApplyResult:
+    """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error).
+    `wait`: seconds to wait for a lock another run holds (`on_wait(message)` is told once)."""
+    version = package_version(root)
+    if dry_run:
+        plan = _plan(overlays, root, explicit)
+        changes = _changes(plan, plan.tree.read)
+        return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
+    with _lock(root, wait, on_wait):
+        led = Ledger.load(root)
+        notes = led.recover(lambda rel: Tree(root).sha(rel))
+        notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
+        if not notes:
+            fast = ledger_fast_status(overlays, root, version)
+            quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
+            if fast is not None and all(o.status in quiet for o in fast.overlays):
+                skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
+                return ApplyResult(str(root), version, (), fast, skipped, fast_path=True)
+        plan = _plan(overlays, root, explicit)
+        tree = plan.tree
+        changes = _changes(plan, tree.read)
+        if changes:
+            journal = {}
+            for c in changes:
+                rec = led.files.get(c.path)
+                base = rec["base_sha256"] if rec else (ABSENT if c.before is None else led.store_original(c.before))
+                prior = dict(rec["overlays"]) if rec else {}
+                prior.update({i: next(o.manifest.sentinel_version for o in overlays if o.id == i) for i in c.overlays})
+                journal[c.path] = {
+                    "base_sha256": base,
+                    "pre_sha256": ABSENT if c.before is None else sha256_bytes(c.before),
+                    "post_sha256": ABSENT if c.after is None else sha256_bytes(c.after),
+                    "overlays": prior,
+                }
+            led.write_journal(journal)
+            _write(root, changes, led, journaled=True)
+            for rel, e in journal.items():
+                led.files[rel] = {k: e[k] for k in ("base_sha256", "post_sha256", "overlays")}
+            for c in changes:  # the tree now holds what was written (no second read or parse)
+                tree.replace(c.path, c.after, plan.modules.get(c.path))
+        report = _record(led, overlays, root, tree)
+        led.save(version)
+        led.clear_journal()
+        return ApplyResult(str(root), version, tuple(changes), report, tuple(plan.skipped), tuple(notes))
+
+
+def diff(overlays: Sequence[Overlay], root: Path, explicit: bool = False) -> str:
+    result = apply(overlays, root, dry_run=True, explicit=explicit)
+    return unified_diff(result.changes)
+
+
+def unified_diff(changes: Sequence[FileChange]) -> str:
+    out = []
+    for c in changes:
+        a = (c.before or b"").decode("utf-8", "replace").splitlines(keepends=True)
+        b = (c.after or b"").decode("utf-8", "replace").splitlines(keepends=True)
+        out.extend(
+            difflib.unified_diff(
+                a, b, fromfile="a/" + c.path if c.before is not None else "/dev/null",
+                tofile="b/" + c.path if c.after is not None else "/dev/null",
+            )
+        )
+    return "".join(out)
+
+
+# --- revert --------------------------------------------------------------------------------
+
+
+def revert(
+    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0, on_wait=None
+) -> RevertResult:
+    """Restore original bytes for the selected overlays' files.
+
+    A file recorded in the ledger is restored only while it still has its recorded
+    post hash (otherwise: refused, with why); overlays that stay applied on that file
+    are re-applied on the original bytes. A file not in the ledger is touched only
+    where it carries our sentinels (the blocks are removed); never otherwise.
+    """
+    selected = {o.id for o in overlays}
+    by_id = {o.id: o for o in all_overlays}
+    version = package_version(root)
+    with _lock(root, wait, on_wait):
+        led = Ledger.load(root)
+        notes = led.recover(lambda rel: Tree(root).sha(rel))
+        notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
+        tree = Tree(root)
+        texts: dict[str, str | None] = {}
+        encodings: dict[str, str] = {}  # files restored from the originals store: their codec
+        owners: dict[str, list[str]] = {}
+        for rel, rec in sorted(led.files.items()):
+            mine = [i for i in rec["overlays"] if i in selected]
+            if not mine:
+                continue
+            now = tree.sha(rel)
+            if now == rec["base_sha256"] and now != rec["post_sha256"]:
+                notes.append(f"{rel}: already has its original bytes (reinstalled?)")
+            elif now != rec["post_sha256"]:
+                raise OverlayError(
+                    f"revert refused: {rel} changed since overlay apply (sha256 {now[:12]} != recorded "
+                    f"{rec['post_sha256'][:12]}); reinstall the package or restore the file first"
+                )
+            base = led.original(rec["base_sha256"])
+            text, enc = (None, "utf-8") if base is None else decode_file(rel, base)
+            for i in rec["overlays"]:
+                if i in selected:
+                    continue
+                if i not in by_id:
+                    raise OverlayError(f"revert refused: {rel} also carries overlay {i!r}, which is not in the catalog")
+                text, _ = _apply_edits(by_id[i], rel, text)
+            texts[rel] = text
+            encodings[rel] = enc
+            owners[rel] = mine
+        # files not in the ledger that carry our sentinels
+        for o in overlays:
+            for t in o.manifest.targets:
+                if t in led.files or t in texts:
+                    continue
+                current = tree.text(t)
+                if current is None or f"overlay:{o.id} v" not in current:
+                    continue
+                from .edits import EditFailed
+
+                try:
+                    text, _ = _run_edits(o.make_edits(t), t, current, remove=True)
+                except EditFailed as exc:  # a block that is not intact is never removed by count
+                    raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
+                texts[t] = text
+                owners.setdefault(t, []).append(o.id)
+                notes.append(f"{t}: not in the ledger; removed sentinel-marked blocks of {o.id}")
+        for rel, text in texts.items():
+            _check_compiles(rel, text, owners[rel])
+        changes = []
+        for rel, text in sorted(texts.items()):
+            before = tree.read(rel)
+            after = encode_file(rel, text, encodings[rel]) if rel in encodings and text is not None else tree.encode(rel, text)
+            if before != after:
+                changes.append(FileChange(rel, before, after, tuple(owners[rel])))
+        _write(root, changes, led)
+        for rel in texts:
+            rec = led.files.get(rel)
+            if rec is None:
+                continue
+            remaining = {i: v for i, v in rec["overlays"].items() if i not in selected}
+            if remaining:
+                rec["overlays"] = remaining
+                written = next((c.after for c in changes if c.path == rel), tree.read(rel))
+                rec["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
+            else:
+                del led.files[rel]
+        for i in selected:
+            led.overlays.pop(i, None)
+        for o in overlays:
+            for t in o.manifest.targets:
+                led.observed.pop(t, None)
+        led.save(version)
+        led.clear_journal()  # recover() folded it into the ledger just saved
+        return RevertResult(str(root), tuple(changes), tuple(notes))

@@ -1,0 +1,126 @@
+"""What the restart path, the engine, the ledger and the CLI agree on, in the standard library only.
+
+A leaf: it imports nothing from the package at module level (the catalog lookup is imported
+when asked for), so `manager.fastpath` and `manager.overlays.plans` can read it before click,
+rich, pydantic, yaml or libcst load, and every library module can import it without reaching
+the entry point.
+
+- `overlay_digest` / `package_version`: the fingerprints the ledger records and checks.
+- `STATE_DIR`, `LEDGER_FILE`, `JOURNAL_FILE`, `ORIGINALS_DIR`, `ABSENT`: the state directory
+  under a package root and its files.
+- `APPLY_SKIPS` / `SKIP_UNLESS_NAMED`: the overlay statuses `apply` leaves alone.
+- `catalog_dir` / `vllm_root`: where a `--catalog` / `--root` argument (or their defaults) point.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+import stat
+import sys
+
+try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
+    from _sha256 import sha256  # type: ignore[import-not-found]  # Python <= 3.11
+except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        from hashlib import sha256  # type: ignore[assignment]
+
+STATE_DIR = ".overlay-manager"  # under the package root
+LEDGER_FILE = "ledger.json"
+JOURNAL_FILE = "journal.json"
+ORIGINALS_DIR = "originals"
+ABSENT = "absent"  # the recorded hash of a file that does not exist
+
+# apply skips these: the overlay needs nothing written. When its ids were named, a
+# superseded/missing-target overlay is an error (reported by the full CLI); unnamed, it is skipped.
+APPLY_SKIPS = frozenset({"applied", "upstream", "not-applicable"})
+SKIP_UNLESS_NAMED = frozenset({"superseded", "missing-target"})
+
+# compiled on first use (re's cache), not at import: the warm no-op never reads a _version.py
+_VERSION_RE = r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]"""
+
+
+def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
+    """sha256 over an overlay directory: the manifest and every file it may read."""
+    base = os.fspath(overlay_dir)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        files.extend(os.path.join(dirpath, f) for f in filenames)
+    h = sha256()
+    for path in sorted(files, key=lambda f: os.path.relpath(f, base).split(os.sep)):
+        h.update(os.path.relpath(path, base).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as fh:
+            h.update(fh.read() + b"\0")
+    return h.hexdigest()
+
+
+def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> str | None:
+    """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
+    root = os.fspath(root)
+    prefix = package.replace("-", "_") + "-"
+    try:
+        infos = sorted(n for n in os.listdir(root) if n.startswith(prefix) and n.endswith(".dist-info"))
+    except OSError:
+        infos = []
+    for info in infos:
+        try:
+            with open(os.path.join(root, info, "METADATA"), errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break
+        except OSError:
+            continue
+    try:
+        with open(os.path.join(root, package, "_version.py"), errors="replace") as fh:
+            m = re.search(_VERSION_RE, fh.read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def file_sha(path: str) -> str:
+    """sha256 of a regular file; ABSENT when missing, "not-a-regular-file" for anything else."""
+    try:  # non-blocking open + fstat: a FIFO or device in a target's place never blocks the read
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, IsADirectoryError):
+        return ABSENT
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not-a-regular-file"  # matches no recorded hash: the full CLI reports it
+        return sha256(fh.read()).hexdigest()
+
+
+def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:
+    """Sorted ids of the catalog's overlays (folders with an overlay.yaml), or None when unreadable."""
+    try:
+        return sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
+                      and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
+    except OSError:
+        return None
+
+
+def catalog_dir(arg: str | None) -> str | None:
+    """`--catalog DIR`, else $OVERLAY_CATALOG, else the shipped catalog (None when there is none)."""
+    raw = arg or os.environ.get("OVERLAY_CATALOG")
+    if raw:
+        return os.path.realpath(os.path.expanduser(raw))
+    from .catalog import default_catalog_dir
+
+    found = default_catalog_dir()
+    return os.fspath(found) if found is not None else None
+
+
+def vllm_root(arg: str | None) -> str | None:
+    """`--root DIR`, else the directory holding the `vllm` package on sys.path (not imported)."""
+    if arg:
+        return os.path.realpath(os.path.expanduser(arg))
+    spec = importlib.machinery.PathFinder.find_spec("vllm", sys.path)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))

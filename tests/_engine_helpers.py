@@ -1,0 +1,30 @@
+"""The real-engine tests' set-up gate (tests/test_engine_real.py, tests/test_compose_engine.py).
+
+`require(what, build)` runs `build()` (an engine venv, a transformers layer, ...) and returns its result. When it
+raises EngineError the test skips, except in CI (CI=true, as .ci/run sets it), where it is a failure: CI must not
+pass by skipping the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+import pytest
+
+from manager.errors import EngineError
+
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(what: str, build: Callable[[], T]) -> T:
+    try:
+        return build()
+    except EngineError as exc:
+        if in_ci():
+            pytest.fail(f"CI: {what} could not be set up: {exc}")
+        pytest.skip(f"{what} not available here: {exc}")

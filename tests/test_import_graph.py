@@ -1,0 +1,133 @@
+"""The package's import graph (read with `ast`, nothing imported): no circle, and no library
+module reaches the entry point (`manager.fastpath`, `manager.cli`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "manager"
+ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "manager.testing.faults")  # entry points
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _targets(mod: str, path: Path, node: ast.Import | ast.ImportFrom, mods: dict[str, Path]) -> list[str]:
+    """The modules an import statement executes (lazy imports inside functions included)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        if node.level > 1:
+            base = base[: len(base) - (node.level - 1)]
+        prefix = ".".join((base if node.level else []) + ([node.module] if node.module else []))
+        names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in mods else prefix for a in node.names]
+    out = []
+    for name in names:
+        while name not in mods and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if name not in mods:
+            continue  # not ours
+        parts = name.split(".")
+        # importing a.b.c runs a/__init__ and a/b/__init__ first (those above the importer are already running)
+        out += [".".join(parts[:k]) for k in range(1, len(parts) + 1)
+                if not (mod == ".".join(parts[:k]) or mod.startswith(".".join(parts[:k]) + "."))]
+    return out
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the imports under `if TYPE_CHECKING:` (annotations only: never executed)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (at module level or inside functions)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        deps = graph.setdefault(mod, set())
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_only(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                deps.update(t for t in _targets(mod, path, node, mods) if t != mod)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    assert _cycles(import_graph()) == []
+
+
+def test_a_circle_would_be_found():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+def test_no_library_module_imports_the_entry_point():
+    graph = import_graph()
+    below = {m: deps & set(ENTRY) for m, deps in graph.items()
+             if not m.startswith(ENTRY) and m != "manager"}
+    assert {m: sorted(d) for m, d in below.items() if d} == {}
+
+
+def test_the_leaf_imports_nothing_of_the_package_at_module_level():
+    tree = ast.parse((PKG / "state.py").read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in top if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("manager"))]
+
+
+def test_no_module_over_400_lines_without_a_written_reason():
+    """A module over ~400 lines says why in its docstring (a paragraph starting `Size:`)."""
+    long = []
+    for mod, path in _modules().items():
+        if len(path.read_text().splitlines()) > 400:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            if "\nSize:" not in "\n" + doc:
+                long.append(mod)
+    assert long == []
