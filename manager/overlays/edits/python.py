@@ -14,7 +14,6 @@ import libcst as cst
 from ..trace import add_guards
 from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
 from .base import EditContext, EditFailed, EditState, Inspection
-from .pycst import m  # libcst.matchers (imported there, without its signature docstrings)
 from .pycst import (
     MarkedBlock,
     ScopeProblem,
