@@ -96,6 +96,27 @@ def test_warm_apply_process_imports_neither_click_pydantic_nor_libcst(applied):
     assert "nothing to do (ledger hashes match)" in proc.stderr
 
 
+def test_warm_apply_on_a_bare_python_does_not_import_re(applied):
+    """A bare python (an image's, no site .pth) has not imported re at start-up; the warm check
+    needs no regular expression (state.package_version imports re only to read a _version.py)."""
+    cat, root = applied
+    code = (
+        "import sys\n"
+        f"sys.argv = ['overlay'] + {json.dumps(_argv(cat, root))}\n"
+        "assert 're' not in sys.modules\n"
+        "from manager.fastpath import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print('RE=' + str('re' in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(fastpath.__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "RE=False" in proc.stdout and "nothing to do (ledger hashes match)" in proc.stderr
+
+
 def _entry(argv: list[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
     return run_entry(argv, ("click", "rich", "manager.cli"), env={**os.environ, "OVERLAY_PLANS": "",
                                                                    "OVERLAY_PLAN_CACHE": ""})
