@@ -56,8 +56,9 @@ TOL_ROUTE = 1e-2   # fp16 D=512 kernels vs vLLM's fp16 Triton attention (same en
 # Teacher-forced accuracy (the fp32 reference scores the engine's own token streams, so one near-tie
 # does not derail the rest): a configuration passes when its largest |logprob error| against the fp32
 # reference is at most BASELINE_FACTOR x the baseline's + BASELINE_SLACK, the baseline being the same
-# engine without the change under test (W4A16 + #40886: the unquantized MoE checkpoint through the same
-# fp16 engine; the D=512 route: OVERLAY_D512=off, vLLM's Triton path). A position where the engine's
+# engine without the change under test (W4A16 + #40886: the same weights, dequantized, through the same
+# fp16 engine's unquantized MoE path -- first pass used the separate unquantized MoE checkpoint, still
+# reported as vs_unquantized_moe_checkpoint; the D=512 route: OVERLAY_D512=off, vLLM's Triton path). A position where the engine's
 # token is not the reference's argmax counts as a near-tie when the reference puts it within the
 # configuration's own allowed error of its top token; any other mismatch fails.
 BASELINE_FACTOR = 1.5
@@ -240,8 +241,16 @@ def plan(work: Path, phases: set[str]) -> list[dict]:
                          "expect_error": True, "group": g})
             runs.append({"name": f"a-g{g}-patched", "phase": "a", "root": "pr40886", "model": m, "eager": True,
                          "group": g})
+            # the same fp16 engine on the same weights, dequantized (the unquantized MoE path): the baseline
+            # that differs from the patched run only by the W4A16 kernels and #40886's key remap
+            runs.append({"name": f"a-g{g}-dequant", "phase": "a", "root": "pr40886",
+                         "model": str(Path(m) / "dequantized"), "eager": True, "group": g})
             runs.append({"name": f"a-g{g}-reference", "phase": "a", "kind": "reference",
-                         "model": str(Path(m) / "dequantized"), "group": g, "score": [f"a-g{g}-patched"]})
+                         "model": str(Path(m) / "dequantized"), "group": g,
+                         "score": [f"a-g{g}-patched", f"a-g{g}-dequant"]})
+            runs.append({"name": f"a-g{g}-reference16", "phase": "a", "kind": "reference", "dtype": "float16",
+                         "model": str(Path(m) / "dequantized"), "group": g,
+                         "score": [f"a-g{g}-patched", f"a-g{g}-dequant"]})
     if "b" in phases or "c" in phases:
         for model in ("dense", "moe"):
             for mode in ("off", "force"):
@@ -337,7 +346,8 @@ def throughput(llm) -> dict:
 
 
 def reference(spec: dict) -> dict:
-    """transformers' greedy decode over the (dequantized) float checkpoint: fp32, eager attention, on the GPU.
+    """transformers' greedy decode over the (dequantized) float checkpoint: fp32 (or spec["dtype"]), eager
+    attention, on the GPU.
 
     The same computation as the checkpoint factory's `reference()` (manager.testing.checkpoints), with the
     model loaded once and run on the GPU (the factory's CPU loop took minutes per checkpoint); no TF32.
@@ -349,9 +359,11 @@ def reference(spec: dict) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
-    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32,
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype,
                                                               attn_implementation="eager").to(dev).eval()
     res = {"name": spec["name"], "transformers": transformers.__version__, "torch": torch.__version__,
+           "dtype": str(dtype).removeprefix("torch."),
            "model": spec["model"], "class": type(model).__name__, "device": dev, "short": []}
     with torch.no_grad():
         for p in prompts():
@@ -508,12 +520,21 @@ def summarize(results: dict) -> dict:
         baseline = teacher_forced(base_run, base_ref["scored"]["a-moe-baseline"])
         s["a-moe-baseline-teacher-forced"] = baseline
     for g in (32, 16):
-        pa, ref = results.get(f"a-g{g}-patched"), results.get(f"a-g{g}-reference")
-        if pa and ref and f"a-g{g}-patched" in ref.get("scored", {}):
-            tf = teacher_forced(pa, ref["scored"][f"a-g{g}-patched"])
-            if baseline and baseline["max_abs_logprob_err"] is not None:
-                tf |= judge(tf, baseline)
-            s[f"a-g{g}-teacher-forced"] = tf
+        pa, dq = results.get(f"a-g{g}-patched"), results.get(f"a-g{g}-dequant")
+        if pa and dq and "short" in pa and "short" in dq:   # same weights, same engine: W4A16 kernels vs fp16 GEMMs
+            s[f"a-g{g}-vs-dequant-engine"] = compare(pa["short"], dq["short"])
+        for suffix, ref in (("", results.get(f"a-g{g}-reference")), ("-fp16ref", results.get(f"a-g{g}-reference16"))):
+            scored = (ref or {}).get("scored", {})
+            if not (pa and f"a-g{g}-patched" in scored):
+                continue
+            tf = teacher_forced(pa, scored[f"a-g{g}-patched"])
+            same = teacher_forced(dq, scored[f"a-g{g}-dequant"]) if dq and f"a-g{g}-dequant" in scored else None
+            if same and same["max_abs_logprob_err"] is not None:
+                s[f"a-g{g}-dequant-teacher-forced{suffix}"] = same
+                tf |= judge(tf, same)   # the baseline: the same weights through the same engine, unquantized
+            if not suffix and baseline and baseline["max_abs_logprob_err"] is not None:
+                tf["vs_unquantized_moe_checkpoint"] = judge(tf, baseline)
+            s[f"a-g{g}-teacher-forced{suffix}"] = tf
     for model in ("dense", "moe"):
         off, force = results.get(f"b-{model}-off"), results.get(f"b-{model}-force")
         if off and force and "short" in off and "short" in force:

@@ -1,17 +1,20 @@
 """Build variants of the sm70-d512-attention kernels for `benchmarks/kernels.py --variant LABEL@DIR`.
 
-    python benchmarks/kernel_variants.py --out DIR LABEL[@GITREF]=[-DNAME=VALUE,...] ...
+    python benchmarks/kernel_variants.py --out DIR LABEL[@GITREF]=[-DNAME=VALUE,...][,threads=N,shared=B,rows=R] ...
 
 Each variant is the overlay's kernel sources (from the working tree, or from GITREF: e.g.
 `main@2fed222=` is the committed kernels of that commit) compiled to compute_70 PTX with the
 manifest's options plus the given -D flags, by `overlay build`'s library (NVRTC 12) into DIR/LABEL.
 Prints one `LABEL@DIR/LABEL` per variant (the --variant arguments). Nothing in the catalog changes:
-the build reads a temporary copy of the overlay.
+the build reads a temporary copy of the overlay. `threads=`/`shared=` override the prefill entry's block
+size and dynamic shared memory in the variant's manifest (a -DPREFILL_ALT build has its own); `rows=` is
+the query rows per prefill block, written to DIR/LABEL/launch.json for benchmarks/kernels.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -25,20 +28,29 @@ sys.path.insert(0, str(ROOT))
 OVERLAY = "sm70-d512-attention"
 
 
-def parse(spec: str) -> tuple[str, str | None, list[str]]:
-    """'LABEL[@REF]=FLAG,FLAG' -> (label, ref, flags); every flag must be a -D definition."""
+LAUNCH_KEYS = ("threads", "shared", "rows")
+
+
+def parse(spec: str) -> tuple[str, str | None, list[str], dict[str, int]]:
+    """'LABEL[@REF]=FLAG,...' -> (label, ref, -D flags, prefill launch overrides {threads, shared, rows})."""
     head, _, flags = spec.partition("=")
     label, _, ref = head.partition("@")
     if not label or not label.replace("-", "").replace("_", "").isalnum():
         raise SystemExit(f"kernel_variants: {spec!r}: a label is letters, digits, '-' and '_'")
-    opts = [f for f in flags.split(",") if f]
-    bad = [f for f in opts if not f.startswith("-D")]
-    if bad:
-        raise SystemExit(f"kernel_variants: {spec!r}: only -D flags are allowed, not {bad[0]!r}")
-    return label, ref or None, opts
+    opts, launch = [], {}
+    for f in (f for f in flags.split(",") if f):
+        key, eq, val = f.partition("=")
+        if key in LAUNCH_KEYS and eq and val.isdigit():
+            launch[key] = int(val)
+        elif f.startswith("-D"):
+            opts.append(f)
+        else:
+            raise SystemExit(f"kernel_variants: {spec!r}: only -D flags and {'/'.join(LAUNCH_KEYS)}=N, not {f!r}")
+    return label, ref or None, opts, launch
 
 
-def build_variant(label: str, ref: str | None, flags: list[str], out: Path, nvrtc: str) -> Path:
+def build_variant(label: str, ref: str | None, flags: list[str], out: Path, nvrtc: str,
+                  launch: dict[str, int] | None = None) -> Path:
     from manager.kernels import builder
 
     src = ROOT / "overlays" / OVERLAY
@@ -55,11 +67,21 @@ def build_variant(label: str, ref: str | None, flags: list[str], out: Path, nvrt
                 (dst / rel).write_text(text.stdout)
         manifest = yaml.safe_load((dst / "overlay.yaml").read_text())
         manifest["kernels"]["options"] = list(manifest["kernels"].get("options", [])) + flags
+        launch = launch or {}
+        for src_spec in manifest["kernels"]["sources"]:
+            for e in src_spec["entries"]:
+                if e["name"] == "prefill_d512":
+                    if "threads" in launch:
+                        e["threads"] = launch["threads"]
+                    if "shared" in launch:
+                        e["shared_bytes"] = launch["shared"]
         (dst / "overlay.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
         cache = out / label
         if cache.exists():
             shutil.rmtree(cache)
         builder.build(cat, [OVERLAY], archs=["compute_70"], cache=cache, nvrtc_path=nvrtc, progress=False)
+    if "rows" in launch:
+        (cache / "launch.json").write_text(json.dumps({"prefill_rows": launch["rows"]}))
     return cache
 
 
@@ -77,8 +99,8 @@ def main(argv=None) -> int:
         nvrtc = str(nvrtc12_lib())
     a.out.mkdir(parents=True, exist_ok=True)
     for spec in a.variants:
-        label, ref, flags = parse(spec)
-        cache = build_variant(label, ref, flags, a.out, nvrtc)
+        label, ref, flags, launch = parse(spec)
+        cache = build_variant(label, ref, flags, a.out, nvrtc, launch)
         print(f"{label}@{cache}")
     return 0
 

@@ -498,6 +498,10 @@ def main() -> int:
             d512._loaded.clear()
             # --variant builds use the entry specs recorded in their own index (their shared_bytes may differ)
             attn = d512.load(cache=cache, prefer=prefer, overlay_dir=None if extra else ROOT / "overlays" / "sm70-d512-attention")
+            launch = cache / "launch.json"   # kernel_variants.py rows= (a -DPREFILL_BM build)
+            if extra and launch.is_file():
+                attn.prefill_rows = int(json.loads(launch.read_text())["prefill_rows"])
+            v["prefill_rows"] = attn.prefill_rows
             v["objects"] = [o.__dict__ for o in attn.k.objects]
             v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
             full = extra and a.variant_full

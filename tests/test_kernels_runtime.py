@@ -132,6 +132,46 @@ def test_split_choice_matches_the_h200_sweep():
     assert a.pick_splits(32, 2, 8, 32768) == 2
 
 
+class _GridRecorder:
+    def __init__(self):
+        self.grids = []
+
+    def launch(self, grid, args):
+        self.grids.append(tuple(grid))
+
+
+@pytest.mark.parametrize("rows,tiles", [(None, 4), (16, 7)])
+def test_prefill_grid_counts_query_tiles_of_prefill_rows(rows, tiles):
+    """32 rows per block (the committed kernel); a -DPREFILL_BM=16 build sets prefill_rows (kernel_variants.py)."""
+    torch = pytest.importorskip("torch")
+    from manager.kernels.d512 import D512Attention
+
+    rec = _GridRecorder()
+    a = D512Attention({"prefill_d512": rec}, 80)
+    if rows:
+        a.prefill_rows = rows
+    cache = torch.zeros((4, 16, 2, 512), dtype=torch.float16)
+    q = torch.zeros((100, 16, 512), dtype=torch.float16)
+    a.prefill(q, cache, cache, torch.zeros((1, 4), dtype=torch.int32), torch.tensor([0, 100]), torch.tensor([100]),
+              100, 0.05)
+    assert rec.grids == [(tiles, 1, 16)]
+
+
+def test_prefill_refuses_caches_whose_in_block_offsets_need_64_bits():
+    """The prefill computes slot * stride_token + head * stride_head in 32 bits (PREFILL_OFF32)."""
+    torch = pytest.importorskip("torch")
+    from manager.kernels.d512 import D512Attention
+
+    rec = _GridRecorder()
+    a = D512Attention({"prefill_d512": rec}, 80)
+    big = torch.empty_strided((4, 16, 2, 512), (2**32, 2**27, 512, 1), dtype=torch.float16, device="meta")
+    q = torch.zeros((100, 16, 512), dtype=torch.float16)
+    with pytest.raises(BuildError, match="below 2"):
+        a.prefill(q, big, big, torch.zeros((1, 4), dtype=torch.int32), torch.tensor([0, 100]), torch.tensor([100]),
+                  100, 0.05)
+    assert rec.grids == []
+
+
 def test_index_spec_lets_the_runtime_work_without_a_catalog(tmp_path, monkeypatch):
     """load_overlay_kernels reads the entry points from the index (as in the serving container)."""
     spec = {"sources": [{"path": "a.cu", "entries": [{"name": "k", "params": ["ptr out"]}]}]}

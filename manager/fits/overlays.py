@@ -46,6 +46,10 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "needed_when": {"families": ["gemma4"], "transformers": ">=5.15", "drafter_model_types": ["gemma4_mtp"]},
         "native_from": "0.28.0",
     },
+    "gemma4-mtp-cpu-kv-sharing": {
+        "needed_when": {"families": ["gemma4"], "drafter_model_types": ["gemma4_mtp"], "devices": ["cpu"]},
+        "native_from": "0.27.1",
+    },
     "dynamo-dict-caches": {"needed_when": {"max_sm": 7.0}, "native_from": None},
     "sm70-d512-attention": {"needed_when": {"max_sm": 7.0, "head_dims": [512]}, "native_from": None},
 }
@@ -107,6 +111,8 @@ def matches(nw: dict[str, Any], d: DeploymentFacts) -> bool:
     if "head_dims" in keys and not set(keys["head_dims"]) & set(d.head_dims):
         return False
     if "drafter_model_types" in keys and d.drafter_model_type not in keys["drafter_model_types"]:
+        return False
+    if "devices" in keys and d.device not in keys["devices"]:
         return False
     if "transformers" in keys:
         try:

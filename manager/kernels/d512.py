@@ -24,6 +24,7 @@ HEAD_DIM = 512
 MAX_SPLITS = 256   # MAX_SPLITS in paged_decode_d512.cu (the merge kernel's weight table)
 MIN_KEYS_PER_SPLIT = 64   # two 32-key chunks
 MERGE_COLS = 128   # columns per block of the split merge (MERGE_COLS in paged_decode_d512.cu)
+PREFILL_ROWS = 32  # query rows per prefill block (BM in prefill_d512.cu; -DPREFILL_BM builds set prefill_rows)
 _lock = threading.Lock()
 _loaded: dict[tuple, "D512Attention"] = {}
 
@@ -59,6 +60,7 @@ class D512Attention:
         self.num_sms = num_sms
         self.slots = num_sms * max(1, decode_blocks_per_sm)
         self.last_splits = 1
+        self.prefill_rows = PREFILL_ROWS
 
     def pick_splits(self, num_seqs: int, num_kv_heads: int, group: int, max_seq_len: int) -> int:
         """Split the context so that the decode grid fills one wave of resident blocks.
@@ -110,10 +112,12 @@ class D512Attention:
         total, num_q_heads, block_size, num_kv_heads = _check_shapes("prefill", q, k_cache)
         q = q.contiguous()
         sb, st, sh = _cache_strides(k_cache, v_cache)
+        if block_size * st + num_kv_heads * sh >= 2**31:   # PREFILL_OFF32 in prefill_d512.cu
+            raise BuildError(f"prefill: cache strides {k_cache.stride()}: the offset inside a block must stay below 2^31")
         out = torch.empty_like(q) if out is None else out
         num_seqs = seq_lens.shape[0]
         bt = block_tables.to(torch.int32).contiguous()
-        grid = (math.ceil(max_query_len / 32), num_seqs, num_q_heads)
+        grid = (math.ceil(max_query_len / self.prefill_rows), num_seqs, num_q_heads)
         self.k["prefill_d512"].launch(grid, [
             out, q, k_cache, v_cache, bt, cu_seqlens_q.to(torch.int32).contiguous(),
             seq_lens.to(torch.int32).contiguous(), num_q_heads, num_kv_heads, block_size, bt.shape[1],

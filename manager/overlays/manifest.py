@@ -63,6 +63,7 @@ class NeededWhen(_Strict):
     head_dims: list[int] | None = None
     transformers: str | None = None
     drafter_model_types: list[str] | None = None  # the deployment's drafter maps to one of these (gemma4_mtp)
+    devices: list[Literal["cpu", "cuda"]] | None = None  # the engine profile's `device` (a CPU-backend-only bug)
 
     @field_validator("transformers")
     @classmethod

@@ -398,11 +398,15 @@ class EngineStartFailed(EngineError):
 @contextlib.contextmanager
 def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: str | os.PathLike[str], *,
           transformers_target: Path | None = None, dtype: str = "float32", max_model_len: int = 256,
-          timeout: float | None = None, extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
+          timeout: float | None = None, extra_args: tuple[str, ...] = (),
+          fill_uninitialized: bool = False) -> Iterator[Server]:
     """Start `python -m vllm.entrypoints.openai.api_server` on `model` with `root` first on PYTHONPATH.
 
     Waits for /health (raises EngineStartFailed with the log's last error line if the process exits first or the
     timeout passes); always stops the server (SIGTERM to its process group, then SIGKILL).
+    `fill_uninitialized`: every engine process fills uninitialised tensors (`torch.empty`) with NaN (PyTorch's
+    `torch.utils.deterministic.fill_uninitialized_memory`, through a `sitecustomize` first on PYTHONPATH), so a
+    read of memory nobody wrote shows up every time instead of by chance.
     """
     if timeout is None:  # 35-50 s on an idle 2-core machine; several minutes when it is shared
         timeout = float(os.environ.get("OVERLAY_ENGINE_START_TIMEOUT", "900"))
@@ -412,11 +416,14 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-seqs", "4",
            "--max-logprobs", "20", "--seed", "0", *extra_args]
+    environ = engine_environ(env, root, transformers_target=transformers_target)
+    if fill_uninitialized:
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_fill_uninitialized_dir(log_path.parent)), environ.get("PYTHONPATH")) if p)
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=engine_environ(env, root, transformers_target=transformers_target),
-                                start_new_session=True, cwd=str(log_path.parent))
+                                env=environ, start_new_session=True, cwd=str(log_path.parent))
     try:
         url = f"http://127.0.0.1:{port}"
         while True:
@@ -437,6 +444,24 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
         yield Server(url, port, log_path, proc.pid, time.monotonic() - t0)
     finally:
         stop(proc)
+
+
+_FILL_UNINITIALIZED = """\
+# written by manager.testing.engine.serve(fill_uninitialized=True): NaN in every uninitialised tensor
+import torch
+
+torch.use_deterministic_algorithms(True, warn_only=True)
+torch.utils.deterministic.fill_uninitialized_memory = True
+"""
+
+
+def _fill_uninitialized_dir(parent: Path) -> Path:
+    d = parent / "fill-uninitialized"
+    d.mkdir(exist_ok=True)
+    f = d / "sitecustomize.py"
+    if not f.is_file() or f.read_text() != _FILL_UNINITIALIZED:
+        f.write_text(_FILL_UNINITIALIZED)
+    return d
 
 
 def stop(proc: subprocess.Popen) -> None:

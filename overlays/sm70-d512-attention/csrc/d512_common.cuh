@@ -95,6 +95,25 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
 WMMA_LOAD_AB_S(sload_a_row, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
 WMMA_LOAD_AB_S(sload_b_col, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
 WMMA_LOAD_AB_S(sload_b_row, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
+// The same with the 32-bit shared address computed by the caller (base once per kernel +
+// constant offsets), so that the compiler does not redo 64-bit generic address arithmetic
+// and a cvta per fragment.
+#define WMMA_LOAD_AB_U(NAME, OP)                                                                \
+  __device__ __forceinline__ void NAME(frag_ab& f, unsigned saddr, int ld) {                    \
+    asm volatile(OP " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                      \
+                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]),          \
+                   "=r"(f.x[5]), "=r"(f.x[6]), "=r"(f.x[7])                                      \
+                 : "r"(saddr), "r"(ld)                                                           \
+                 : "memory");                                                                    \
+  }
+WMMA_LOAD_AB_U(uload_a_row, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
+WMMA_LOAD_AB_U(uload_b_col, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
+WMMA_LOAD_AB_U(uload_b_row, "wmma.load.b.sync.aligned.row.m16n16k16.shared.f16")
+__device__ __forceinline__ void ustore_acc_row(unsigned saddr, const acc_frag& f, int ld) {
+  asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+               :: "r"(saddr), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
+                  "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
+}
 __device__ __forceinline__ void sstore_acc_row(float* p, const acc_frag& f, int ld) {
   asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
                :: "r"(smem_u32(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]), "f"(f.x[5]),
