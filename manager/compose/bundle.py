@@ -3,7 +3,8 @@
 Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
     bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
-    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`
+    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`,
+                     byte-compiled with that python when one runs here (then the wrapper sets no PYTHONPYCACHEPREFIX)
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
