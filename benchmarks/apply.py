@@ -16,8 +16,10 @@ indent, write the file; its cold insertion and its no-op run, in-process and as 
 
 `--plans` (issue 14) runs only the prepared-plan section, every figure a whole process on a
 fresh copy of the release, all in one run: the regex patcher's cold insertion and no-op, our
-first apply with a prepared plan (`overlay apply --plans DIR`), without one (the full
-engine), and our warm no-op.
+first apply with a prepared plan (`overlay apply --plans DIR`; the three overlays, and the whole
+catalog), without one (the full engine: #40886 alone, the three, the whole catalog), and our warm
+no-op. `--before DIR` adds the same figures for another checkout (e.g. main) in the same rounds.
+Our package is byte-compiled first (as an installed wheel is), in both trees.
 
 Every figure is the median of --runs runs (>= 5). Targets (issue 2): cold apply of the
 whole set < 0.5 s and <= 3x the baseline; warm no-op <= 1.0x the baseline's no-op.
@@ -164,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     ap.add_argument("--plans", action="store_true", help="only the prepared-plan section (issue 14), as processes")
+    ap.add_argument("--before", type=Path, default=None, metavar="DIR",
+                    help="with --plans: also time a checkout of the code before the change (e.g. `git worktree add "
+                         "DIR main`) in the same interleaved rounds")
+    ap.add_argument("--short", type=int, default=3, metavar="N",
+                    help="with --plans: the short processes (regex, plan, warm no-op, python -c pass) N times per round")
     ap.add_argument("--scaling", nargs="?", const="0.25,1,4,16", default=None, metavar="MIB,...",
                     help="only the file-size scaling benchmark (default sizes 0.25,1,4,16 MiB); "
                          "--runs applies to sizes <= 1 MiB, larger sizes run once")
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="overlay-bench-"))
     try:
         if a.plans:
-            return _bench_plans(work, a.version, max(5, a.runs), a.json)
+            return _bench_plans(work, a.version, max(5, a.runs), a.json, a.before, max(1, a.short))
         if a.scaling:
             return _scaling(work, a.version, [float(x) for x in a.scaling.split(",")], max(1, a.runs), a.json)
         return _bench(work, a.version, max(5, a.runs), a.json)
@@ -450,101 +457,190 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
     return 0
 
 
-def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None) -> int:
+def _compile_bytecode(tree: Path) -> None:
+    """Byte-compile `tree`/manager into its __pycache__ directories, as `pip install` does for an
+    installed wheel. Without it a checkout run with PYTHONDONTWRITEBYTECODE=1 (set on the shared
+    machine) compiles every module of ours from source in every process, which an installed
+    `overlay` never does."""
+    import compileall
+
+    compileall.compile_dir(str(tree / "manager"), quiet=1)
+
+
+def _catalog(work: Path, name: str, ids) -> Path:
+    cat = work / name
+    (cat / "overlays").mkdir(parents=True)
+    for i in ids:
+        os.symlink(ROOT / "overlays" / i, cat / "overlays" / i)
+    return cat
+
+
+def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, before: Path | None = None,
+                 short: int = 3) -> int:
     """Issue 14: first container start with a prepared plan, as processes, against the regex patcher.
 
-    Runs are interleaved (one of each kind per round, on its own fresh copy) so the load of the
-    shared machine falls on every figure alike; medians."""
+    Runs are interleaved (one of each kind per round, on its own fresh copy; the short processes
+    `short` times per round) so the load of the shared machine falls on every figure alike;
+    medians. With `before` (a checkout of the code to
+    compare with, e.g. main), each of our figures is also taken with that tree's `manager` (the
+    processes run there: `python -c` puts the working directory first on sys.path), in the same
+    rounds: "before" and "after" in one run."""
     pristine_tree(version)
-    cat = work / "catalog"
-    (cat / "overlays").mkdir(parents=True)
-    for i in THREE:
-        os.symlink(ROOT / "overlays" / i, cat / "overlays" / i)
-    plans = work / "plans"
-    prep = subprocess.run([sys.executable, "-m", "manager", "--catalog", str(cat), "prepare", "--vllm", version,
-                           "--out", str(plans)], capture_output=True, text=True, cwd=ROOT)
-    if prep.returncode:
-        raise SystemExit(prep.stderr)
+    every = sorted(p.name for p in (ROOT / "overlays").iterdir() if (p / "overlay.yaml").is_file())
+    cats = {"three": _catalog(work, "catalog", THREE), "pr": _catalog(work, "catalog-pr", [PR]),
+            "all": _catalog(work, "catalog-all", every)}
+    trees = {"": ROOT}
+    if before is not None:
+        trees["before_"] = Path(before).resolve()
+    for tree in trees.values():
+        _compile_bytecode(tree)
+    # our package without bytecode (compiled from source in every process, as a checkout under
+    # PYTHONDONTWRITEBYTECODE=1 runs it: the condition of runs E and F) for the warm and plan figures
+    source_tree = work / "source-tree"
+    shutil.copytree(ROOT / "manager", source_tree / "manager", ignore=shutil.ignore_patterns("__pycache__"))
+    env_source = {"PYTHONDONTWRITEBYTECODE": "1"}
+    py = sys.executable
+    plans: dict[tuple[str, str], Path] = {}
+    for tag, tree in trees.items():
+        for c in ("three", "all"):
+            plans[tag, c] = work / f"plans-{tag or 'after_'}{c}"
+            prep = subprocess.run([py, "-c", "import sys; from manager.fastpath import main; main()", "--catalog",
+                                   str(cats[c]), "prepare", "--vllm", version, "--out", str(plans[tag, c])],
+                                  capture_output=True, text=True, cwd=tree)
+            if prep.returncode:
+                raise SystemExit(prep.stderr)
     counter = iter(range(10**6))
 
     def fresh() -> Path:
         return copy_release(version, work / f"tree-{next(counter)}")
 
-    py = sys.executable
     cli = [py, "-c", "import sys; from manager.fastpath import main; sys.argv[0] = 'overlay'; main()"]
     base_cmd = [py, "-c", BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"]
-    # "before" of the import trim, in the same run: the same entry with libcst.matchers imported
-    # first (the edits imported it until issue 14)
-    cli_matchers = [py, "-c", "import sys, libcst.matchers; from manager.fastpath import main; "
-                              "sys.argv[0] = 'overlay'; main()"]
     env_noplan = {"OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": ""}
-    samples: dict[str, list[float]] = {k: [] for k in (
-        "proc_baseline_cold_insert_s", "proc_baseline_noop_s", "proc_ours_cold_apply_plan_s",
-        "proc_ours_cold_apply_noplan_s", "proc_ours_cold_apply_noplan_matchers_s", "proc_ours_warm_noop_apply_s",
-        "proc_python_startup_s")}
-    applied = fresh()
-    _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan)
-    base_tree = fresh()
-    _proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
     import resource
 
-    def cpu_of(key: str, fn):
-        """Run fn (one process) and also record the child's CPU seconds (user + sys) under key_cpu."""
+    samples: dict[str, list[float]] = {}
+
+    def timed(key: str, args: list[str], env: dict | None = None, cwd: Path = ROOT) -> None:
+        """One process: wall seconds under key, the child's CPU seconds (user + sys) under key_cpu."""
+        full = dict(os.environ)
+        full.update(env or {})
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        dt = fn()
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, capture_output=True, text=True, env=full, cwd=cwd)
+        dt = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        samples.setdefault(key + "_cpu", []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        return dt
+        if proc.returncode != 0:
+            raise SystemExit(f"{key}: {' '.join(args[:2])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        samples.setdefault(key + "_s", []).append(dt)
+        samples.setdefault(key + "_cpu_s", []).append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+
+    applied = {}
+    for tag, tree in trees.items():
+        applied[tag] = fresh()
+        timed("warmup", cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
+    base_tree = fresh()
+    timed("warmup", base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+    reference: dict[str, dict[str, bytes]] = {}
+
+    def check(key: str, root: Path, cat: str) -> None:
+        """Every apply of a catalog leaves the same bytes, whichever path (plan or engine) and tree."""
+        try:
+            led = json.loads((root / ".overlay-manager" / "ledger.json").read_text())
+        except FileNotFoundError:
+            raise SystemExit(f"{key}: no ledger written") from None
+        got = {rel: (root / rel).read_bytes() if (root / rel).exists() else None for rel in sorted(led["observed"])}
+        if cat not in reference:
+            reference[cat] = got
+        elif got != reference[cat]:
+            raise SystemExit(f"{key}: the applied files differ from the first {cat} apply of this run")
+
+    def first_apply(key: str, cat: str, tree: Path, root: Path, plan: Path | None, env: dict | None = None) -> None:
+        args = cli + ["--catalog", str(cats[cat]), "apply", "--root", str(root)]
+        if plan is not None:
+            timed(key, args + ["--plans", str(plan)], env, tree)
+        else:
+            timed(key, args, {**env_noplan, **(env or {})}, tree)
+        check(key, root, cat)
 
     for _ in range(runs):
-        roots = [fresh() for _ in range(4)]
-        samples["proc_baseline_cold_insert_s"].append(cpu_of(
-            "proc_baseline_cold_insert", lambda: _proc(base_cmd + [str(roots[0] / GEMMA4), str(SNIPPET)])))
-        samples["proc_ours_cold_apply_plan_s"].append(cpu_of("proc_ours_cold_apply_plan", lambda: _proc(
-            cli + ["--catalog", str(cat), "apply", "--root", str(roots[1]), "--plans", str(plans)])))
-        assert (roots[1] / ".overlay-manager" / "ledger.json").is_file()
-        samples["proc_ours_cold_apply_noplan_s"].append(cpu_of("proc_ours_cold_apply_noplan", lambda: _proc(
-            cli + ["--catalog", str(cat), "apply", "--root", str(roots[2])], env=env_noplan)))
-        assert (roots[1] / GEMMA4).read_bytes() == (roots[2] / GEMMA4).read_bytes()
-        samples["proc_ours_cold_apply_noplan_matchers_s"].append(cpu_of("proc_ours_cold_apply_noplan_matchers", lambda: _proc(
-            cli_matchers + ["--catalog", str(cat), "apply", "--root", str(roots[3])], env=env_noplan)))
-        samples["proc_baseline_noop_s"].append(_proc(base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)]))
-        samples["proc_ours_warm_noop_apply_s"].append(
-            _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)], env=env_noplan))
-        samples["proc_python_startup_s"].append(_proc([py, "-c", "pass"]))
-        for r in roots:
-            shutil.rmtree(r, ignore_errors=True)
+        # the round's fresh copies first, then on disk (os.sync), so no figure waits on the
+        # writeback of the copies (a container's image layers are on disk before it starts)
+        pool = [fresh() for _ in range(short * (2 + 2 * len(trees)) + 3 * len(trees))]
+        os.sync()
+        for _ in range(short):  # the short processes `short` times a round: more samples, same interleaving
+            root = pool.pop()
+            timed("proc_baseline_cold_insert", base_cmd + [str(root / GEMMA4), str(SNIPPET)])
+            for tag, tree in trees.items():
+                first_apply(f"proc_{tag}ours_cold_apply_plan", "three", tree, pool.pop(), plans[tag, "three"])
+                first_apply(f"proc_{tag}ours_cold_apply_plan_all", "all", tree, pool.pop(), plans[tag, "all"])
+            first_apply("proc_ours_cold_apply_plan_from_source", "three", source_tree, pool.pop(),
+                        plans["", "three"], env_source)
+            timed("proc_baseline_noop", base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+            for tag, tree in trees.items():
+                timed(f"proc_{tag}ours_warm_noop_apply",
+                      cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
+            timed("proc_ours_warm_noop_apply_from_source",
+                  cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[""])],
+                  {**env_noplan, **env_source}, source_tree)
+            timed("proc_python_startup", [py, "-c", "pass"])
+        for tag, tree in trees.items():
+            for key, cat in (("cold_apply_noplan_pr40886", "pr"), ("cold_apply_noplan", "three"),
+                             ("cold_apply_noplan_all", "all")):
+                first_apply(f"proc_{tag}ours_{key}", cat, tree, pool.pop(), None)
+        for p in work.glob("tree-*"):
+            if p not in (base_tree, *applied.values()):
+                shutil.rmtree(p)
+    samples.pop("warmup_s")
+    samples.pop("warmup_cpu_s")
     fig = {k: statistics.median(v) for k, v in samples.items()}
-    ratios = {
-        "proc_cold_apply_plan_vs_baseline_cold": fig["proc_ours_cold_apply_plan_s"] / fig["proc_baseline_cold_insert_s"],
-        "proc_cold_apply_noplan_vs_baseline_cold": fig["proc_ours_cold_apply_noplan_s"] / fig["proc_baseline_cold_insert_s"],
-        "proc_cold_apply_noplan_vs_with_matchers": fig["proc_ours_cold_apply_noplan_s"]
-        / fig["proc_ours_cold_apply_noplan_matchers_s"],
-        "proc_cold_apply_plan_vs_noplan": fig["proc_ours_cold_apply_plan_s"] / fig["proc_ours_cold_apply_noplan_s"],
-        "proc_cold_apply_plan_vs_baseline_cold_cpu": fig["proc_ours_cold_apply_plan_cpu"]
-        / fig["proc_baseline_cold_insert_cpu"],
-        "proc_warm_noop_vs_baseline_noop": fig["proc_ours_warm_noop_apply_s"] / fig["proc_baseline_noop_s"],
-    }
+    ratios = {}
+    for tag in trees:
+        p = f"proc_{tag}ours_"
+        ratios.update({
+            f"{p}cold_apply_plan_vs_baseline_cold": fig[p + "cold_apply_plan_s"] / fig["proc_baseline_cold_insert_s"],
+            f"{p}cold_apply_plan_vs_baseline_cold_cpu": fig[p + "cold_apply_plan_cpu_s"]
+            / fig["proc_baseline_cold_insert_cpu_s"],
+            f"{p}cold_apply_plan_vs_noplan": fig[p + "cold_apply_plan_s"] / fig[p + "cold_apply_noplan_s"],
+            f"{p}warm_noop_vs_baseline_noop": fig[p + "warm_noop_apply_s"] / fig["proc_baseline_noop_s"],
+        })
+    for tag in trees:  # machine-independent-ish: in units of this run's `python -c pass`
+        for key in ("cold_apply_noplan_pr40886", "cold_apply_noplan", "cold_apply_noplan_all"):
+            ratios[f"proc_{tag}ours_{key}_in_python_startups"] = (fig[f"proc_{tag}ours_{key}_s"]
+                                                                  / fig["proc_python_startup_s"])
+    ratios["proc_ours_warm_noop_from_source_vs_baseline_noop"] = (fig["proc_ours_warm_noop_apply_from_source_s"]
+                                                                  / fig["proc_baseline_noop_s"])
+    ratios["proc_ours_cold_apply_plan_from_source_vs_baseline_cold"] = (
+        fig["proc_ours_cold_apply_plan_from_source_s"] / fig["proc_baseline_cold_insert_s"])
+    if before is not None:
+        for k in [k for k in fig if k.startswith("proc_ours_") and k.endswith("_s") and "_from_source" not in k]:
+            ratios[k[:-2] + "_after_vs_before"] = fig[k] / fig[k.replace("proc_ours_", "proc_before_ours_")]
     targets = {
         "cold first apply with a plan <= 1.5x regex cold insertion (processes)":
-            ratios["proc_cold_apply_plan_vs_baseline_cold"] <= 1.5,
+            ratios["proc_ours_cold_apply_plan_vs_baseline_cold"] <= 1.5,
         "cold first apply with a plan < 0.1 s": fig["proc_ours_cold_apply_plan_s"] < 0.1,
-        "cold first apply without a plan < 0.8 s": fig["proc_ours_cold_apply_noplan_s"] < 0.8,
-        "warm no-op <= 1.0x regex no-op (processes)": ratios["proc_warm_noop_vs_baseline_noop"] <= 1.0,
+        "cold first apply without a plan < 0.8 s (#40886 alone, the issue's like-for-like)":
+            fig["proc_ours_cold_apply_noplan_pr40886_s"] < 0.8,
+        "cold first apply without a plan < 0.8 s (the three overlays)": fig["proc_ours_cold_apply_noplan_s"] < 0.8,
+        "cold first apply without a plan < 0.8 s (the whole catalog)": fig["proc_ours_cold_apply_noplan_all_s"] < 0.8,
+        "warm no-op <= 1.0x regex no-op (processes)": ratios["proc_ours_warm_noop_vs_baseline_noop"] <= 1.0,
     }
     load = os.getloadavg()
-    print(f"vLLM {version}, prepared plans, {runs} interleaved rounds, median, python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"vLLM {version}, prepared plans, {runs} interleaved rounds (short processes x{short}), median, "
+          f"python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          + (f", before = {trees['before_']}" if before is not None else ""))
     for k, v in fig.items():
-        print(f"  {k:40s} {v * 1000:10.2f} ms  (min {min(samples[k]) * 1000:.2f})")
+        print(f"  {k:52s} {v * 1000:10.2f} ms  (min {min(samples[k]) * 1000:.2f})")
     for k, v in ratios.items():
-        print(f"  {k:40s} {v:10.2f} x")
+        print(f"  {k:52s} {v:10.2f} x")
     for k, ok in targets.items():
         print(f"  {'MET ' if ok else 'MISS'} {k}")
     if json_out:
-        json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios,
-                                        "samples_s": samples, "targets_met": targets,
-                                        "machine": {"loadavg": load, "cpus": os.cpu_count()}}, indent=2) + "\n")
+        json_out.write_text(json.dumps({"version": version, "runs": runs, "short": short, "figures_s": fig,
+                                        "ratios": ratios, "samples_s": samples, "targets_met": targets,
+                                        "before": str(trees.get("before_")) if before is not None else None,
+                                        "machine": {"loadavg_end": load, "cpus": os.cpu_count()}}, indent=2) + "\n")
     return 0
 
 

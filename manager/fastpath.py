@@ -5,13 +5,15 @@ written by the last apply still matches (same package version, no interrupted ap
 selected overlay directory's digest and every target file's sha256 as recorded, every
 status one that apply leaves alone), there is nothing to do, and importing click, rich,
 pydantic and libcst just to find that out would cost ~10x a regex patcher's no-op. This
-module decides that case before the CLI is imported; anything else falls through to
-`manager.cli.main`, which makes the same decision again with the full engine.
+module decides that case before the CLI is imported. A first apply with a prepared plan is
+replayed next (manager.overlays.plans, standard library only). A plain apply that needs the
+engine runs it without the CLI when stderr is not a terminal (`engine_apply`: no click, rich
+or other commands' modules); anything else falls through to `manager.cli.main`, which makes
+the same decisions again with the full engine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -33,6 +35,45 @@ from .state import (
 # overlay is an error, so the full CLI must report it
 _QUIET = APPLY_SKIPS
 _QUIET_UNNAMED = APPLY_SKIPS | SKIP_UNLESS_NAMED
+
+
+class _Scanning:
+    """The settings json.JSONDecoder hands its C scanner (strict; no hooks; NaN/Infinity refused)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> object:
+        raise ValueError(f"{name} is not in a ledger")
+
+
+_JSON_WS = " \t\n\r"
+
+
+def json_loads(raw: bytes) -> object:
+    """json.loads(raw) for the warm check without importing the json package: its import
+    compiles seven regular expressions, ~2 ms of every container restart and the largest part
+    of the warm no-op's own time. This is the C scanner json.loads itself runs
+    (`_json.make_scanner`, CPython), with the same strictness; anything it does not take whole
+    (no C scanner, not UTF-8, trailing text, a syntax error) goes to json.loads, which gives
+    the reference answer or the ValueError."""
+    try:
+        from _json import make_scanner
+
+        text = raw.decode("utf-8")
+        start = len(text) - len(text.lstrip(_JSON_WS))
+        value, end = make_scanner(_Scanning)(text, start)
+        if not text[end:].strip(_JSON_WS):
+            return value
+    except Exception:  # noqa: BLE001 - StopIteration (a syntax error), ImportError, UnicodeDecodeError...
+        pass
+    import json
+
+    return json.loads(raw)
 
 
 def _parse_apply(argv: list[str]) -> tuple[str | None, str | None, list[str], str | None] | None:
@@ -84,8 +125,8 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
         return None
     state = os.path.join(root, STATE_DIR)
     try:
-        with open(os.path.join(state, LEDGER_FILE)) as fh:
-            ledger = json.load(fh)
+        with open(os.path.join(state, LEDGER_FILE), "rb") as fh:
+            ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
     if os.path.exists(os.path.join(state, JOURNAL_FILE)):
@@ -131,6 +172,56 @@ def _from_plan(argv: list[str]) -> dict | None:
     return main_apply(parsed)
 
 
+def _line(verb: str, text: str) -> None:
+    sys.stderr.write(f"{verb:>12}  {text}\n")
+
+
+_download: list = []
+
+
+def _download_progress(step) -> None:
+    """releases' progress for a release file fetched during the apply: the CLI's reporter (rich),
+    imported only when such a step happens (a cache miss of a release-file edit's source)."""
+    if not _download:
+        from .cli.progress import DownloadProgress
+
+        _download.append(DownloadProgress())
+    _download[0](step)
+
+
+def engine_apply(argv: list[str]) -> int | None:
+    """`[--catalog C] apply [IDS] [--root R]` with the full engine, without the CLI: click, rich
+    and the other commands' modules are ~0.1 s of a first start that has no prepared plan. Only
+    when stderr is not a terminal (a container's log: the lines are the CLI's, plain; a terminal
+    gets the CLI and its colours); None otherwise, and for any other command line. Errors go
+    through the CLI's own handler (one line, exit 1; a crash log, exit 3)."""
+    parsed = _parse_apply(argv)
+    if parsed is None or sys.stderr.isatty():
+        return None
+    catalog_arg, root_arg, ids, _ = parsed  # --plans: tried before this, as the CLI's apply does
+    try:
+        from .catalog import Catalog
+        from .overlays import find_root, load_overlays, select
+        from .overlays.plans import ENV_CACHE
+        from .overlays.prepare import apply_and_record, report_lines
+        from .releases import set_progress
+
+        set_progress(_download_progress)
+        every = load_overlays(Catalog.locate(catalog_arg))
+        recorded = apply_and_record(select(every, ids), find_root(root_arg), explicit=bool(ids), ids=ids,
+                                    cache=os.environ.get(ENV_CACHE) or None, on_wait=lambda m: _line("waiting", m))
+        for verb, text, _kind in report_lines(recorded):
+            _line(verb, text)
+        return 0
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported exactly as the CLI reports it
+        from .cli.app import handle_errors
+
+        with handle_errors():
+            raise exc
+
+
 def main() -> None:
     argv = sys.argv[1:]
     try:
@@ -156,6 +247,9 @@ def main() -> None:
                 sys.stderr.write(f"{st:>12}  {oid}\n")
         sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified)\n")
         sys.exit(0)
+    code = engine_apply(argv)
+    if code is not None:
+        sys.exit(code)
     from .cli import main as cli_main
 
     cli_main()

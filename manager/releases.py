@@ -22,19 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from filelock import FileLock
-
 from .errors import ReleaseError
+
+# filelock, tarfile, shutil, subprocess and tempfile are imported where they are used: every CLI
+# command loads this module (progress reporting), `overlay apply` among them, which needs none of it
 
 ENV_CACHE = "OVERLAY_CACHE"
 PYPI_SIMPLE = "https://pypi.org/simple/{name}/"  # PEP 691 JSON: file URLs, sha256, sizes
@@ -91,6 +88,8 @@ def cache_dir() -> Path:
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
+    import subprocess
+
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -98,6 +97,10 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> N
 
 
 def _helper_python(base: Path) -> Path:
+    import shutil
+
+    from filelock import FileLock
+
     venv = base / "helper-venv"
     py = venv / "bin" / "python"
     marker = venv / ".ready"
@@ -164,6 +167,8 @@ def _download(url: str, sha256: str, total: int | None, dest: Path, name: str) -
 
 
 def _pip_sdist(version: str, base: Path, target: Path) -> None:
+    import tempfile
+
     py = _helper_python(base)
     env = dict(os.environ)
     env.update(
@@ -188,6 +193,8 @@ def _pip_sdist(version: str, base: Path, target: Path) -> None:
 def sdist(version: str) -> Path:
     """Path of the vLLM sdist for `version`, downloading it from PyPI when not cached."""
     import urllib.error  # here, not at import: every command loads this module (progress reporting)
+
+    from filelock import FileLock
 
     base = cache_dir()
     target = base / "sdists" / f"vllm-{version}.tar.gz"
@@ -220,6 +227,12 @@ def pristine_tree(version: str) -> Path:
 
     Treat it as read-only; use `copy_release` for a tree to patch.
     """
+    import shutil
+    import tarfile
+    import tempfile
+
+    from filelock import FileLock
+
     base = cache_dir()
     root = base / "trees" / version
     marker = root / ".complete"
@@ -260,6 +273,8 @@ def _write_dist_info(root: Path, version: str) -> None:
 
 def copy_release(version: str, dest: Path) -> Path:
     """Copy the release's `vllm/` package (and dist-info) into `dest`; returns `dest` (a root)."""
+    import shutil
+
     src = pristine_tree(version)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,7 @@ the entry point.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import re
 import stat
 import sys
 
@@ -39,7 +37,9 @@ ABSENT = "absent"  # the recorded hash of a file that does not exist
 APPLY_SKIPS = frozenset({"applied", "upstream", "not-applicable"})
 SKIP_UNLESS_NAMED = frozenset({"superseded", "missing-target"})
 
-_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+# compiled on first use (re's cache), and `re` imported then: the warm no-op never reads a
+# _version.py, and a bare python (an image's) does not import re at start-up (~5 ms)
+_VERSION_RE = r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]"""
 
 
 def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
@@ -75,9 +75,11 @@ def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> st
                         break
         except OSError:
             continue
+    import re
+
     try:
         with open(os.path.join(root, package, "_version.py"), errors="replace") as fh:
-            m = _VERSION_RE.search(fh.read())
+            m = re.search(_VERSION_RE, fh.read(), re.M)
     except OSError:
         return None
     return m.group(1) if m else None
@@ -119,7 +121,9 @@ def vllm_root(arg: str | None) -> str | None:
     """`--root DIR`, else the directory holding the `vllm` package on sys.path (not imported)."""
     if arg:
         return os.path.realpath(os.path.expanduser(arg))
-    spec = importlib.machinery.PathFinder.find_spec("vllm", sys.path)
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("vllm", sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
     return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))

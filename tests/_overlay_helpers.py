@@ -19,6 +19,8 @@ import contextlib
 import hashlib
 import io
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -174,6 +176,25 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str,
 
     proc = cli(*args, env=dict(env) if env else None, inherit_env=not env)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_entry(argv: list[str], watch: Iterable[str], env: Mapping[str, str] | None = None,
+              timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`overlay ARGV` through the console script's entry (`manager.fastpath.main`) as a process,
+    stderr a pipe (not a terminal); returns (the process, which of the `watch` modules it loaded)."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['overlay'] + {list(argv)!r}\n"
+        "from manager.fastpath import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        f"    print('LOADED=' + ','.join(sorted(m for m in {tuple(watch)!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=dict(env) if env is not None else None, cwd=REPO_ROOT)
+    loaded = next((line[7:] for line in proc.stdout.splitlines() if line.startswith("LOADED=")), None)
+    return proc, [] if not loaded else loaded.split(",")
 
 
 def slim_root(version: str, dest: Path, rels: Iterable[str] = TARGETS) -> Path:

@@ -44,7 +44,12 @@ def test_bundle_layout_holds_site_catalog_wrapper_and_manifest(bundle: Path) -> 
     assert (bundle / "catalog" / "compose" / "deployments.yaml").is_file()
     assert (bundle / "catalog" / "profiles").is_dir() and (bundle / "catalog" / "overlays").is_dir()
     assert os.access(bundle / "bin" / "overlay", os.X_OK)
-    assert not list(bundle.rglob("__pycache__"))
+    # bytecode only for the bundle's python, compiled from the bundle's own sources (nothing of the host's)
+    assert meta["bytecode"] == "cpython-311"
+    cached = [p for p in bundle.rglob("*.pyc")]
+    assert cached and all(p.parent.name == "__pycache__" and ".cpython-311." in p.name for p in cached)
+    assert all((p.parent.parent / (p.name.split(".")[0] + ".py")).is_file() for p in cached)
+    assert not [p for p in bundle.rglob("__pycache__") if not p.relative_to(bundle).parts[0] == "site"]
     libcst = next((bundle / "site").glob("libcst-*.dist-info"))
     assert tuple(int(x) for x in libcst.name.split("-")[1].split(".")[:2]) >= (1, 8)
 
@@ -60,6 +65,33 @@ def test_bundle_runs_under_a_python_without_our_dependencies_and_without_network
     assert res.returncode == 0, res.stderr
     slugs = {d["slug"] for d in json.loads(res.stdout)["deployments"]}
     assert "gemma4-26b-a4b-awq-3090-tp2" in slugs
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PY).exists(), reason="needs a bare system python3")
+def test_the_wrapper_runs_from_the_bundles_bytecode_and_the_images_stdlib_bytecode(bundle: Path, tmp_path: Path) -> None:
+    """No PYTHONPYCACHEPREFIX when the bundle carries bytecode (a prefix makes python ignore the
+    stdlib's own __pycache__ too): nothing is compiled or written, neither in the bundle nor in a
+    prefix directory, and the image's python reads its stdlib bytecode."""
+    before = {p: p.stat().st_mtime_ns for p in bundle.rglob("*")}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "OVERLAY_PYTHON": SYSTEM_PY}
+    probe = tmp_path / "probe"
+    probe.write_text("#!/bin/sh\nexec /usr/bin/python3 -c 'import os, sys, json, manager.fastpath as f; "
+                     "print(sys.pycache_prefix, os.path.isfile(json.__cached__), f.__cached__)'\n")
+    probe.chmod(0o755)
+    wrapper = (bundle / "bin" / "overlay").read_text().replace('"${OVERLAY_PYTHON:-python3}" -c', f'"{probe}" -c')
+    (tmp_path / "overlay").write_text(wrapper.replace('here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)',
+                                                      f'here={bundle}'))
+    res = subprocess.run(["sh", str(tmp_path / "overlay")], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    prefix, stdlib_pyc, cached = res.stdout.split()
+    assert prefix == "None" and stdlib_pyc == "True"
+    assert cached.startswith(str(bundle / "site" / "manager" / "__pycache__"))
+    res = subprocess.run([str(bundle / "bin" / "overlay"), "compose", "list", "--json"], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert {p: p.stat().st_mtime_ns for p in bundle.rglob("*")} == before  # nothing (re)compiled into it
+    assert not (tmp_path / "overlay-pycache").exists()
 
 
 def test_rebuilding_replaces_an_earlier_bundle_but_refuses_a_foreign_directory(bundle: Path, tmp_path: Path) -> None:

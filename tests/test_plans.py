@@ -17,7 +17,7 @@ from manager.overlays import apply, load_overlays, revert, status
 from manager.overlays.plans import PlanRefused, apply_plan
 from manager.overlays.prepare import input_paths, prepare
 
-from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog
+from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog, run_entry
 from conftest import RELEASES
 
 ALL_IDS = tuple(sorted(p.name for p in SHIPPED_OVERLAYS.iterdir() if (p / "overlay.yaml").is_file()))
@@ -216,20 +216,9 @@ def test_plan_apply_process_imports_none_of_the_heavy_modules(tmp_path, catalog,
     root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
     apply(every, ref)
     argv = ["--catalog", str(catalog.root), "apply", "--root", str(root), "--plans", str(plan_path.parent)]
-    code = (
-        "import sys\n"
-        f"sys.argv = ['overlay'] + {json.dumps(argv)}\n"
-        "from manager.fastpath import main\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as e:\n"
-        "    assert e.code == 0, e.code\n"
-        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
-        "print('HEAVY=' + ','.join(heavy))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    proc, heavy = run_entry(argv, HEAVY, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "HEAVY=\n" in proc.stdout
+    assert heavy == []
     assert "prepared plan, hashes verified" in proc.stderr
     assert _tree(root) == _tree(ref)
 
@@ -314,7 +303,10 @@ def test_plan_writes_name_their_temp_files_like_the_engine_so_a_killed_replay_is
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", spy)
-    plans._atomic_write(str(target), b"x = 1\n")
+    staged = plans._Staged()
+    staged.add(str(target), b"x = 1\n")
+    staged.sync()
+    staged.rename(str(target))
     assert target.read_bytes() == b"x = 1\n"
     assert len(seen) == 1 and fsutil._TMP_RE.match(seen[0]), seen
 
@@ -337,3 +329,111 @@ def test_a_fifo_in_place_of_an_input_never_blocks_the_plan_path_and_a_held_lock_
         with pytest.raises(LockBusy):  # fastpath then leaves it to the full CLI, which waits visibly (--wait)
             apply_plan(str(catalog.root), str(held), [], dirs)
     assert not (held / ".overlay-manager" / "ledger.json").exists()
+
+
+@pytest.mark.network
+def test_plan_replay_makes_journal_and_originals_durable_before_any_target_and_unlinks_the_journal_last(
+        tmp_path, catalog, prepared_020, monkeypatch):
+    """The replay's fsync order (power loss, not only kill -9): every byte fsynced before the first
+    rename; the journal and the originals renamed and their directories fsynced before any target
+    is replaced; the ledger renamed after every target; every target's directory and the state
+    directory fsynced after that and before the journal is removed (plans.py, "the stdlib
+    transaction")."""
+    every, plan_path = prepared_020
+    root = _fresh(tmp_path, every, "root")
+    state = os.path.realpath(root / ".overlay-manager")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, os.unlink
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.realpath(dst)))
+        return real_replace(src, dst)
+
+    def unlink(path, *a, **kw):
+        events.append(("unlink", os.path.realpath(path)))
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "unlink", unlink)
+    done = apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+    monkeypatch.undo()
+    assert done is not None
+
+    def first(kind, pred):
+        return next(i for i, (k, p) in enumerate(events) if k == kind and pred(p))
+
+    def last(kind, pred):
+        return max(i for i, (k, p) in enumerate(events) if k == kind and pred(p))
+
+    journal, ledger = os.path.join(state, "journal.json"), os.path.join(state, "ledger.json")
+    writes = json.loads(plan_path.read_text())["writes"]
+    targets = {os.path.realpath(root / w["path"]) for w in writes}
+    originals = {p for k, p in events if k == "replace" and os.path.dirname(p) == os.path.join(state, "originals")}
+    assert targets and originals == {os.path.join(state, "originals", w["pre_sha256"]) for w in writes
+                                     if w["pre_sha256"] != "absent"}  # every file that existed is kept
+    renames = [i for i, (k, _) in enumerate(events) if k == "replace"]
+    # barrier 1: every renamed file's temp was fsynced before the first rename, each exactly once
+    temps = [p for k, p in events[: renames[0]] if k == "fsync" and ".overlay-manager-tmp-" in p]
+    assert len(temps) == len(renames) == len(set(temps))
+    # barrier 2: journal and originals renamed, their directories fsynced, before any target
+    first_target = first("replace", lambda p: p in targets)
+    assert last("replace", lambda p: p in originals or p == journal) < first_target
+    assert last("replace", lambda p: p == journal) < first("fsync", lambda p: p == state) < first_target
+    assert first("fsync", lambda p: p == os.path.join(state, "originals")) < first_target
+    # ledger last; barrier 3: every target's directory and the state directory fsynced after it,
+    # before the journal goes
+    led_at = first("replace", lambda p: p == ledger)
+    assert led_at == renames[-1] and last("replace", lambda p: p in targets) < led_at
+    gone = first("unlink", lambda p: p == journal)
+    for d in {os.path.dirname(t) for t in targets} | {state}:
+        assert any(k == "fsync" and p == d for k, p in events[led_at:gone]), d
+    # instead of the engine's 2 fsyncs per file: each temp file once, then directories once each
+    # (state, originals/ and the root, which got the state directory; the target directories and state)
+    assert sum(k == "fsync" for k, _ in events) == len(renames) + 3 + len({os.path.dirname(t) for t in targets}) + 1
+    assert not os.path.exists(journal)
+
+
+@pytest.mark.network
+def test_a_ledger_on_disk_before_a_target_rename_is_recovered_by_the_journal(tmp_path, catalog, prepared_020, monkeypatch):
+    """What barrier 3 relies on: after a power loss the ledger may be on disk while a target's
+    rename is not (the target still has its original bytes) and the journal is still there. The
+    next apply completes the job to the engine's bytes, and revert gives every original back."""
+    every, plan_path = prepared_020
+    root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
+    pristine = _tree(root)
+    apply(every, ref)
+    real_unlink = os.unlink
+    monkeypatch.setattr(os, "unlink", lambda p, *a, **kw: None if str(p).endswith("journal.json") else real_unlink(p, *a, **kw))
+    assert apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)]) is not None
+    monkeypatch.undo()
+    journal = root / ".overlay-manager" / "journal.json"
+    assert journal.exists() and (root / ".overlay-manager" / "ledger.json").exists()
+    (root / GEMMA4).write_bytes(pristine[GEMMA4])  # its rename lost, the ledger's kept
+    assert status(every, root).interrupted  # the ledger is not trusted while the journal is there
+    result = apply(every, root)
+    assert any(c.path == GEMMA4 for c in result.changes) and not journal.exists()
+    assert {o.status for o in result.statuses.overlays} == {o.status for o in status(every, ref).overlays}
+    assert _tree(root) == _tree(ref)
+    revert(every, every, root)
+    assert {k: v for k, v in _tree(root).items() if not k.startswith(".overlay-manager/")} == pristine
+
+
+def test_fsync_all_syncs_every_fd_from_its_threads_and_reports_a_file_error(tmp_path):
+    from manager.overlays import plans
+
+    fds = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644) for i in range(5)]
+    try:
+        plans._fsync_all(fds)  # every fd, concurrently; no error
+        bad = os.open(tmp_path / "gone", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(bad)  # a closed descriptor: EBADF from whichever thread syncs it
+        with pytest.raises(OSError):
+            plans._fsync_all([*fds, bad])
+        plans._fsync_all([*fds, bad], strict=False)  # directories: skipped, as fsutil.fsync_dir does
+    finally:
+        for fd in fds:
+            os.close(fd)

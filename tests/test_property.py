@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -262,3 +263,51 @@ def test_dict_cache_on_generated_decorator_stacks(case):
     assert not [l for l in out.splitlines() if l.strip() in CACHE_SPELLINGS]
     # same results and the same calls of the wrapped bodies (computed once per key) as functools
     assert _observe(out, calls) == _observe(src, calls)
+
+
+_SEGMENT_LINES = ["x = 1", "y = 'é\f'", "def f(a,\n      b):", "    return  'ü' + \\", "        'z'", "\fclass A:",
+                  "  pass", "if x:", "    z = [i for i in (1, 2)]  # ü", "w = f(1,\n 2)"]
+
+
+@given(st.lists(st.sampled_from(_SEGMENT_LINES), min_size=1, max_size=12), st.sampled_from(["\n", "\r\n", "\r"]),
+       st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_source_segment_equals_ast_get_source_segment(lines, newline, trailing):
+    """engine.source_segment (the probes' `contains` scope text) is ast.get_source_segment, for
+    every node, whatever the line endings, form feeds and non-ASCII columns."""
+    import ast
+
+    from manager.overlays.statuses import source_segment
+
+    text = newline.join(line.replace("\n", newline) for line in lines) + (newline if trailing else "")
+    try:
+        mod = ast.parse(text)
+    except SyntaxError:
+        event("not valid python")
+        return
+    for node in ast.walk(mod):
+        if hasattr(node, "lineno"):
+            assert source_segment(text, node) == (ast.get_source_segment(text, node) or ""), ast.dump(node)
+
+
+@pytest.mark.network
+def test_probe_scope_walk_finds_the_defs_ast_walk_finds_on_a_real_release():
+    """The probes' scope lookup walks statements only (engine._statements): on every model and
+    transformers_utils module of vLLM 0.20.0 (where the probes look) it finds exactly the defs and
+    classes `ast.walk` finds, from the module and from each class."""
+    import ast
+
+    from manager.overlays.statuses import _AST_DEFS, _statements
+    from manager.releases import pristine_tree
+
+    base = pristine_tree("0.20.0") / "vllm"
+    files = sorted([*(base / "model_executor" / "models").glob("*.py"), *(base / "transformers_utils").rglob("*.py")])
+    assert len(files) > 200
+    for f in files:
+        try:
+            mod = ast.parse(f.read_bytes())
+        except SyntaxError:
+            continue
+        for node in [mod, *(n for n in ast.walk(mod) if isinstance(n, ast.ClassDef))]:
+            want = sorted(id(n) for n in ast.walk(node) if isinstance(n, _AST_DEFS))
+            assert sorted(id(n) for n in _statements(node) if isinstance(n, _AST_DEFS)) == want, f

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
-from ..state import APPLY_SKIPS
 from .app import Application
 from .params import CatalogChoice, json_option, root_option, wait_option
 
@@ -154,7 +153,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
 
     from ..overlays import find_root
     from ..overlays.plans import ENV_CACHE
-    from ..overlays.prepare import apply_and_record
+    from ..overlays.prepare import apply_and_record, report_lines
 
     _, selected = _selected(app, ids)
     recorded = apply_and_record(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), ids=ids,
@@ -162,22 +161,9 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     result = recorded.result
     if as_json:
         print_json(result.to_json())
-    for note in result.notes:
-        say("recovered", note, "yellow")
-    for oid, why in result.skipped:
-        say("skipped", f"{oid}: {why}", "magenta")
-    for c in result.changes:
-        verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
-        say(verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "green")
-    for o in result.statuses.overlays:
-        if o.status in APPLY_SKIPS and not dry_run:
-            say(o.status, o.id, _STYLE.get(o.status, "cyan"))
-    if not result.changes:
-        say("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "dim")
-    if recorded.plan:
-        say("recorded", f"plan {esc(recorded.plan)}", "dim")
-    elif recorded.note:
-        say("note", esc(recorded.note), "yellow")
+    kinds = {"note": "yellow", "skipped": "magenta", "change": "green", "quiet": "dim"}
+    for verb, text, kind in report_lines(recorded, dry_run):  # say() shows the text literally
+        say(verb, text, _STYLE.get(verb, "cyan") if kind == "status" else kinds[kind])
     return 1 if dry_run and result.changes else 0
 
 

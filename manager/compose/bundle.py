@@ -3,7 +3,8 @@
 Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
     bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
-    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`
+    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`,
+                     byte-compiled with that python when one runs here (then the wrapper sets no PYTHONPYCACHEPREFIX)
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
@@ -46,9 +47,15 @@ OVERLAY_RELEASE_FILES="${OVERLAY_RELEASE_FILES:-$here/release-files}"
 # prepared plans of the first apply; a first apply without one is recorded into the kernel cache volume
 OVERLAY_PLANS="${OVERLAY_PLANS:-$here/plans}"
 OVERLAY_PLAN_CACHE="${OVERLAY_PLAN_CACHE:-${OVERLAY_KERNEL_CACHE:+$OVERLAY_KERNEL_CACHE/plans}}"
-# the bundle is mounted read-only: keep bytecode in a writable place (survives container restarts)
-PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
-export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES PYTHONPYCACHEPREFIX OVERLAY_PLANS OVERLAY_PLAN_CACHE
+# bytecode: site/ carries its own, compiled for this python when the bundle was built, next to the
+# sources; the image's python keeps its stdlib's (a PYTHONPYCACHEPREFIX would make it ignore both).
+# A bundle without it (no such python where it was built) is mounted read-only: keep bytecode in a
+# writable place then, or wherever $OVERLAY_PYCACHE says.
+if [ -n "${OVERLAY_PYCACHE:-}" ] || [ ! -d "$here/site/manager/__pycache__" ]; then
+  PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
+  export PYTHONPYCACHEPREFIX
+fi
+export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
 exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
@@ -223,6 +230,28 @@ def write_plans(dest: Path, catalog: Catalog) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def _compile_site(site: Path, python: str) -> str | None:
+    """Byte-compile `site` for the bundle's python into its normal __pycache__ directories (as
+    `pip install` does), with that python: this one when it is that version, else `python<X.Y>` on
+    PATH. Returns the cache tag (e.g. cpython-311), or None when no such python runs here: the
+    bundle then carries no bytecode and its wrapper keeps it in a writable PYTHONPYCACHEPREFIX."""
+    code = ("import compileall, sys\n"
+            f"if '%d.%d' % sys.version_info[:2] != {python!r}: sys.exit(2)\n"
+            "compileall.compile_dir(sys.argv[1], quiet=2, workers=0)\n"  # a file that does not compile: none
+            "print(sys.implementation.cache_tag)\n")
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for exe in ([sys.executable] if here == python else []) + [shutil.which(f"python{python}")]:
+        if exe is None:
+            continue
+        proc = subprocess.run([exe, "-c", code, str(site)], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"})
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    for cache in list(site.rglob("__pycache__")):  # nothing half-compiled by a python that failed
+        shutil.rmtree(cache, ignore_errors=True)
+    return None
+
+
 def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans: bool = True) -> BundleResult:
     """Build a bundle directory at `out` (replaced atomically if it is an earlier bundle)."""
     python = _check_python(python)
@@ -243,6 +272,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
         )
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
+        bytecode = _compile_site(tmp / "site", python)
         _copy_catalog(catalog, tmp / "catalog")
         _copy_release_files(catalog, tmp / "release-files")
         plan_lines = write_plans(tmp / "plans", Catalog(tmp / "catalog")) if plans else ()
@@ -258,6 +288,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
             "platform": platform,
             "packages": packages,
             "plans": list(plan_lines),
+            "bytecode": bytecode,
         }
         (tmp / "BUNDLE.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for p in [tmp, *tmp.rglob("*")]:

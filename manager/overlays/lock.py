@@ -14,19 +14,20 @@ who holds it.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import fcntl
 import json
 import os
-import socket
 import stat
 import sys
 import time
-from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import OverlayError
+
+# Also taken by the prepared-plan replay (manager.overlays.plans) before any third-party import,
+# on every first container start: only modules the interpreter has loaded anyway or that cost
+# nothing (no socket, datetime, typing or pathlib; paths are str or os.PathLike).
 
 POLL_S = 0.1
 
@@ -44,7 +45,7 @@ def _describe(raw: bytes) -> str:
         return "another process (no owner recorded)"
 
 
-def _open(path: Path) -> int:
+def _open(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o644)
     except IsADirectoryError:
@@ -59,7 +60,7 @@ def _open(path: Path) -> int:
     return fd
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _same_file(fd: int, path: str) -> bool:
     try:
         st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -69,18 +70,21 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def root_lock(state: Path, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+def root_lock(state: str | os.PathLike[str], wait: float = 600.0,
+              on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the lock of the state directory `state` (created when missing) for the block."""
-    created = not state.exists()
+    state = os.fspath(state)
+    created = not os.path.exists(state)
     try:
-        state.mkdir(exist_ok=True)
+        os.mkdir(state)
     except FileExistsError:
-        raise OverlayError(f"{state}: exists and is not a directory (the tool's state directory)") from None
+        if not os.path.isdir(state):
+            raise OverlayError(f"{state}: exists and is not a directory (the tool's state directory)") from None
     except OSError as exc:
         raise OverlayError(f"{state}: cannot create the state directory: {exc.strerror}") from None
-    if not state.is_dir() or state.is_symlink():
+    if not os.path.isdir(state) or os.path.islink(state):
         raise OverlayError(f"{state}: exists and is not a directory (the tool's state directory)")
-    path = state / "lock"
+    path = os.path.join(state, "lock")
     fresh = not os.path.lexists(path)
     deadline = time.monotonic() + max(wait, 0.0)
     told = False
@@ -107,8 +111,9 @@ def root_lock(state: Path, wait: float = 600.0, on_wait: Callable[[str], None] |
     ok = False
     try:
         owner = {
-            "pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv[:4]),
-            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            # os.uname().nodename is what socket.gethostname() returns, without importing socket
+            "pid": os.getpid(), "host": os.uname().nodename, "command": " ".join(sys.argv[:4]),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(owner).encode(), 0)

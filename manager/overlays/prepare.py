@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
-from ..state import ABSENT, JOURNAL_FILE, LEDGER_FILE, STATE_DIR
+from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
@@ -30,6 +30,29 @@ class RecordedApply:
     result: ApplyResult
     plan: str | None = None  # the plan file written, when one was
     note: str | None = None  # why none was written, when recording failed
+
+
+def report_lines(recorded: RecordedApply, dry_run: bool = False) -> list[tuple[str, str, str]]:
+    """What `overlay apply` reports, in order, as (verb, text, kind). kind: "note" (a recovered
+    journal, a plan that could not be recorded), "skipped", "change", "status" (the verb is the
+    overlay's status), "quiet". The CLI colours the lines by kind; the start-up path
+    (manager.fastpath, stderr not a terminal) prints the same lines plain."""
+    result = recorded.result
+    out = [("recovered", note, "note") for note in result.notes]
+    out += [("skipped", f"{oid}: {why}", "skipped") for oid, why in result.skipped]
+    for c in result.changes:
+        verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
+        out.append((verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "change"))
+    if not dry_run:
+        out += [(o.status, o.id, "status") for o in result.statuses.overlays
+                if o.status in APPLY_SKIPS]
+    if not result.changes:
+        out.append(("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "quiet"))
+    if recorded.plan:
+        out.append(("recorded", f"plan {recorded.plan}", "quiet"))
+    elif recorded.note:
+        out.append(("note", recorded.note, "note"))
+    return out
 
 
 @dataclass(frozen=True)

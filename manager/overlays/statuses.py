@@ -5,6 +5,7 @@ recorded hash still matches."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -19,6 +20,24 @@ from .model import OverlayStatus, StatusReport, TargetStatus, worst
 from .root import package_version
 
 
+_AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _statements(node: ast.AST) -> list[ast.AST]:
+    """`node` and every statement below it, at any depth (what `ast.walk` yields that can be a
+    def or a class: those are statements only, so expressions, most of a module's nodes, are
+    not walked)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            value = getattr(n, name, None)
+            if isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, ast.AST))
+    return out
+
+
 def _probe_matches(tree: Tree, probe) -> str | None:
     text = tree.text(probe.target)
     if text is None:
@@ -29,11 +48,7 @@ def _probe_matches(tree: Tree, probe) -> str | None:
         return None
     node: ast.AST = mod
     for part in [p for p in (probe.scope or "").split(".") if p]:
-        found = [
-            n
-            for n in ast.walk(node)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
-        ]
+        found = [n for n in _statements(node) if isinstance(n, _AST_DEFS) and n.name == part]
         if len(found) != 1:
             return None
         node = found[0]
@@ -49,7 +64,7 @@ def _probe_matches(tree: Tree, probe) -> str | None:
         if probe.defines not in names:
             return None
     if probe.contains:
-        segment = text if node is mod else (ast.get_source_segment(text, node) or "")
+        segment = text if node is mod else source_segment(text, node)
         from .bounded import search
 
         if not search(probe.contains, segment, probe.target):
@@ -57,6 +72,30 @@ def _probe_matches(tree: Tree, probe) -> str | None:
     where = f"{probe.target}:{probe.scope}" if probe.scope else probe.target
     what = probe.description or (f"defines {probe.defines}" if probe.defines else f"matches /{probe.contains}/")
     return f"native fix found ({what}) in {where}"
+
+
+_LINE_RE = re.compile(r"(.*?(?:\r\n|\n|\r|$))")  # a source line as the parser counts them (not at \f)
+
+
+def source_segment(text: str, node: ast.AST) -> str:
+    """`ast.get_source_segment(text, node) or ""`, splitting only the lines up to the node's end.
+
+    Before Python 3.12 get_source_segment splits the whole file into lines one character at a
+    time in Python (~15-40 ms for gemma4.py, on every status of a probe with `contains`); this is
+    3.12's split (a regex, stopping at end_lineno) with the same slicing (offsets in UTF-8 bytes)."""
+    end, last_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end is None or last_col is None:
+        return ""
+    first, col = node.lineno - 1, node.col_offset  # type: ignore[attr-defined]
+    lines = []
+    for m in _LINE_RE.finditer(text):
+        if len(lines) == end:
+            break
+        lines.append(m[0])
+    if end - 1 == first:
+        return lines[first].encode()[col:last_col].decode()
+    return "".join([lines[first].encode()[col:].decode(), *lines[first + 1:end - 1],
+                    lines[end - 1].encode()[:last_col].decode()])
 
 
 def _target_status(states: list, details: list[str]) -> tuple[str, str]:

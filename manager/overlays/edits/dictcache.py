@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from ..sentinel import Sentinel, decode_value, encode_value, parse_python, short_hash
 from .base import EditFailed, EditState, Inspection
@@ -28,7 +27,8 @@ from .pycst import (
     remove_block,
     resolve_scope,
 )
-from .python import PythonEdit, block_mismatch
+from .pycst import m  # libcst.matchers (imported there, without its signature docstrings)
+from .python import PythonEdit, _built, block_mismatch
 
 
 def _helper_source() -> str:
@@ -180,7 +180,7 @@ class DictCache(PythonEdit):
         return Inspection(EditState.PENDING, f"{tag}: {len(theirs)} cache decorators ({names})")
 
     def _helper_stmts(self, module: cst.Module) -> list[cst.BaseStatement]:
-        return parse_statements(HELPER_CODE, module)
+        return _built(("dict-cache-helper", HELPER_CODE), module, lambda: parse_statements(HELPER_CODE, module))
 
     def apply(self, module: cst.Module) -> cst.Module:
         state = self.inspect(module)

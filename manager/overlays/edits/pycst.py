@@ -9,7 +9,39 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import libcst as cst
-import libcst.matchers as m
+
+
+def _import_matchers():
+    """`libcst.matchers`, imported without a signature docstring for each of its classes.
+
+    The module is generated: ~460 matcher dataclasses whose fields are annotated with large typing
+    Unions. For a class without a docstring, `dataclasses` writes one from
+    `str(inspect.signature(cls))`, which formats every annotation; that was ~20% of this import
+    (~0.12-0.17 CPU-s on the 2-CPU box), the largest single import of a first `overlay apply`
+    without a prepared plan, and nothing ever reads those docstrings. For this one import
+    `inspect.signature` raises ValueError, which `dataclasses` catches (the class keeps its name as
+    its docstring); the function is put back before the import returns. Already imported (a test
+    process, a caller that imported it first): nothing is patched."""
+    import sys
+
+    if "libcst.matchers" in sys.modules:
+        return sys.modules["libcst.matchers"]
+    import inspect
+
+    real = inspect.signature
+
+    def no_signature(*args, **kwargs):
+        raise ValueError("signature docstrings skipped while importing libcst.matchers")
+
+    inspect.signature = no_signature  # type: ignore[assignment]
+    try:
+        import libcst.matchers
+    finally:
+        inspect.signature = real
+    return libcst.matchers
+
+
+m = _import_matchers()  # the house rule: sentinels and decorator shapes are detected with libcst matchers
 
 from ..sentinel import Sentinel, parse_python, short_hash
 from .base import EditFailed
@@ -208,7 +240,9 @@ def mark_block(
 
 def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
     for line in getattr(stmt, "leading_lines", ()):
-        if m.matches(line, SENTINEL_LINE):
+        # the matcher decides; a line without a comment (most of them) cannot match it, and the
+        # generic matcher machinery is the largest cost of walking a module for sentinels
+        if line.comment is not None and m.matches(line, SENTINEL_LINE):
             return parse_python(line.comment.value)  # type: ignore[union-attr]
     return None
 

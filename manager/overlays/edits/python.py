@@ -30,6 +30,28 @@ from .pycst import (
 )
 
 
+# Blocks already built in this process. A block is a pure function of what its edit reads (the
+# snippet text, the overlay id and sentinel version, the edit's name and options) and of the
+# target module's layout (the fields its parser config and its code generation read); one apply
+# builds the same block up to four times (inspect, insert, the status after writing), each a few
+# libcst parses and code generations. libcst nodes are immutable, so the statements are shared.
+_BUILT: dict[tuple, tuple] = {}
+
+
+def _layout(module: cst.Module) -> tuple:
+    return (module.encoding, module.default_indent, module.default_newline, module.has_trailing_newline)
+
+
+def _built(key: tuple, module: cst.Module, make) -> list[cst.BaseStatement]:
+    key = (*key, _layout(module))
+    hit = _BUILT.get(key)
+    if hit is None:
+        if len(_BUILT) >= 256:  # a long-lived process (tests) does not grow it without bound
+            _BUILT.clear()
+        hit = _BUILT[key] = tuple(make())
+    return list(hit)
+
+
 class PythonEdit:
     """Base for edits whose unit is a sentinel-marked block of statements."""
 
@@ -155,16 +177,22 @@ class InsertStatements(PythonEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
-        code = self.ctx.read(self.spec.code)
-        if self.spec.trace:
-            # OVERLAY_TRACE=1 runtime marker (manager/overlays/trace.py): fixed text, the block stays deterministic
-            code = add_guards(code, self.ctx.overlay_id, self.ctx.version, self.spec.name)
-        try:
-            stmts = parse_statements(code, module)
-        except EditFailed as exc:
-            msg = str(exc)
-            raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None
-        return mark_block(module, stmts, self.sentinel())
+        snippet = self.ctx.read(self.spec.code)
+
+        def make() -> list[cst.BaseStatement]:
+            code = snippet
+            if self.spec.trace:
+                # OVERLAY_TRACE=1 runtime marker (manager/overlays/trace.py): fixed text, the block stays deterministic
+                code = add_guards(code, self.ctx.overlay_id, self.ctx.version, self.spec.name)
+            try:
+                stmts = parse_statements(code, module)
+            except EditFailed as exc:
+                msg = str(exc)
+                raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None
+            return mark_block(module, stmts, self.sentinel())
+
+        key = ("insert", self.ctx.overlay_id, self.ctx.version, self.spec.name, bool(self.spec.trace), snippet)
+        return _built(key, module, make)
 
     def _sites(self, module: cst.Module):
         scope = resolve_scope(module, self.spec.scope)
