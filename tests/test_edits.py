@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -716,3 +718,35 @@ def test_text_insert_sentinel_upgrade(tmp_path):
     assert "v1" not in new and "out[i] = 5.f;" in new and "out[i] = 1.f;" not in new
     assert v2.inspect(new).state == S.APPLIED
     assert v2.remove(new) == CU_SRC
+
+
+# --------------------------------------------------------------------------- the matchers import
+
+
+_MATCHERS_PROBE = """
+import dataclasses, inspect
+src = inspect.getsource(dataclasses._process_class)
+from manager.overlays.edits import pycst
+import libcst.matchers as m
+assert m.Comment.__doc__ == 'Comment()', m.Comment.__doc__
+assert str(inspect.signature(m.Comment)).startswith('(')          # put back after the import
+print('catches' if 'except (TypeError, ValueError)' in src else 'propagates')
+"""
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/usr/bin/python3"])
+def test_the_lean_matchers_import_works_whether_or_not_dataclasses_catches_signature_errors(python):
+    """pycst imports libcst.matchers with inspect.signature stubbed out (no per-class signature docstrings).
+    The stub must not raise: Python 3.11.2's dataclasses (Debian 12's python3, the compose images' python)
+    lets the error out, 3.11.7's catches it; the compose e2e crashed on the first."""
+    if not Path(python).is_file():
+        pytest.skip(f"{python} is not installed")
+    import subprocess
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), site]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([python, "-c", _MATCHERS_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() in ("catches", "propagates")
