@@ -423,3 +423,15 @@ def test_unknown_ids_raise_profile_errors(run):
 def test_default_engine_prefers_one_that_serves_the_family(run):
     assert run(model="gemma-4-26b-a4b", hardware="v100-sxm2-32gb").deployment["engine"] == "vllm-sm70"
     assert run(model="gemma-4-12b", hardware="rtx-3090").deployment["engine"] == "vllm-0.33.0"
+
+
+def test_shipped_overlays_look_up_the_installations_catalog_once(monkeypatch):
+    """fits() asks for the shipped overlays on every call; the catalog lookup (path resolution) runs once."""
+    import manager.fits.overlays as fo
+
+    real, calls = fo.default_catalog_dir, []
+    monkeypatch.setattr(fo, "_SHIPPED_ROOT", [])
+    monkeypatch.setattr(fo, "default_catalog_dir", lambda: calls.append(1) or real())
+    first, second = fo.shipped_overlays(), fo.shipped_overlays()
+    assert first is second and len(calls) == 1
+    assert "gemma4-mtp-cpu-kv-sharing" in first

@@ -253,12 +253,16 @@ def read_overlays(base: Path) -> dict[str, OverlayInfo]:
 
 
 _SHIPPED: dict[str, dict[str, OverlayInfo]] = {}
+_SHIPPED_ROOT: list[Path | None] = []  # default_catalog_dir() of this installation, looked up once
 
 
 def shipped_overlays() -> dict[str, OverlayInfo]:
     """The valid overlays of the catalog shipped with the project (memoized): what fits() can name
-    as needed when a user's own catalog lacks them."""
-    root = default_catalog_dir()
+    as needed when a user's own catalog lacks them. The installation's catalog is found once per
+    process (every fits() call asks; the lookup's path resolution was a third of a warm fits())."""
+    if not _SHIPPED_ROOT:
+        _SHIPPED_ROOT.append(default_catalog_dir())
+    root = _SHIPPED_ROOT[0]
     if root is None:
         return {}
     key = str(root)

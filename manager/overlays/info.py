@@ -7,6 +7,7 @@ read_overlay`), so that fits() can still say "needed, but its manifest is invali
 
 from __future__ import annotations
 
+import functools
 from dataclasses import KW_ONLY, dataclass, field
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -58,12 +59,7 @@ class OverlayInfo:
         return bool(self.repo and self.pr)
 
     def in_range(self, version: str) -> bool:
-        if not self.versions:
-            return True
-        try:
-            return Version(version) in SpecifierSet(self.versions)
-        except (InvalidSpecifier, InvalidVersion):
-            return True
+        return _in_range(self.versions, version)
 
     def native_on(self, version: str) -> bool:
         """The fix is native in vLLM `version` (from `native_from`)."""
@@ -71,3 +67,14 @@ class OverlayInfo:
             return self.native_from is not None and Version(version) >= Version(self.native_from)
         except InvalidVersion:
             return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _in_range(versions: str, version: str) -> bool:
+    """`version` in the specifier `versions` ("" or unparsable: True); memoized, fits() asks per call."""
+    if not versions:
+        return True
+    try:
+        return Version(version) in SpecifierSet(versions)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
