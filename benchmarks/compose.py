@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # manager, and tests.helpers.containers (the compose tests' Docker images)
 
 DRIVER = r"""
 import json, subprocess, sys, time
@@ -59,7 +58,7 @@ def bench_registry(runs: int) -> dict:
 
 
 def bench_container(runs: int) -> dict:
-    import _docker_helpers as dh
+    from tests.helpers import containers as dh
     from manager.catalog import Catalog
     from manager.compose.plan import load_profiles, plan_deployment
     from manager.compose.registry import load_registry

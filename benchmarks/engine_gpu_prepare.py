@@ -358,10 +358,7 @@ def build_kernel_cache(dest: Path, nvrtc: str | None = None) -> dict:
 
 def nvrtc12() -> Path:
     """NVRTC 12 from PyPI wheels (the same install the kernel tests use)."""
-    tests = ROOT / "tests"
-    if str(tests) not in sys.path:
-        sys.path.insert(0, str(tests))
-    from _kernels_helpers import nvrtc12_lib
+    from tests.helpers.nvrtc12 import nvrtc12_lib  # ROOT is on sys.path (above)
 
     return nvrtc12_lib()
 

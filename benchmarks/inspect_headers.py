@@ -1,7 +1,7 @@
 """Benchmark: `overlay inspect` on a 26B-A4B-shaped AWQ header set (all shards) vs reading the same
 headers with the safetensors library, in the same run (medians of --repeats).
 
-The set is written with tests/_checkpoint_shapes.py as sparse files (full size, data region a hole),
+The set is written with tests/inspect/checkpoint_shapes.py as sparse files (full size, data region a hole),
 so the safetensors library can open them. Timed:
   inspect        inspect_checkpoint(dir): config + index + headers -> facts, bytes, per-TP splits, findings
   inspect+eng    the same plus the per-engine key-layout checks against the catalog's profiles
@@ -25,10 +25,9 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # manager, and tests.inspect.checkpoint_shapes
 
-import _checkpoint_shapes as shapes  # noqa: E402
+from tests.inspect import checkpoint_shapes as shapes  # noqa: E402
 from manager.catalog import Catalog  # noqa: E402
 from manager.inspect import header_bytes, inspect_checkpoint  # noqa: E402
 from manager.profiles import load_profiles  # noqa: E402

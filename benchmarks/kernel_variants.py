@@ -93,8 +93,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     nvrtc = a.nvrtc
     if nvrtc is None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from _kernels_helpers import nvrtc12_lib
+        from tests.helpers.nvrtc12 import nvrtc12_lib
 
         nvrtc = str(nvrtc12_lib())
     a.out.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,9 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the float32 torch oracle lives with the kernel tests
+sys.path.insert(0, str(ROOT))  # manager, and tests.kernels.d512_reference: the float32 torch oracle of the kernel tests
 
-from _d512_reference import make_paged, ref_decode, ref_prefill  # noqa: E402
+from tests.kernels.d512_reference import make_paged, ref_decode, ref_prefill  # noqa: E402
 
 TOL = 2e-3
 PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "V100": 0.9e12}
@@ -343,7 +342,7 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
         row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, repeats=repeats, ours_ms=t * 1e3,
                    ours_tflops=flops / t / 1e12)
         if sdpa:
-            from _d512_reference import gather
+            from tests.kernels.d512_reference import gather
 
             k = torch.stack([gather(case.k_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
             v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the float32 torch oracle lives with the kernel tests
+sys.path.insert(0, str(ROOT))  # manager, and tests.kernels.d512_reference: the float32 torch oracle of the kernel tests
 
 
 def main() -> int:
@@ -30,7 +29,7 @@ def main() -> int:
     import torch
 
     from manager.kernels import d512
-    from _d512_reference import make_paged
+    from tests.kernels.d512_reference import make_paged
 
     cache = Path(a.cache)
     attn = d512.load(cache=cache, prefer=a.prefer, overlay_dir=None if a.variant else ROOT / "overlays" / "sm70-d512-attention")

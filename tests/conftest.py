@@ -1,4 +1,4 @@
-"""Shared fixtures: real vLLM release trees from PyPI (cached), Docker and GPU gates."""
+"""Shared fixtures: real vLLM release trees from PyPI (cached), the repository root, the in-process CLI."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import pytest
 
 from manager import releases
 
-# The releases the overlay tests cover (issue 2): every one is a real sdist from PyPI.
-RELEASES = ["0.19.0", "0.20.0", "0.26.0", "0.30.0", "0.31.0", "0.33.0"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .helpers import REPO_ROOT
+from .helpers.cli import CliResult, run_cli
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +40,10 @@ def vllm_root(tmp_path: Path) -> Callable[[str], Path]:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def cli_run() -> Callable[..., CliResult]:
+    """`cli_run(*args, env=None)`: `overlay ARGS` in this process through manager.cli.main and its error
+    handler -> CliResult(exit_code, stdout, stderr) (tests/helpers/cli.py, `run_cli`)."""
+    return run_cli

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+from tests.helpers import SHIPPED_OVERLAYS
+from tests.helpers.nvrtc12 import nvrtc12_lib
 
 pytestmark = pytest.mark.network
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.network
 @pytest.fixture
 def env(tmp_path: Path) -> dict:
     cat = tmp_path / "catalog"
-    shutil.copytree(OVERLAY_DIR / "sm70-d512-attention", cat / "overlays" / "sm70-d512-attention")
+    shutil.copytree(SHIPPED_OVERLAYS / "sm70-d512-attention", cat / "overlays" / "sm70-d512-attention")
     return dict(os.environ, OVERLAY_CATALOG=str(cat), OVERLAY_NVRTC=str(nvrtc12_lib()))
 
 

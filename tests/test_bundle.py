@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import _docker_helpers as dh
 from manager.catalog import Catalog
 from manager.compose.bundle import build_bundle, platform_tags, runtime_requirements
 from manager.errors import ComposeError
+from tests.helpers import containers as dh
 
 pytestmark = pytest.mark.network  # wheels come from PyPI once, then from the cache
 

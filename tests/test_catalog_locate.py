@@ -10,15 +10,14 @@ import pytest
 
 from manager import catalog as catmod
 from manager.errors import CatalogError
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
 
 
 def _fake_package(tmp_path: Path, with_resource: bool, with_checkout: bool) -> Path:
     pkg = tmp_path / "site" / "manager"
     pkg.mkdir(parents=True)
     if with_resource:
-        shutil.copytree(REPO / "profiles", pkg / "_catalog" / "profiles")
+        shutil.copytree(REPO_ROOT / "profiles", pkg / "_catalog" / "profiles")
         (pkg / "_catalog" / "overlays").mkdir()
     if with_checkout:
         (pkg.parent / "overlays").mkdir()
@@ -54,6 +53,6 @@ def test_no_catalog_is_one_line_naming_where_it_looked_and_how_to_point_at_one(t
 def test_the_override_still_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = _fake_package(tmp_path, True, False)
     monkeypatch.setattr(catmod, "__file__", str(pkg / "catalog.py"))
-    monkeypatch.setenv(catmod.ENV_VAR, str(REPO))
-    assert catmod.Catalog.locate().root == REPO
+    monkeypatch.setenv(catmod.ENV_VAR, str(REPO_ROOT))
+    assert catmod.Catalog.locate().root == REPO_ROOT
     assert catmod.Catalog.locate(str(pkg / "_catalog")).root == pkg / "_catalog"

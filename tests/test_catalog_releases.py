@@ -9,15 +9,14 @@ gemma4_mtp drafter mapping, and the AutoRound MoE fallback's SiLU-only assertion
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from manager.catalog import Catalog
 from manager.profiles import load_profiles
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-P = load_profiles(Catalog(REPO))
+P = load_profiles(Catalog(REPO_ROOT))
 # the releases issue 11 names; each has an engine profile except 0.24.0 (read for the families only)
 RELEASES = ["0.20.0", "0.22.0", "0.24.0", "0.27.1", "0.28.0"]
 ENGINES = {v: P.engines[f"vllm-{v}"] for v in RELEASES if f"vllm-{v}" in P.engines}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from packaging.version import Version  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from manager.testing import checkpoints as ck  # noqa: E402
+from tests.helpers import TEST_FIXTURES  # noqa: E402
 
 PROMPT = [2, 100, 200, 300, 50, 7]
 
@@ -186,7 +186,7 @@ def unified(tmp_path_factory):
 def test_unified_config_is_the_released_12b_form(unified):
     """The fields google/gemma-4-12B-it's config.json carries (tests/fixtures/hf-configs/gemma-4-12b.json), flat."""
     cfg = json.loads((unified.path / "config.json").read_text())
-    released = json.loads((Path(__file__).parent / "fixtures/hf-configs/gemma-4-12b.json").read_text())
+    released = json.loads((TEST_FIXTURES / "hf-configs" / "gemma-4-12b.json").read_text())
     assert cfg["architectures"] == released["architectures"] == ["Gemma4UnifiedForConditionalGeneration"]
     assert cfg["model_type"] == released["model_type"] == "gemma4_unified"
     tc = cfg["text_config"]

@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 
 from manager.cli import main
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-OVERLAY_IDS = sorted(p.name for p in (REPO / "overlays").iterdir() if (p / "overlay.yaml").is_file())
+OVERLAY_IDS = sorted(p.name for p in (REPO_ROOT / "overlays").iterdir() if (p / "overlay.yaml").is_file())
 
 
 def _sub(*args: str, columns: int = 80) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OVERLAY_CATALOG=str(REPO), COLUMNS=str(columns))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OVERLAY_CATALOG=str(REPO_ROOT), COLUMNS=str(columns))
     return subprocess.run([sys.executable, "-m", "manager", *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exc:
-        main(["--catalog", str(REPO), *argv])
+        main(["--catalog", str(REPO_ROOT), *argv])
     cap = capsys.readouterr()
     return exc.value.code, cap.out, cap.err
 
@@ -95,12 +95,12 @@ def test_compose_check_findings_are_data_on_stdout_and_the_count_is_talk_on_stde
     """`overlay compose check | grep FAIL` works: FAIL/WARN lines are the answer (stdout); the tally is talk."""
     cat = tmp_path / "cat"
     for d in ("overlays", "profiles", "compose"):
-        shutil.copytree(REPO / d, cat / d)
+        shutil.copytree(REPO_ROOT / d, cat / d)
     # a generated file that is no longer current is one FAIL finding
     gen = sorted((cat / "compose" / "generated").glob("*.yml"))[0]
     gen.write_text(gen.read_text() + "# hand edit\n")
     proc = subprocess.run([sys.executable, "-m", "manager", "--catalog", str(cat), "compose", "check"],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert proc.returncode == 1, proc.stderr
     assert any(line.startswith("FAIL ") and "generated-current" in line for line in proc.stdout.splitlines()), proc.stdout
     assert "FAIL" not in proc.stderr.replace("failed", "")

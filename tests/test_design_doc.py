@@ -14,8 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "design.md"
+from tests.helpers import REPO_ROOT
+
+DOC = REPO_ROOT / "docs" / "design.md"
 
 # The public entry points docs/design.md's contracts describe, by module.
 SIGNATURES = {
@@ -45,8 +46,8 @@ def _first_line(path: Path) -> str:
 
 def module_map() -> str:
     rows = ["| module | what it holds |", "|---|---|"]
-    for p in sorted((REPO / "manager").rglob("*.py")):
-        rel = p.relative_to(REPO).as_posix()
+    for p in sorted((REPO_ROOT / "manager").rglob("*.py")):
+        rel = p.relative_to(REPO_ROOT).as_posix()
         if "/_catalog/" in rel:
             continue
         rows.append(f"| `{rel}` | {_first_line(p)} |")

@@ -29,6 +29,7 @@ from manager.overlays.manifest import (
     SetValueEdit,
     TextInsertEdit,
 )
+from tests.helpers import REPO_ROOT
 
 S = EditState
 
@@ -745,7 +746,7 @@ def test_the_lean_matchers_import_works_whether_or_not_dataclasses_catches_signa
     import sysconfig
 
     site = sysconfig.get_paths()["purelib"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), site]),
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), site]),
            "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run([python, "-c", _MATCHERS_PROBE], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -19,10 +19,7 @@ import pytest
 from manager.catalog import Catalog
 from manager.errors import OverlayError
 from manager.overlays import apply, load_overlays, revert, status
-
-from _overlay_helpers import invoke_cli
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.cli import run_cli
 
 MOD = "def f(x):\n    y = x + 1\n    return y\n"
 MOD2 = "def g(x):\n    z = x - 1\n    return z\n"
@@ -72,7 +69,7 @@ def overlays(cat: Path):
 
 
 def run(cat: Path, *args: str) -> tuple[int, str, str]:
-    return invoke_cli("--catalog", str(cat), *args)
+    return run_cli("--catalog", str(cat), *args)
 
 
 def one_line(err: str) -> str:
@@ -270,7 +267,7 @@ def _as_nobody(args: list[str]) -> tuple[int, str]:
                 os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-            code, _, err = invoke_cli(*args)
+            code, _, err = run_cli(*args)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             err = f"child failed: {exc!r}"
         finally:

@@ -19,8 +19,8 @@ from manager import releases
 from manager.catalog import Catalog
 from manager.errors import OverlayError
 from manager.overlays import apply, load_overlays, revert, status
-
-from _overlay_test_helpers import THREE, cli, make_catalog, popen_cli, tree_hashes
+from tests.helpers.catalogs import OVERLAY_IDS, shipped_catalog_dir, tree_hashes
+from tests.helpers.cli import overlay_popen, overlay_process
 
 VERSION = "0.20.0"
 TARGETS = (
@@ -32,7 +32,7 @@ TARGETS = (
 
 @pytest.fixture(scope="module")
 def catalog_dir(tmp_path_factory) -> Path:
-    return make_catalog(tmp_path_factory.mktemp("catalog"))
+    return shipped_catalog_dir(tmp_path_factory.mktemp("catalog"))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def _overlays(catalog_dir: Path):
 
 
 def _broken_catalog(tmp_path: Path, overlay_id: str, mutate) -> Path:
-    cat = make_catalog(tmp_path / "catalog", copies=(overlay_id,))
+    cat = shipped_catalog_dir(tmp_path / "catalog", copies=(overlay_id,))
     mutate(cat / "overlays" / overlay_id)
     return cat
 
@@ -94,7 +94,7 @@ def test_one_failing_overlay_in_a_set_changes_no_file(tmp_path, vllm_root, overl
     assert not (root / ".overlay-manager" / "ledger.json").exists()
     assert not (root / ".overlay-manager" / "journal.json").exists()
     # through the CLI: exit 1, one line naming overlay and target, still nothing changed
-    proc = cli("--catalog", str(cat), "apply", "--root", str(root))
+    proc = overlay_process("--catalog", str(cat), "apply", "--root", str(root))
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert lines and lines[0].startswith("error:") and overlay_id in proc.stderr and target in proc.stderr
@@ -106,7 +106,7 @@ def test_one_failing_overlay_in_a_set_changes_no_file(tmp_path, vllm_root, overl
 
 def _kill_after_first_write(root: Path, cat: Path, expected, delay: float = 4.0) -> list[str]:
     """Start `overlay apply` with a pause between file writes; SIGKILL it once one target changed."""
-    proc = popen_cli("--catalog", str(cat), "apply", "--root", str(root),
+    proc = overlay_popen("--catalog", str(cat), "apply", "--root", str(root),
                      env={"OVERLAY_TEST_WRITE_DELAY": str(delay)})
     written: list[str] = []
     deadline = time.monotonic() + 120
@@ -146,7 +146,7 @@ def test_sigkill_during_apply_leaves_whole_files_and_next_runs_repair(vllm_root,
 
     # the next status sees the half state: never a silent "applied" for everything, and it
     # fails (exit 1) while the interrupted apply's journal is on disk (issue 10, item 4)
-    proc = cli("--catalog", str(catalog_dir), "status", "--root", str(root), "--json")
+    proc = overlay_process("--catalog", str(catalog_dir), "status", "--root", str(root), "--json")
     assert proc.returncode == 1, proc.stderr
     assert "journal.json" in proc.stderr and "interrupted" in proc.stderr
     report = json.loads(proc.stdout)
@@ -157,7 +157,7 @@ def test_sigkill_during_apply_leaves_whole_files_and_next_runs_repair(vllm_root,
     assert {o["status"] for o in report["overlays"]} >= {"applied", "pending"}
 
     # the next apply completes it (and folds the journal into the ledger)
-    proc = cli("--catalog", str(catalog_dir), "apply", "--root", str(root))
+    proc = overlay_process("--catalog", str(catalog_dir), "apply", "--root", str(root))
     assert proc.returncode == 0, proc.stderr
     assert "interrupted apply" in proc.stderr
     for t in TARGETS:
@@ -168,7 +168,7 @@ def test_sigkill_during_apply_leaves_whole_files_and_next_runs_repair(vllm_root,
     assert all(o.status == "applied" for o in status(_overlays(catalog_dir), root).overlays)
 
     # revert afterwards restores every original byte, including the file the killed run wrote
-    proc = cli("--catalog", str(catalog_dir), "revert", "--root", str(root))
+    proc = overlay_process("--catalog", str(catalog_dir), "revert", "--root", str(root))
     assert proc.returncode == 0, proc.stderr
     for t in TARGETS:
         assert (root / t).read_bytes() == expected[t][0], t
@@ -178,7 +178,7 @@ def test_revert_straight_after_sigkill_restores_originals(vllm_root, catalog_dir
     root = vllm_root(VERSION)
     _kill_after_first_write(root, catalog_dir, expected)
     pristine = releases.pristine_tree(VERSION)
-    proc = cli("--catalog", str(catalog_dir), "revert", "--root", str(root))
+    proc = overlay_process("--catalog", str(catalog_dir), "revert", "--root", str(root))
     assert proc.returncode == 0, proc.stderr
     for t in TARGETS:
         assert (root / t).read_bytes() == (pristine / t).read_bytes(), t
@@ -191,7 +191,7 @@ def test_revert_straight_after_sigkill_restores_originals(vllm_root, catalog_dir
 def test_two_concurrent_applies_end_with_the_bytes_of_one(vllm_root, catalog_dir, expected):
     root = vllm_root(VERSION)
     before = tree_hashes(root)
-    procs = [popen_cli("--catalog", str(catalog_dir), "apply", "--root", str(root)) for _ in range(2)]
+    procs = [overlay_popen("--catalog", str(catalog_dir), "apply", "--root", str(root)) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     for t in TARGETS:
@@ -201,7 +201,7 @@ def test_two_concurrent_applies_end_with_the_bytes_of_one(vllm_root, catalog_dir
     assert {k for k in changed if not k.startswith(".overlay-manager/") and "__pycache__" not in k} == set(TARGETS)
     ledger = json.loads((root / ".overlay-manager" / "ledger.json").read_text())
     assert sorted(ledger["files"]) == sorted(TARGETS)
-    assert set(ledger["overlays"]) == set(THREE)
+    assert set(ledger["overlays"]) == set(OVERLAY_IDS)
     assert not (root / ".overlay-manager" / "journal.json").exists()
     # exactly one of the two wrote; the other found everything applied
     wrote = [o for o in outs if "updated" in o[1]]
@@ -217,7 +217,7 @@ def test_revert_refuses_when_a_patched_file_was_edited_after_apply(vllm_root, ca
     edited = root / TARGETS[1]
     edited.write_bytes(edited.read_bytes() + b"# local hotfix\n")
     before = tree_hashes(root)
-    proc = cli("--catalog", str(catalog_dir), "revert", "--root", str(root))
+    proc = overlay_process("--catalog", str(catalog_dir), "revert", "--root", str(root))
     assert proc.returncode == 1
     assert "revert refused" in proc.stderr and TARGETS[1] in proc.stderr and "changed since" in proc.stderr
     assert len([l for l in proc.stderr.splitlines() if l.strip()]) == 1
@@ -252,7 +252,7 @@ def test_revert_leaves_a_reinstalled_file_alone(vllm_root, catalog_dir, expected
     root = vllm_root(VERSION)
     apply(_overlays(catalog_dir), root)
     (root / TARGETS[0]).write_bytes(expected[TARGETS[0]][0])
-    proc = cli("--catalog", str(catalog_dir), "revert", "--root", str(root))
+    proc = overlay_process("--catalog", str(catalog_dir), "revert", "--root", str(root))
     assert (root / TARGETS[0]).read_bytes() == expected[TARGETS[0]][0]
     if proc.returncode != 0:  # refused as a whole: then nothing else changed either
         assert proc.returncode == 1 and TARGETS[0] in proc.stderr

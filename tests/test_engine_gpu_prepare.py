@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.helpers import BENCHMARKS
+
 MIB = 1 << 20
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -326,7 +327,7 @@ def test_engine_gpu_arguments_fail_with_one_line(tmp_path, argv, msg):
     m = tmp_path / "manifest.json"
     m.write_text(json.dumps({"pieces": [], "groups": {}}))
     argv = [a.format(m=m, w=tmp_path) for a in argv]
-    proc = subprocess.run([sys.executable, str(BENCH / "engine_gpu.py"), *argv], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "engine_gpu.py"), *argv], capture_output=True, text=True)
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and msg in proc.stderr
     assert not (tmp_path / "o").exists()

@@ -29,9 +29,9 @@ import pytest
 from manager.catalog import Catalog
 from manager.fsutil import is_temp_name
 from manager.overlays import apply, load_overlays, revert, status
-
-from _overlay_helpers import TARGETS, slim_root
-from _overlay_test_helpers import REPO_ROOT, THREE, make_catalog, popen_cli
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import OVERLAY_IDS, TARGETS, shipped_catalog_dir, slim_root
+from tests.helpers.cli import overlay_popen
 
 VERSION = "0.20.0"
 SEED = 20261130
@@ -42,7 +42,7 @@ WRITE_DELAY = "0.3"  # seconds before each file write (after the journal too): w
 
 @pytest.fixture(scope="module")
 def catalog_dir(tmp_path_factory) -> Path:
-    return make_catalog(tmp_path_factory.mktemp("catalog"))
+    return shipped_catalog_dir(tmp_path_factory.mktemp("catalog"))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def _kill_at(args: list[str], env: dict, at: float, journal: Path | None = None,
     """Start `overlay ARGS`; SIGKILL it `at` seconds after start (or, with `journal`, `at` seconds
     after that file appears: the window between the journal and the writes; or after `wait_for()`
     first holds). True when the process was still running when killed."""
-    proc = popen_cli(*args, env=env)
+    proc = overlay_popen(*args, env=env)
     if journal is not None:
         wait_for = journal.exists
     try:
@@ -199,7 +199,7 @@ def test_concurrent_applies_end_with_the_bytes_of_one(tmp_path, catalog_dir, exp
     wrong = 0
     for i in range(CONCURRENT_TRIALS):
         root = slim_root(VERSION, tmp_path / f"t{i}")
-        procs = [popen_cli("--catalog", str(catalog_dir), "apply", "--root", str(root)) for _ in range(3)]
+        procs = [overlay_popen("--catalog", str(catalog_dir), "apply", "--root", str(root)) for _ in range(3)]
         outs = [p.communicate(timeout=300) for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0], outs
         states = _states(root, expected)
@@ -207,7 +207,7 @@ def test_concurrent_applies_end_with_the_bytes_of_one(tmp_path, catalog_dir, exp
         assert states == {t: "patched" for t in TARGETS}
         assert len([o for o in outs if "updated" in o[1]]) == 1, outs  # one wrote, the others found it done
         ledger = json.loads((root / ".overlay-manager" / "ledger.json").read_text())
-        assert sorted(ledger["files"]) == sorted(TARGETS) and set(ledger["overlays"]) == set(THREE)
+        assert sorted(ledger["files"]) == sorted(TARGETS) and set(ledger["overlays"]) == set(OVERLAY_IDS)
         assert _litter(root) == [] and not (root / ".overlay-manager" / "journal.json").exists()
     _report("concurrent", {"trials": CONCURRENT_TRIALS, "processes": 3, "wrong_files": wrong})
 
@@ -217,12 +217,13 @@ def test_concurrent_applies_end_with_the_bytes_of_one(tmp_path, catalog_dir, exp
 
 @pytest.mark.network
 def test_kill9_at_random_points_of_build_then_next_build_serves_only_verified_objects(tmp_path):
-    from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+    from tests.helpers import SHIPPED_OVERLAYS
+    from tests.helpers.nvrtc12 import nvrtc12_lib
 
     from manager.kernels import builder
 
     cat = tmp_path / "catalog"
-    shutil.copytree(OVERLAY_DIR / "sm70-d512-attention", cat / "overlays" / "sm70-d512-attention")
+    shutil.copytree(SHIPPED_OVERLAYS / "sm70-d512-attention", cat / "overlays" / "sm70-d512-attention")
     lib = str(nvrtc12_lib())
     env = {"OVERLAY_CATALOG": str(cat), "OVERLAY_NVRTC": lib}
     rng = random.Random(SEED + 2)
@@ -255,13 +256,14 @@ def test_kill9_at_random_points_of_build_then_next_build_serves_only_verified_ob
 def test_next_build_removes_what_a_killed_build_left_in_the_cache(tmp_path):
     """The leftovers of a kill inside _publish (temp and trash directories of a key) and inside the
     index write (a marked temp file) go with the next build of that key / overlay."""
-    from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+    from tests.helpers import SHIPPED_OVERLAYS
+    from tests.helpers.nvrtc12 import nvrtc12_lib
 
     from manager.fsutil import TMP_MARK
     from manager.kernels import builder
 
     cat = tmp_path / "overlays"
-    shutil.copytree(OVERLAY_DIR / "sm70-d512-attention", cat / "sm70-d512-attention")
+    shutil.copytree(SHIPPED_OVERLAYS / "sm70-d512-attention", cat / "sm70-d512-attention")
     lib, cache = str(nvrtc12_lib()), tmp_path / "cache"
     first = builder.build(cat, ["sm70-d512-attention"], cache=cache, nvrtc_path=lib, progress=False)
     victim = first.items[0]

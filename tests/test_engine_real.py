@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from _engine_helpers import require
 from manager.overlays.trace import read_trace
+from tests.helpers.engine_gate import require
 
 pytestmark = pytest.mark.engine
 

@@ -16,9 +16,9 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 import manager
 from manager.compose import bundle
 from manager.errors import BuildError, ComposeError, UpstreamError
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 
 
 def _name(req: str) -> str:
@@ -41,7 +41,7 @@ def test_version_license_in_one_place() -> None:
     assert "version" not in project and "version" in project["dynamic"]
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "manager.__version__"}
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
-    assert "Apache License" in (REPO / "LICENSE").read_text()[:200]
+    assert "Apache License" in (REPO_ROOT / "LICENSE").read_text()[:200]
     assert re.fullmatch(r"\d+\.\d+\.\d+", manager.__version__)
 
 
@@ -52,8 +52,8 @@ def test_the_cli_and_the_commands_without_extras_import_none_of_them(tmp_path: P
             "from manager.cli import main\n"
             "main(['upstream', 'check', '--offline', '--no-probe', '--json', '--cache', sys.argv[1]])\n")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "gh")],
-                         capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                                           "OVERLAY_CATALOG": str(REPO)})
+                         capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin",
+                                                                           "OVERLAY_CATALOG": str(REPO_ROOT)})
     assert res.returncode == 0, res.stderr
     assert '"results"' in res.stdout
 
@@ -108,6 +108,6 @@ def test_container_commands_run_without_jinja2_or_the_extras(argv: list[str], tm
             "from manager.cli import main\n"
             f"main({argv!r})\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OVERLAY_CATALOG": str(REPO)})
+                         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "OVERLAY_CATALOG": str(REPO_ROOT)})
     assert res.returncode in (0, 1), res.stderr
     assert "ModuleNotFoundError" not in res.stderr and "internal error" not in res.stderr, res.stderr

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from manager import fastpath
 from manager.overlays import apply, load_overlays
-
-from _overlay_helpers import CUDA_PY, PR40886, make_catalog, run_entry
+from tests.helpers.catalogs import CUDA_PY, PR40886, shipped_catalog
+from tests.helpers.cli import run_entry
 
 
 @pytest.fixture
 def applied(tmp_path, vllm_root):
-    cat = make_catalog(tmp_path / "cat")
+    cat = shipped_catalog(tmp_path / "cat")
     root = vllm_root("0.20.0")
     apply(load_overlays(cat), root)
     return cat.root, root
@@ -125,7 +125,7 @@ def _entry(argv: list[str]) -> tuple[subprocess.CompletedProcess, list[str]]:
 def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_what_the_cli_says(tmp_path, vllm_root):
     from manager import releases
 
-    cat = make_catalog(tmp_path / "cat").root
+    cat = shipped_catalog(tmp_path / "cat").root
     lean_root = vllm_root("0.20.0")
     proc, loaded = _entry(_argv(cat, lean_root))
     assert proc.returncode == 0, proc.stderr
@@ -141,7 +141,7 @@ def test_a_first_apply_without_a_plan_runs_the_engine_without_the_cli_and_says_w
 
 
 def test_the_cli_less_apply_reports_errors_through_the_cli_handler(tmp_path, vllm_root):
-    cat = make_catalog(tmp_path / "cat").root
+    cat = shipped_catalog(tmp_path / "cat").root
     root = vllm_root("0.20.0")
     proc, _ = _entry(_argv(cat, root, "no-such-overlay"))
     assert proc.returncode == 1

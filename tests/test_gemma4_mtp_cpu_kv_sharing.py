@@ -21,10 +21,9 @@ import pytest
 from manager.catalog import Catalog
 from manager.fits.overlays import DeploymentFacts, matches
 from manager.overlays import apply, load_overlays, status_on_release
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import extract_def, shipped_catalog, slim_root
 
-from _overlay_helpers import extract_def, make_catalog, slim_root
-
-REPO = Path(__file__).resolve().parent.parent
 KV = "gemma4-mtp-cpu-kv-sharing"
 PROPOSER_PY = "vllm/v1/spec_decode/gemma4.py"
 CPU_ATTN_PY = "vllm/v1/attention/backends/cpu_attn.py"
@@ -34,7 +33,7 @@ STATUS = {"0.20.0": "not-applicable", "0.22.0": "pending", "0.24.0": "pending", 
 
 def _patched(version: str, tmp: Path) -> Path:
     root = slim_root(version, tmp / f"site-{version}", (PROPOSER_PY, CPU_ATTN_PY))
-    res = apply(load_overlays(make_catalog(tmp / f"cat-{version}", ids=[KV])), root)
+    res = apply(load_overlays(shipped_catalog(tmp / f"cat-{version}", ids=[KV])), root)
     assert res.statuses.by_id(KV).status == "applied"
     return root
 
@@ -98,7 +97,7 @@ def test_patched_setup_tolerates_a_layer_without_an_impl(release):
     _, _, root = release
     source = (root / PROPOSER_PY).read_text()
     ns: dict[str, Any] = {"attn": SimpleNamespace(kv_sharing_target_layer_name=None), "target_layer_name": "t"}
-    snippet = (REPO / "overlays" / KV / "snippets" / "impl_kv_sharing.py").read_text()
+    snippet = (REPO_ROOT / "overlays" / KV / "snippets" / "impl_kv_sharing.py").read_text()
     exec(compile(snippet, "<snippet>", "exec"), ns)   # no AttributeError: getattr(attn, "impl", None) is None
     assert "attn.impl.kv_sharing_target_layer_name = target_layer_name" in source
 
@@ -109,7 +108,7 @@ def test_status_on_real_releases(version, pristine_release):
     forward = extract_def(src.read_text(), "CPUAttentionBackendImpl.forward")
     native = re.search(r"if is_encoder_attention:\s*ops\.cpu_attn_reshape_and_cache", forward) is not None
     assert native == (STATUS[version] == "upstream")
-    assert status_on_release(version, Catalog(REPO), ids=[KV]).by_id(KV).status == STATUS[version]
+    assert status_on_release(version, Catalog(REPO_ROOT), ids=[KV]).by_id(KV).status == STATUS[version]
 
 
 @pytest.mark.parametrize("device,drafter,needed", [("cpu", "gemma4_mtp", True), ("cuda", "gemma4_mtp", False),
@@ -117,7 +116,7 @@ def test_status_on_real_releases(version, pristine_release):
 def test_needed_only_on_the_cpu_backend_with_the_mtp_drafter(device, drafter, needed):
     from manager.overlays import load_manifest
 
-    nw = load_manifest(REPO / "overlays" / KV / "overlay.yaml").needed_when
+    nw = load_manifest(REPO_ROOT / "overlays" / KV / "overlay.yaml").needed_when
     d = DeploymentFacts(family="gemma4", weight_format="bf16", quant_method=None, sm=0.0 if device == "cpu" else 7.0,
                         head_dims=(256, 512), transformers="5.24.0", moe=True, drafter_model_type=drafter, device=device)
     assert matches(nw, d) is needed

@@ -22,12 +22,11 @@ from manager.catalog import Catalog
 from manager.fits import build_index, fits
 from manager.overlays import apply, load_overlays, status_on_release
 from manager.profiles import load_profiles
-
-from _overlay_helpers import CONVERTOR, CONVERTOR_PY, extract_def, make_catalog, slim_root
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import CONVERTOR, CONVERTOR_PY, extract_def, shipped_catalog, slim_root
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parent.parent
 MTP = "gemma4-mtp-per-layer"
 MTP_PY = "vllm/model_executor/models/gemma4_mtp.py"
 STATUS = {"0.20.0": "not-applicable", "0.22.0": "pending", "0.24.0": "pending", "0.27.1": "pending", "0.28.0": "upstream",
@@ -70,7 +69,7 @@ def _exec(code: str, ns: dict[str, Any]) -> dict[str, Any]:
 
 def _patched(version: str, tmp: Path) -> Path:
     root = slim_root(version, tmp / f"site-{version}", (CONVERTOR_PY, MTP_PY))
-    overlays = load_overlays(make_catalog(tmp / f"cat-{version}", ids=[CONVERTOR, MTP]))
+    overlays = load_overlays(shipped_catalog(tmp / f"cat-{version}", ids=[CONVERTOR, MTP]))
     res = apply(overlays, root)
     assert res.statuses.by_id(MTP).status == "applied"
     return root
@@ -174,12 +173,12 @@ def test_status_on_real_releases(version, pristine_release):
     src = pristine_release(version) / MTP_PY
     native = src.is_file() and ("gemma4_layer_config(" in src.read_text() or "config.per_layer_config[" in src.read_text())
     assert native == (STATUS[version] == "upstream")
-    assert status_on_release(version, Catalog(REPO), ids=[MTP]).by_id(MTP).status == STATUS[version]
+    assert status_on_release(version, Catalog(REPO_ROOT), ids=[MTP]).by_id(MTP).status == STATUS[version]
 
 
 def test_fits_needs_it_for_the_mtp_drafter_on_0_27_1_only():
-    P = load_profiles(Catalog(REPO))
-    idx = build_index(Catalog(REPO))
+    P = load_profiles(Catalog(REPO_ROOT))
+    idx = build_index(Catalog(REPO_ROOT))
     kw = dict(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, overlay_index=idx)
     with_drafter = fits(P, engine="vllm-0.27.1", drafter="gemma-4-26b-a4b-assistant", **kw)
     assert MTP in with_drafter.overlays and CONVERTOR in with_drafter.overlays

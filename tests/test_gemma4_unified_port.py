@@ -23,16 +23,15 @@ from manager.fits import build_index, fits
 from manager.overlays import apply, load_overlays, revert, status, status_on_release
 from manager.profiles import load_profiles
 from manager.releases import release_file
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import set_edit_field, shipped_catalog
 
-from _overlay_helpers import make_catalog, set_edit_field
-
-REPO = Path(__file__).resolve().parent.parent
 PORT = "gemma4-unified-port"
 MODEL_PY = "vllm/model_executor/models/gemma4_unified.py"
 TARGETS = (MODEL_PY, "vllm/model_executor/models/gemma4_mm.py", "vllm/model_executor/models/registry.py",
            "vllm/transformers_utils/model_arch_config_convertor.py", "vllm/model_executor/models/config.py")
 STATUS = {"0.20.0": "pending", "0.22.0": "pending", "0.24.0": "upstream", "0.27.1": "upstream", "0.28.0": "upstream"}
-PIN = yaml.safe_load((REPO / "overlays" / PORT / "overlay.yaml").read_text())["edits"][0]
+PIN = yaml.safe_load((REPO_ROOT / "overlays" / PORT / "overlay.yaml").read_text())["edits"][0]
 
 
 def _root(pristine_release, version: str, dest: Path) -> Path:
@@ -52,7 +51,7 @@ def test_status_on_real_releases(version, pristine_release):
     native = (tree / MODEL_PY).is_file() and '"Gemma4UnifiedForConditionalGeneration"' in (
         tree / "vllm/model_executor/models/registry.py").read_text()
     assert native == (STATUS[version] == "upstream"), "the matrix must follow the release's own sources"
-    rep = status_on_release(version, Catalog(REPO), ids=[PORT])
+    rep = status_on_release(version, Catalog(REPO_ROOT), ids=[PORT])
     assert rep.by_id(PORT).status == STATUS[version]
 
 
@@ -60,7 +59,7 @@ def test_pinned_file_is_vllm_0_24_0s_module(pristine_release):
     data = release_file(PIN["release"], PIN["path"], PIN["sha256"])
     assert data == (pristine_release("0.24.0") / MODEL_PY).read_bytes()
     assert hashlib.sha256(data).hexdigest() == PIN["sha256"]
-    assert not (REPO / "overlays" / PORT / "files").exists(), "upstream code is never vendored"
+    assert not (REPO_ROOT / "overlays" / PORT / "files").exists(), "upstream code is never vendored"
 
 
 def test_release_file_refuses_a_wrong_sha256():
@@ -124,7 +123,7 @@ def test_apply_on_an_older_release_ports_the_module_and_its_registrations(versio
     if version == "0.20.0":  # the helper the module imports is what the port adds to gemma4_mm there
         assert unresolved_vllm_imports(pristine_release(version), "vllm/model_executor/models/gemma4_mm.py") == []
     fallback = pristine_release(version)
-    overlays = load_overlays(make_catalog(tmp_path / "cat", ids=[PORT]))
+    overlays = load_overlays(shipped_catalog(tmp_path / "cat", ids=[PORT]))
     result = apply(overlays, root)
     assert result.statuses.by_id(PORT).status == "applied"
     text = (root / MODEL_PY).read_text()
@@ -162,7 +161,7 @@ def test_unresolved_import_check_sees_what_0_20_0_lacks(pristine_release, tmp_pa
 def test_a_wrong_pin_refuses_to_apply_and_writes_nothing(pristine_release, tmp_path):
     root = _root(pristine_release, "0.20.0", tmp_path / "site")
     before = {rel: (root / rel).read_bytes() for rel in TARGETS[1:]}
-    cat = make_catalog(tmp_path / "cat", ids=[PORT], variants={PORT: set_edit_field("unified-model", "sha256", "f" * 64)})
+    cat = shipped_catalog(tmp_path / "cat", ids=[PORT], variants={PORT: set_edit_field("unified-model", "sha256", "f" * 64)})
     with pytest.raises(OverlayError, match="does not match the pinned"):
         apply(load_overlays(cat), root)
     assert not (root / MODEL_PY).exists()
@@ -171,7 +170,7 @@ def test_a_wrong_pin_refuses_to_apply_and_writes_nothing(pristine_release, tmp_p
 
 def test_a_hand_edited_ported_module_is_modified(pristine_release, tmp_path):
     root = _root(pristine_release, "0.22.0", tmp_path / "site")
-    overlays = load_overlays(make_catalog(tmp_path / "cat", ids=[PORT]))
+    overlays = load_overlays(shipped_catalog(tmp_path / "cat", ids=[PORT]))
     apply(overlays, root)
     p = root / MODEL_PY
     p.write_text(p.read_text().replace("import math", "import math  # edited", 1))
@@ -180,11 +179,11 @@ def test_a_hand_edited_ported_module_is_modified(pristine_release, tmp_path):
 
 @pytest.fixture(scope="module")
 def P():
-    return load_profiles(Catalog(REPO))
+    return load_profiles(Catalog(REPO_ROOT))
 
 
 def test_fits_12b_engine_family_passes_through_the_port_only_where_it_is_pending(P):
-    idx = build_index(Catalog(REPO))
+    idx = build_index(Catalog(REPO_ROOT))
     # an image of vLLM 0.22.0 with a transformers that has gemma4_unified (the stock profile's 5.8.1 has not)
     e = P.engines["vllm-0.22.0"].model_copy(update={"id": "vllm-0.22.0-tf5.24", "transformers_version": "5.24.0"})
     P.engines[e.id] = e
@@ -212,7 +211,7 @@ def test_fits_12b_engine_family_passes_through_the_port_only_where_it_is_pending
 def test_bundle_carries_the_release_files_and_the_image_needs_no_network(tmp_path, monkeypatch):
     from manager.compose.bundle import WRAPPER, _copy_release_files
 
-    got = _copy_release_files(Catalog(REPO), tmp_path / "release-files")
+    got = _copy_release_files(Catalog(REPO_ROOT), tmp_path / "release-files")
     assert got == [PIN["sha256"]]
     data = (tmp_path / "release-files" / PIN["sha256"]).read_bytes()
     assert hashlib.sha256(data).hexdigest() == PIN["sha256"]
@@ -276,7 +275,7 @@ def test_ported_module_really_imports_on_vllm_0_20_0(pristine_release, tmp_path)
     bare = run()
     assert bare.returncode != 0 and "cannot import name '_SUPPORTED_SOFT_TOKENS'" in bare.stderr
     (root / MODEL_PY).unlink()
-    apply(load_overlays(make_catalog(tmp_path / "cat", ids=[PORT])), root)
+    apply(load_overlays(shipped_catalog(tmp_path / "cat", ids=[PORT])), root)
     ported = run()
     assert ported.returncode == 0, ported.stderr[-2000:]
     assert "IMPORTED vllm.model_executor.models.gemma4_mm" in ported.stdout

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
+
 SLUG = "gemma4-26b-a4b-awq-3090-tp1"
 PWNED = Path("/tmp/pwned-by-compose")
 

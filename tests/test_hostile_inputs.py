@@ -25,7 +25,8 @@ from typing import Callable
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
+
 HANG_LIMIT_S = float(os.environ.get("OVERLAY_TEST_HANG_LIMIT", "90"))  # a case that takes longer counts as a hang
 
 MANIFEST = """\

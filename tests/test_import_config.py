@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,11 +12,11 @@ from manager.cli import cli
 from manager.errors import ProfileError
 from manager.profiles import import_config, load_profiles, profile_from_config
 from manager.profiles.schema import ModelProfile
+from tests.helpers import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
 from transformers import Gemma4Config, Gemma4TextConfig  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 
 # Public values (shared/facts/models.md).
 A4B = dict(hidden_size=2816, num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
@@ -34,7 +33,7 @@ def _groups(prof: dict) -> list[tuple]:
 
 
 def _catalog_groups(mid: str) -> list[tuple]:
-    m = load_profiles(Catalog(REPO)).models[mid]
+    m = load_profiles(Catalog(REPO_ROOT)).models[mid]
     return sorted((g.kind, g.count, g.kv_heads, g.head_dim, g.window, g.k_eq_v, g.kv_shared) for g in m.layer_groups)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "manager"
+from tests.helpers import REPO_ROOT
+
+PKG = REPO_ROOT / "manager"
 ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "manager.testing.faults")  # entry points
 
 

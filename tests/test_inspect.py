@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import _checkpoint_shapes as shapes
 from manager.catalog import Catalog
 from manager.cli import cli
 from manager.errors import InspectError
 from manager.inspect import LocalSource, header_bytes, inspect_checkpoint
 from manager.profiles import load_profiles
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT, TEST_FIXTURES
+from tests.inspect import checkpoint_shapes as shapes
 
 
 def _main(argv: list[str]) -> int:
@@ -38,7 +37,7 @@ def _main(argv: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def catalog() -> Catalog:
-    return Catalog(REPO)
+    return Catalog(REPO_ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -338,9 +337,9 @@ def test_26b_awq_needs_pr40886_below_0_22_and_predicts_the_keyerror_without_it(s
     assert eng["vllm-0.28.0"].result == "loads"
     # a catalog without the overlay: the boot failure is predicted with its message and source
     cat2 = tmp_path / "cat"
-    shutil.copytree(REPO / "profiles", cat2 / "profiles")
+    shutil.copytree(REPO_ROOT / "profiles", cat2 / "profiles")
     (cat2 / "overlays").mkdir()
-    shutil.copytree(REPO / "overlays" / "gemma4-convertor-per-layer", cat2 / "overlays" / "gemma4-convertor-per-layer")
+    shutil.copytree(REPO_ROOT / "overlays" / "gemma4-convertor-per-layer", cat2 / "overlays" / "gemma4-convertor-per-layer")
     c2 = Catalog(cat2)
     r2 = inspect_checkpoint(d, profiles=load_profiles(c2), catalog=c2)
     e20 = next(e for e in r2.engines if e.engine == "vllm-0.20.0")
@@ -691,7 +690,7 @@ def test_a_text_only_gemma4_checkpoint_needs_the_convertor_where_transformers_is
     convertor as gemma4; tests/fixtures/cpu-deployment/tiny-dense-config.json is that factory's config.json."""
     ck = tmp_path / "tiny"
     ck.mkdir()
-    shutil.copy(REPO / "tests" / "fixtures" / "cpu-deployment" / "tiny-dense-config.json", ck / "config.json")
+    shutil.copy(TEST_FIXTURES / "cpu-deployment" / "tiny-dense-config.json", ck / "config.json")
     (ck / "model.safetensors").write_bytes(
         header_bytes({"model.norm.weight": {"dtype": "F32", "shape": [128], "data_offsets": [0, 512]}}) + bytes(512))
     r = inspect_checkpoint(ck, profiles=profiles, catalog=catalog)

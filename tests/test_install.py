@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from _overlay_helpers import slim_root
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import slim_root
 
 pytestmark = [pytest.mark.install, pytest.mark.network]
 
-REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.20.0"
 
 
@@ -39,7 +39,7 @@ def _run(cmd: list[str], cwd: Path, timeout: int = 600, env: dict[str, str] | No
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`python -m build`: the sdist, then the wheel built from that sdist."""
     out = tmp_path_factory.mktemp("dist")
-    res = _run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], cwd=out)
+    res = _run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO_ROOT)], cwd=out)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     log = res.stdout + res.stderr
     assert "SetuptoolsDeprecationWarning" not in log and "!!" not in log, "setuptools printed a deprecation banner"
@@ -101,14 +101,14 @@ def _overlay(installed, *args: str, timeout: int = 600) -> subprocess.CompletedP
 def test_installed_copy_is_not_the_checkout(installed) -> None:
     exe, work, env = installed
     res = _run([str(exe.parent / "python"), "-c", "import manager; print(manager.__file__)"], cwd=work, env=env)
-    assert res.returncode == 0 and "site-packages" in res.stdout and str(REPO) not in res.stdout, res.stdout
+    assert res.returncode == 0 and "site-packages" in res.stdout and str(REPO_ROOT) not in res.stdout, res.stdout
 
 
 def test_installed_list_reads_the_packaged_catalog(installed) -> None:
     res = _overlay(installed, "list", "--json")
     assert res.returncode == 0, res.stderr
     ids = {o["id"] for o in json.loads(res.stdout)["overlays"]}
-    assert {p.name for p in (REPO / "overlays").iterdir() if (p / "overlay.yaml").is_file()} == ids
+    assert {p.name for p in (REPO_ROOT / "overlays").iterdir() if (p / "overlay.yaml").is_file()} == ids
 
 
 def test_installed_status_and_apply_on_a_real_release(installed, tmp_path: Path) -> None:

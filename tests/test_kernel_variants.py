@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.helpers import BENCHMARKS
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("kernel_variants_under_test", BENCH / "kernel_variants.py")
+    spec = importlib.util.spec_from_file_location("kernel_variants_under_test", BENCHMARKS / "kernel_variants.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -35,7 +34,7 @@ def test_parse_rejects_anything_else(spec):
 
 @pytest.mark.network
 def test_build_records_the_prefill_launch_in_the_index_and_launch_json(tmp_path):
-    from _kernels_helpers import nvrtc12_lib
+    from tests.helpers.nvrtc12 import nvrtc12_lib
 
     kv = _load()
     cache = kv.build_variant("b16x2", None, ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16",

@@ -11,8 +11,8 @@ import pytest
 from manager.errors import BuildError
 from manager.kernels import builder
 from manager.kernels.spec import KernelsSpec
-
-from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+from tests.helpers import SHIPPED_OVERLAYS
+from tests.helpers.nvrtc12 import nvrtc12_lib
 
 pytestmark = pytest.mark.network
 
@@ -26,7 +26,7 @@ def lib() -> str:
 def catalog(tmp_path: Path) -> Path:
     """A private copy of the d512 overlay (tests may edit its sources)."""
     dest = tmp_path / "overlays" / "sm70-d512-attention"
-    shutil.copytree(OVERLAY_DIR / "sm70-d512-attention", dest)
+    shutil.copytree(SHIPPED_OVERLAYS / "sm70-d512-attention", dest)
     return tmp_path / "overlays"
 
 

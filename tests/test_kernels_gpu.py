@@ -28,18 +28,18 @@ SCALE = 1.0 / math.sqrt(512)
 def attn(tmp_path_factory):
     from manager.kernels import builder, d512
 
-    from _kernels_helpers import OVERLAY_DIR
+    from tests.helpers import SHIPPED_OVERLAYS
 
     env = os.environ.get("OVERLAY_KERNEL_CACHE")
     if env and (Path(env) / "index" / "sm70-d512-attention.json").exists():
         cache = Path(env)
     else:
-        from _kernels_helpers import nvrtc12_lib
+        from tests.helpers.nvrtc12 import nvrtc12_lib
 
         cache = tmp_path_factory.mktemp("kcache")
-        builder.build(OVERLAY_DIR, ["sm70-d512-attention"], cache=cache, nvrtc_path=str(nvrtc12_lib()), progress=False)
+        builder.build(SHIPPED_OVERLAYS, ["sm70-d512-attention"], cache=cache, nvrtc_path=str(nvrtc12_lib()), progress=False)
     d512._loaded.clear()
-    a = d512.load(cache=cache, prefer="ptx", overlay_dir=OVERLAY_DIR / "sm70-d512-attention")
+    a = d512.load(cache=cache, prefer="ptx", overlay_dir=SHIPPED_OVERLAYS / "sm70-d512-attention")
     assert all(o.arch == "compute_70" and o.kind == "ptx" for o in a.k.objects)
     return a
 
@@ -52,7 +52,7 @@ def attn(tmp_path_factory):
     (64, 256, 16, 2, 32, 0, False),
 ])
 def test_decode_matches_fp32_reference(attn, batch, ctx, hq, hk, bs, window, shared):
-    from _d512_reference import make_paged, ref_decode
+    from tests.kernels.d512_reference import make_paged, ref_decode
 
     g = torch.Generator().manual_seed(batch * 7 + ctx)
     lens = [ctx] + torch.randint(1, ctx + 1, (batch - 1,), generator=g).tolist()
@@ -65,7 +65,7 @@ def test_decode_matches_fp32_reference(attn, batch, ctx, hq, hk, bs, window, sha
 
 
 def test_decode_split_count_does_not_change_the_result(attn):
-    from _d512_reference import make_paged
+    from tests.kernels.d512_reference import make_paged
 
     case = make_paged([4000, 1200], 2, 16, device="cuda", seed=3)
     q = torch.randn((2, 16, 512), device="cuda").half()
@@ -83,7 +83,7 @@ def test_decode_split_count_does_not_change_the_result(attn):
     ([200, 90], [64, 0], 8, 2, 32, True, 0, True),
 ])
 def test_prefill_matches_fp32_reference(attn, qlens, ctxs, hq, hk, bs, causal, window, shared):
-    from _d512_reference import make_paged, ref_prefill
+    from tests.kernels.d512_reference import make_paged, ref_prefill
 
     lens = [a + c for a, c in zip(qlens, ctxs)]
     case = make_paged(lens, hk, bs, device="cuda", kv_shared=shared, seed=sum(lens))

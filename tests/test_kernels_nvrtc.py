@@ -9,12 +9,12 @@ import pytest
 from manager.errors import BuildError
 from manager.kernels import nvrtc
 from manager.kernels.spec import load_kernels_spec
-
-from _kernels_helpers import OVERLAY_DIR, nvrtc12_lib
+from tests.helpers import SHIPPED_OVERLAYS
+from tests.helpers.nvrtc12 import nvrtc12_lib
 
 pytestmark = pytest.mark.network
 
-D512 = OVERLAY_DIR / "sm70-d512-attention"
+D512 = SHIPPED_OVERLAYS / "sm70-d512-attention"
 
 
 @pytest.fixture(scope="module")

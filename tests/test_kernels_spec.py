@@ -9,8 +9,7 @@ import yaml
 
 from manager.errors import BuildError
 from manager.kernels.spec import KernelsSpec, load_kernels_spec
-
-from _kernels_helpers import OVERLAY_DIR
+from tests.helpers import SHIPPED_OVERLAYS
 
 
 def _spec(**over):
@@ -69,7 +68,7 @@ def test_overlay_without_kernels_section_yields_none(tmp_path: Path):
 
 
 def test_shipped_d512_overlay_declares_decode_reduce_and_prefill():
-    spec = load_kernels_spec(OVERLAY_DIR / "sm70-d512-attention")
+    spec = load_kernels_spec(SHIPPED_OVERLAYS / "sm70-d512-attention")
     names = {e.name for s in spec.sources for e in s.entries}
     assert names == {"paged_decode_d512", "paged_decode_d512_reduce", "prefill_d512"}
     _, dec = spec.entry("paged_decode_d512")
@@ -81,5 +80,5 @@ def test_shipped_d512_overlay_declares_decode_reduce_and_prefill():
 def test_engine_manifest_carries_the_kernels_section_as_kernelsspec():
     from manager.overlays.manifest import load_manifest
 
-    m = load_manifest(OVERLAY_DIR / "sm70-d512-attention" / "overlay.yaml")
+    m = load_manifest(SHIPPED_OVERLAYS / "sm70-d512-attention" / "overlay.yaml")
     assert isinstance(m.kernels, KernelsSpec)

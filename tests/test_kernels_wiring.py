@@ -12,8 +12,7 @@ import pytest
 
 from manager.catalog import Catalog
 from manager.overlays import apply, load_overlays, revert, status, status_on_release
-
-from _kernels_helpers import OVERLAY_DIR
+from tests.helpers import SHIPPED_OVERLAYS
 
 OID = "sm70-d512-attention"
 RELEASES = ["0.19.0", "0.20.0", "0.22.0", "0.26.0", "0.30.0", "0.33.0"]
@@ -22,13 +21,13 @@ MODULE = "vllm/v1/attention/backends/sm70_d512_attn.py"
 
 
 def _overlay():
-    return [o for o in load_overlays(Catalog.locate(OVERLAY_DIR.parent)) if o.manifest.id == OID]
+    return [o for o in load_overlays(Catalog.locate(SHIPPED_OVERLAYS.parent)) if o.manifest.id == OID]
 
 
 @pytest.mark.network
 @pytest.mark.parametrize("version", RELEASES)
 def test_pristine_release_reports_pending_with_the_anchor_found_once(version):
-    rep = status_on_release(version, Catalog.locate(OVERLAY_DIR.parent), [OID])
+    rep = status_on_release(version, Catalog.locate(SHIPPED_OVERLAYS.parent), [OID])
     (ov,) = rep.overlays
     assert ov.status == "pending", [(t.path, t.status, t.detail) for t in ov.targets]
     triton = next(t for t in ov.targets if t.path == TRITON)
@@ -69,7 +68,7 @@ def route(monkeypatch):
     vlog.init_logger = lambda name: logging.getLogger(name)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.logger", vlog)
-    spec = importlib.util.spec_from_file_location("sm70_d512_attn_under_test", OVERLAY_DIR / OID / "files" / "sm70_d512_attn.py")
+    spec = importlib.util.spec_from_file_location("sm70_d512_attn_under_test", SHIPPED_OVERLAYS / OID / "files" / "sm70_d512_attn.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod, torch

@@ -12,8 +12,9 @@ from manager.catalog import Catalog
 from manager.errors import OverlayError
 from manager.overlays import load_manifest, load_overlays
 from manager.overlays.manifest import manifest_digest
-
-from _overlay_test_helpers import REPO_ROOT, THREE, cli, tree_hashes
+from tests.helpers import REPO_ROOT
+from tests.helpers.catalogs import OVERLAY_IDS, tree_hashes
+from tests.helpers.cli import overlay_process
 
 VALID = {
     "id": "demo-fix",
@@ -173,7 +174,7 @@ def test_edit_target_must_be_listed(tmp_path):
 
 
 def test_shipped_manifests_are_valid(tmp_path):
-    for i in THREE:
+    for i in OVERLAY_IDS:
         m = load_manifest(REPO_ROOT / "overlays" / i / "overlay.yaml")
         assert m.id == i and m.sentinel_version >= 1 and m.targets
 
@@ -194,7 +195,7 @@ def test_cli_reports_a_bad_manifest_in_one_line_and_changes_nothing(tmp_path, vl
     args = ["--catalog", str(tmp_path / "cat"), *command]
     if command[0] != "list":
         args += ["--root", str(root)]
-    proc = cli(*args)
+    proc = overlay_process(*args)
     assert proc.returncode == 1, proc
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr

@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 
 from manager.overlays import apply, load_overlays
-
-from _overlay_helpers import (
+from tests.helpers.catalogs import (
     CONVERTOR,
     CONVERTOR_PY,
     CUDA_PY,
@@ -30,8 +29,8 @@ from _overlay_helpers import (
     GEMMA4,
     PR40886,
     extract_def,
-    make_catalog,
     set_edit_field,
+    shipped_catalog,
     slim_root,
 )
 
@@ -40,7 +39,7 @@ torch = pytest.importorskip("torch")
 
 def _patched_source(tmp_path_factory, version: str, overlay_id: str, variants=None) -> str:
     """The target file of `overlay_id` after applying it (alone) to a real release."""
-    cat = make_catalog(tmp_path_factory.mktemp("cat"), ids=[overlay_id], variants=variants)
+    cat = shipped_catalog(tmp_path_factory.mktemp("cat"), ids=[overlay_id], variants=variants)
     root = slim_root(version, tmp_path_factory.mktemp(f"site-{version}"))
     [overlay] = load_overlays(cat)
     result = apply([overlay], root)
@@ -437,7 +436,7 @@ def test_dict_cache_keeps_the_default_bound_of_a_bare_lru_cache(tmp_path, dict_c
     def add_target(raw, odir):
         raw["targets"] = [CUDA_PY, ASSETS_PY]
 
-    cat = make_catalog(tmp_path / "cat", ids=[DYNAMO], variants={DYNAMO: add_target})
+    cat = shipped_catalog(tmp_path / "cat", ids=[DYNAMO], variants={DYNAMO: add_target})
     root = slim_root("0.20.0", tmp_path / "site", rels=[CUDA_PY, ASSETS_PY])
     before = (root / ASSETS_PY).read_text()
     assert _decorators(before)["get_vllm_public_assets"] == ["lru_cache"]

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RELEASES
 from manager.errors import OverlayError
 from manager.overlays import apply, load_overlays, revert, status, status_on_release
-
-from _overlay_helpers import (
+from tests.helpers.catalogs import (
     CONVERTOR,
     CONVERTOR_PY,
     CUDA_PY,
@@ -28,17 +26,17 @@ from _overlay_helpers import (
     GEMMA4,
     OVERLAY_IDS,
     PR40886,
+    RELEASES,
     SNIPPET_REVISION_LINE,
     bump_version,
-    sha256,
     edit_one_char_after_sentinel,
     file_hashes,
-    invoke_cli,
-    make_catalog,
-    run_cli,
+    sha256,
+    shipped_catalog,
     slim_root,
     targets_of,
 )
+from tests.helpers.cli import overlay_process, run_cli
 
 # Observed status of each overlay on each pristine release (the closing note's matrix).
 EXPECTED_BEFORE = {
@@ -72,7 +70,7 @@ def _target_statuses(report) -> dict[str, list[tuple[str, str]]]:
 
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):
-    return make_catalog(tmp_path_factory.mktemp("catalog"))
+    return shipped_catalog(tmp_path_factory.mktemp("catalog"))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +82,7 @@ def overlays(catalog):
 
 @pytest.fixture(scope="module")
 def catalog_v2(tmp_path_factory):
-    return make_catalog(tmp_path_factory.mktemp("catalog-v2"), variants={i: bump_version() for i in OVERLAY_IDS})
+    return shipped_catalog(tmp_path_factory.mktemp("catalog-v2"), variants={i: bump_version() for i in OVERLAY_IDS})
 
 
 # --- facts read from the release sources, independently of the engine -----------------------
@@ -372,9 +370,9 @@ def test_v1_to_v2_sentinel_upgrade_replaces_the_block(version, tmp_path, overlay
 
 def test_cli_status_json_has_the_documented_shape(vllm_root, catalog):
     root = vllm_root("0.26.0")
-    rc, out, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
-    assert rc == 0, err
-    data = json.loads(out)
+    proc = overlay_process("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
     assert data["root"] == str(root.resolve())
     assert data["package_version"] == "0.26.0"
     assert [o["id"] for o in data["overlays"]] == sorted(OVERLAY_IDS)
@@ -390,31 +388,31 @@ def test_cli_status_json_has_the_documented_shape(vllm_root, catalog):
 def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(tmp_path, catalog):
     root = slim_root("0.20.0", tmp_path)
     original = file_hashes(root, TARGET.values())
-    rc, out, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, out, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1, err
     assert "would " in err
     assert file_hashes(root, TARGET.values()) == original
     assert not (root / ".overlay-manager" / "ledger.json").exists()
 
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert file_hashes(root, TARGET.values()) != original
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 0, err  # nothing pending any more
-    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 0 and {o["status"] for o in json.loads(out)["overlays"]} == {"applied"}
 
 
 def test_cli_status_exits_1_on_modified(tmp_path, catalog):
     root = slim_root("0.20.0", tmp_path)
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     p = root / CONVERTOR_PY
     p.write_text(edit_one_char_after_sentinel(p.read_text(), CONVERTOR, "head-size-compat"))
-    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     assert {o["id"]: o["status"] for o in json.loads(out)["overlays"]}[CONVERTOR] == "modified"
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 1 and "modified" in err
 
 
@@ -425,22 +423,22 @@ def test_cli_status_exits_1_on_drift(tmp_path, catalog):
     anchor = 'if "moe.gate_up_proj" in name and weight.dim() == 3:'
     assert text.count(anchor) == 1
     p.write_text(text.replace(anchor, 'if "moe.gate_up_proj" in name and weight.ndim == 3:'))
-    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
     assert rc == 1
     [o] = json.loads(out)["overlays"]
     assert o["status"] == "drift" and "anchor not found" in o["targets"][0]["detail"]
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1 and "drift" in err
 
 
 def test_cli_superseded_is_not_a_failure_unless_named(tmp_path, catalog):
     root = slim_root("0.31.0", tmp_path)
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root))
     assert rc == 0, err
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert "skipped" in err and PR40886 in err
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
     assert rc == 1 and "superseded" in err
 
 
@@ -506,13 +504,13 @@ def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     a, b = slim_root("0.20.0", tmp_path / "a"), slim_root("0.20.0", tmp_path / "b")
-    rc, diff_text, err = invoke_cli("--catalog", str(catalog.root), "diff", "--root", str(a))
+    rc, diff_text, err = run_cli("--catalog", str(catalog.root), "diff", "--root", str(a))
     assert rc == 0, err
     assert diff_text.count("\n+++ b/") + diff_text.startswith("+++ b/") == 3
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())  # diff wrote nothing
     (tmp_path / "p.diff").write_text(diff_text)
     subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=b, check=True, capture_output=True)
-    rc, _, err = invoke_cli("--catalog", str(catalog.root), "apply", "--root", str(a))
+    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(a))
     assert rc == 0, err
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())
 
@@ -535,7 +533,7 @@ def test_a_deleted_block_is_modified_and_apply_refuses_until_the_file_is_reinsta
     end = good.index("return super().get_total_num_kv_heads()\n", marker.end()) + len("return super().get_total_num_kv_heads()\n")
     p.write_text(good[: marker.start()] + good[end:])
     edited = file_hashes(root, TARGET.values())
-    rc, out, _ = invoke_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     st = {o["id"]: o for o in json.loads(out)["overlays"]}[CONVERTOR]
     assert st["status"] == "modified" and "changed since" in st["targets"][0]["detail"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,15 +11,13 @@ from manager.catalog import Catalog
 from manager.cli import cli
 from manager.fits import build_index, fits, plan
 from manager.profiles import load_profiles
-
-from test_fits import make_index
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.fits.overlay_index import make_index
+from tests.helpers import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
 def P():
-    return load_profiles(Catalog(REPO))
+    return load_profiles(Catalog(REPO_ROOT))
 
 
 def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
@@ -54,7 +51,7 @@ def test_plan_to_json_lists_options_and_rejections(P):
 @pytest.mark.network
 def test_real_overlay_catalog_and_release_sources_decide_the_convertor(P):
     """Integration: the shipped overlay manifests and real vLLM sources (downloaded once, cached)."""
-    idx = build_index(Catalog(REPO))
+    idx = build_index(Catalog(REPO_ROOT))
     assert "gemma4-convertor-per-layer" in idx.overlays
     old = fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.27.1", overlay_index=idx)
     new = fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.28.0", overlay_index=idx)
@@ -66,7 +63,7 @@ def test_real_overlay_catalog_and_release_sources_decide_the_convertor(P):
 
 
 def invoke(*args):
-    return CliRunner().invoke(cli, ["--catalog", str(REPO), *args])
+    return CliRunner().invoke(cli, ["--catalog", str(REPO_ROOT), *args])
 
 
 def test_cli_profiles_list_json_and_kinds():

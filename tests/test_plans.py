@@ -16,9 +16,9 @@ import pytest
 from manager.overlays import apply, load_overlays, revert, status
 from manager.overlays.plans import PlanRefused, apply_plan
 from manager.overlays.prepare import input_paths, prepare
-
-from _overlay_helpers import GEMMA4, PR40886, REPO_ROOT, SHIPPED_OVERLAYS, make_catalog, run_entry
-from conftest import RELEASES
+from tests.helpers import REPO_ROOT, SHIPPED_OVERLAYS
+from tests.helpers.catalogs import GEMMA4, PR40886, RELEASES, shipped_catalog
+from tests.helpers.cli import run_cli, run_entry
 
 ALL_IDS = tuple(sorted(p.name for p in SHIPPED_OVERLAYS.iterdir() if (p / "overlay.yaml").is_file()))
 HEAVY = ("click", "rich", "pydantic", "libcst", "yaml", "jinja2", "filelock")
@@ -61,7 +61,7 @@ def _statuses(report) -> list:
 
 @pytest.fixture
 def catalog(tmp_path):
-    return make_catalog(tmp_path / "cat", ids=ALL_IDS)
+    return shipped_catalog(tmp_path / "cat", ids=ALL_IDS)
 
 
 @pytest.fixture
@@ -257,9 +257,8 @@ def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
 
 
 def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path):
-    from _overlay_helpers import invoke_cli
 
-    rc, out, err = invoke_cli("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
+    rc, out, err = run_cli("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
     assert rc == 1 and "unknown overlay 'no-such-overlay'" in err
     assert not (tmp_path / "p").exists()
 
@@ -269,7 +268,7 @@ def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path):
 def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_path):
     """The bundle's wrapper sets $OVERLAY_PLANS: a bare python3 (no click, pydantic, libcst) applies
     a deployment's overlays on its pinned release from the prepared plan."""
-    import _docker_helpers as dh
+    from tests.helpers import containers as dh
     from manager.catalog import Catalog
     from manager.overlays import select
 

@@ -9,7 +9,6 @@ contradicts fails here.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,10 +19,10 @@ from manager.cli import cli
 from manager.fits import kv_bytes
 from manager.profiles import load_profiles
 from manager.profiles.schema import ModelProfile
+from tests.helpers import REPO_ROOT, TEST_FIXTURES
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "hf-configs"
-CATALOG = load_profiles(Catalog(REPO))
+FIXTURES = TEST_FIXTURES / "hf-configs"
+CATALOG = load_profiles(Catalog(REPO_ROOT))
 
 FIELDS = ("architecture", "family", "hidden_size", "num_layers", "num_attention_heads", "vocab_size",
           "intermediate_size", "max_context", "multimodal", "min_transformers")
@@ -34,7 +33,7 @@ def _groups(groups) -> list[tuple]:
 
 
 def _imported(mid: str) -> ModelProfile:
-    res = CliRunner().invoke(cli, ["--catalog", str(REPO), "profiles", "import-config", str(FIXTURES / f"{mid}.json"),
+    res = CliRunner().invoke(cli, ["--catalog", str(REPO_ROOT), "profiles", "import-config", str(FIXTURES / f"{mid}.json"),
                                    "--id", mid])
     assert res.exit_code == 0, res.output
     return ModelProfile.model_validate(yaml.safe_load(res.stdout))

@@ -12,16 +12,16 @@ import yaml
 from manager.catalog import Catalog
 from manager.errors import ProfileError
 from manager.profiles import load_profiles, load_profiles_dir, validate_path
+from tests.helpers import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "profiles"
+SHIPPED = REPO_ROOT / "profiles"
 
 STOCK = ["0.19.0", "0.20.0", "0.22.0", "0.26.0", "0.27.1", "0.28.0", "0.30.0", "0.33.0"]
 
 
 @pytest.fixture(scope="module")
 def profiles():
-    return load_profiles(Catalog(REPO))
+    return load_profiles(Catalog(REPO_ROOT))
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 
 from manager.errors import OverlayError
 from manager.overlays import find_root, package_version
-
-from _overlay_test_helpers import cli, make_catalog
+from tests.helpers.catalogs import shipped_catalog_dir
+from tests.helpers.cli import overlay_process
 
 
 def _fake_site(base: Path, marker: Path) -> Path:
@@ -80,11 +80,11 @@ def test_root_arg_without_package_inside(tmp_path):
     [("missing", "not a directory"), (".", "no vllm/ package inside")],
 )
 def test_cli_root_errors_exit_1_in_one_line(tmp_path, root_arg, reason):
-    cat = make_catalog(tmp_path / "cat")
+    cat = shipped_catalog_dir(tmp_path / "cat")
     empty = tmp_path / "empty"
     empty.mkdir()
     target = str(tmp_path / root_arg) if root_arg != "." else str(empty)
-    proc = cli("--catalog", str(cat), "status", "--root", target)
+    proc = overlay_process("--catalog", str(cat), "status", "--root", target)
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and reason in lines[0]
@@ -95,8 +95,8 @@ def test_cli_without_root_finds_package_via_pythonpath_without_importing(tmp_pat
     marker = tmp_path / "imported.txt"
     site = _fake_site(tmp_path, marker)
     (site / "vllm" / "_version.py").write_text("__version__ = version = '0.20.0'\n")
-    cat = make_catalog(tmp_path / "cat")
-    proc = cli("--catalog", str(cat), "status", "--json", env={"PYTHONPATH": str(site)})
+    cat = shipped_catalog_dir(tmp_path / "cat")
+    proc = overlay_process("--catalog", str(cat), "status", "--json", env={"PYTHONPATH": str(site)})
     report = json.loads(proc.stdout)
     assert report["root"] == str(site.resolve())
     assert report["package_version"] == "0.20.0"

@@ -8,8 +8,7 @@ import pytest
 from manager.errors import UpstreamError
 from manager.upstream import FactCache, GitHubClient, compare_ancestry, git_ancestry
 from manager.upstream.ancestry import check_git_dir, resolve
-
-from _upstream_helpers import FakeGitHub, build_upstream_repo, git
+from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, git
 
 REPO = "acme/engine"
 

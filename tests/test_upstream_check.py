@@ -12,8 +12,7 @@ from manager.upstream import (
     parse_fail_on, render_markdown,
 )
 from manager.errors import UpstreamError
-
-from _upstream_helpers import FakeGitHub, build_upstream_repo, pull_json
+from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, pull_json
 
 REPO = "acme/engine"
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.timezone.utc)

@@ -7,15 +7,14 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from _upstream_helpers import FakeGitHub, build_upstream_repo, git, pull_json
+from tests.helpers import REPO_ROOT
+from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, git, pull_json
 
 REPO = "vllm-project/vllm"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def manifest(oid: str, pr: int, state: str, merge: str | None = None) -> dict:
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory, upstream):
     root = tmp_path_factory.mktemp("catalog")
-    shutil.copytree(ROOT / "profiles", root / "profiles")
+    shutil.copytree(REPO_ROOT / "profiles", root / "profiles")
     for m in (manifest("fix-open", 1, "open"), manifest("fix-merged", 3, "merged", upstream.merge)):
         d = root / "overlays" / m["id"]
         d.mkdir(parents=True)

@@ -10,8 +10,7 @@ import pytest
 from manager.errors import UpstreamError
 from manager.upstream import FactCache, Fetched, GitHubClient, Unavailable, pr_facts
 from manager.upstream.facts import PRFacts, PRUnavailable
-
-from _upstream_helpers import FakeGitHub, pull_json
+from tests.helpers.fake_github import FakeGitHub, pull_json
 
 REPO = "vllm-project/vllm"
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.timezone.utc)

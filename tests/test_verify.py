@@ -7,10 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import _docker_helpers as dh
 from manager.catalog import Catalog
 from manager.compose.verify import platform_for_glibc, verify_image
 from manager.errors import ComposeError
+from tests.helpers import containers as dh
 
 PR = "vllm-pr40886-gemma4-awq-moe-keys"
 

@@ -1,7 +1,7 @@
 """Float32 PyTorch reference for the head_dim-512 kernels, and paged-cache test data.
 
-Used by the GPU tests (tests/test_kernels_gpu.py) and `benchmarks/kernels.py` (which puts tests/ on
-sys.path); runs on CPU too (small shapes). Test and benchmark code: the library never imports it.
+Used by the GPU tests (tests/kernels/test_d512_on_gpu.py) and `benchmarks/kernels.py` (which puts the
+repository root on sys.path); runs on CPU too (small shapes). Test and benchmark code: the library never imports it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,23 @@
-"""Small, stable helpers for the overlay tests on real vLLM releases.
+"""Catalogs of the shipped overlays and checks on the release trees they patch.
 
-- `make_catalog(dest, ids, variants)`: a catalog dir holding only the named shipped
-  overlays (symlinks), or mutated copies of them (`variants`: id -> mutator).
+- `RELEASES`: the vLLM releases the overlay tests cover (issue 2), each a real sdist from PyPI.
+- `shipped_catalog_dir(dest, ids, variants, copies)`: a catalog dir holding only the named shipped
+  overlays (symlinks), plain copies of them (`copies`: a test may break them) or mutated copies
+  (`variants`: id -> mutator); `shipped_catalog(...)`: the same, located as a Catalog.
 - `bump_version(n, snippet_line)`, `set_edit_field(edit, key, value)`: mutators (sentinel
   upgrade; e.g. position: after).
-- `file_hashes(root, rels)`, `targets_of(overlays)`: byte-level checks.
+- `file_hashes(root, rels)`, `tree_hashes(root)`, `targets_of(overlays)`: byte-level checks.
 - `extract_def(source, "Class.method._nested")`: the dedented source of a definition.
 - `edit_one_char_after_sentinel(text, overlay_id)`: a hand edit inside our block.
 - `slim_root(version, dest)`: a writable root with only the overlays' target files (fast).
-- `run_cli(*args)`: the real `overlay` CLI in a subprocess -> (exit code, stdout, stderr);
-  `invoke_cli(*args)`: the same entry point (manager.cli.main) in-process.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import hashlib
-import io
+import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -28,8 +25,10 @@ import yaml
 
 from manager.catalog import Catalog
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_OVERLAYS = REPO_ROOT / "overlays"
+from . import SHIPPED_OVERLAYS
+
+# The releases the overlay tests cover (issue 2): every one is a real sdist from PyPI.
+RELEASES = ["0.19.0", "0.20.0", "0.26.0", "0.30.0", "0.31.0", "0.33.0"]
 
 PR40886 = "vllm-pr40886-gemma4-awq-moe-keys"
 CONVERTOR = "gemma4-convertor-per-layer"
@@ -45,7 +44,7 @@ TARGETS = (CUDA_PY, CONVERTOR_PY, GEMMA4)
 Mutator = Callable[[dict, Path], None]  # (raw manifest dict, copied overlay dir) -> None, edits in place
 
 
-def make_catalog_dir(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None,
+def shipped_catalog_dir(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None,
                      copies: Iterable[str] = ()) -> Path:
     """A catalog directory at `dest` with only `ids`: symlinks to the shipped overlays, plain copies
     for `copies` (so a test may break them), mutated copies for `variants`."""
@@ -70,9 +69,9 @@ def make_catalog_dir(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Map
     return dest
 
 
-def make_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None) -> Catalog:
-    """make_catalog_dir(), located as a Catalog."""
-    return Catalog.locate(make_catalog_dir(dest, ids, variants))
+def shipped_catalog(dest: Path, ids: Iterable[str] = OVERLAY_IDS, variants: Mapping[str, Mutator] | None = None) -> Catalog:
+    """shipped_catalog_dir(), located as a Catalog."""
+    return Catalog.locate(shipped_catalog_dir(dest, ids, variants))
 
 
 SNIPPET_REVISION_LINE = "_overlay_snippet_revision = 2"
@@ -112,6 +111,17 @@ def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str | None]:
     for rel in sorted(set(rels)):
         p = Path(root) / rel
         out[rel] = sha256(p.read_bytes()) if p.exists() else None
+    return out
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (relative path -> hash), symlinks included by target."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = sha256(p.read_bytes())
     return out
 
 
@@ -169,34 +179,6 @@ def edit_one_char_after_sentinel(text: str, overlay_id: str, edit: str | None = 
     return new
 
 
-def run_cli(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-    """Run `overlay ARGS` (the installed console script's module) and return (rc, stdout, stderr).
-    `env`, when given, is the whole environment (the one subprocess runner: _overlay_test_helpers.cli)."""
-    from _overlay_test_helpers import cli
-
-    proc = cli(*args, env=dict(env) if env else None, inherit_env=not env)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def run_entry(argv: list[str], watch: Iterable[str], env: Mapping[str, str] | None = None,
-              timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`overlay ARGV` through the console script's entry (`manager.fastpath.main`) as a process,
-    stderr a pipe (not a terminal); returns (the process, which of the `watch` modules it loaded)."""
-    code = (
-        "import sys\n"
-        f"sys.argv = ['overlay'] + {list(argv)!r}\n"
-        "from manager.fastpath import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
-        f"    print('LOADED=' + ','.join(sorted(m for m in {tuple(watch)!r} if m in sys.modules)))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=dict(env) if env is not None else None, cwd=REPO_ROOT)
-    loaded = next((line[7:] for line in proc.stdout.splitlines() if line.startswith("LOADED=")), None)
-    return proc, [] if not loaded else loaded.split(",")
-
-
 def slim_root(version: str, dest: Path, rels: Iterable[str] = TARGETS) -> Path:
     """A writable package root holding only `rels` (plus the dist-info) of a real release.
 
@@ -214,17 +196,3 @@ def slim_root(version: str, dest: Path, rels: Iterable[str] = TARGETS) -> Path:
         shutil.copy2(src / rel, dest / rel)
         (dest / rel).chmod(0o644)
     return dest
-
-
-def invoke_cli(*args: str) -> tuple[int, str, str]:
-    """manager.cli.main(args) in-process (exit code mapping included) -> (rc, stdout, stderr)."""
-    from manager.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    rc: int | str | None = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            rc = exc.code
-    return (rc if isinstance(rc, int) else 1 if rc else 0), out.getvalue(), err.getvalue()

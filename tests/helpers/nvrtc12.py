@@ -21,7 +21,6 @@ NVRTC12_WHEELS = (
     "nvidia-cuda-runtime-cu12==12.9.79",
     "nvidia-cuda-cccl-cu12==12.9.27",
 )
-OVERLAY_DIR = Path(__file__).resolve().parent.parent / "overlays"
 
 
 def nvrtc12_lib() -> Path:

@@ -1,4 +1,5 @@
-"""The real-engine tests' set-up gate (tests/test_engine_real.py, tests/test_compose_engine.py).
+"""The real-engine tests' set-up gate (tests/testing/test_real_engine_ab.py,
+tests/compose/test_cpu_deployment_real_engine.py).
 
 `require(what, build)` runs `build()` (an engine venv, a transformers layer, ...) and returns its result. When it
 raises EngineError the test skips, except in CI (CI=true, as .ci/run sets it), where it is a failure: CI must not
