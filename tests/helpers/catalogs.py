@@ -6,8 +6,7 @@
   (`variants`: id -> mutator); `shipped_catalog(...)`: the same, located as a Catalog.
 - `bump_version(n, snippet_line)`, `set_edit_field(edit, key, value)`: mutators (sentinel
   upgrade; e.g. position: after).
-- `file_hashes(root, rels)`, `tree_hashes(root)`, `targets_of(overlays)`: byte-level checks.
-- `extract_def(source, "Class.method._nested")`: the dedented source of a definition.
+- `file_hashes(root, rels)`, `tree_hashes(root, without_state)`, `targets_of(overlays)`: byte-level checks.
 - `edit_one_char_after_sentinel(text, overlay_id)`: a hand edit inside our block.
 - `slim_root(version, dest)`: a writable root with only the overlays' target files (fast).
 """
@@ -114,11 +113,14 @@ def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str | None]:
     return out
 
 
-def tree_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (relative path -> hash), symlinks included by target."""
+def tree_hashes(root: Path, *, without_state: bool = False) -> dict[str, str]:
+    """sha256 of every file under root (relative path -> hash), symlinks included by target;
+    `without_state`: the overlay tool's state directory (.overlay-manager/) left out."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        if without_state and Path(dirpath) == Path(root) and ".overlay-manager" in dirnames:
+            dirnames.remove(".overlay-manager")
         for f in filenames:
             p = Path(dirpath) / f
             out[str(p.relative_to(root))] = sha256(p.read_bytes())
@@ -127,33 +129,6 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 def targets_of(overlays) -> list[str]:
     return sorted({t for o in overlays for t in o.manifest.targets})
-
-
-def extract_def(source: str, qualname: str) -> str:
-    """Source of the def/class at a dotted path (through classes and functions), decorators
-    included, dedented by the definition's own column so it can be exec'd at module level."""
-    node: ast.AST = ast.parse(source)
-    for part in qualname.split("."):
-        found = [
-            n
-            for n in ast.walk(node)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
-            and n is not node
-        ]
-        # the nearest definition with that name (ast.walk is breadth first)
-        if not found:
-            raise LookupError(f"{qualname}: {part} not found")
-        node = found[0]
-    lines = source.splitlines()
-    first = min([d.lineno for d in node.decorator_list] + [node.lineno])  # type: ignore[attr-defined]
-    col = node.col_offset  # type: ignore[attr-defined]
-    body = lines[first - 1 : node.end_lineno]  # type: ignore[attr-defined]
-    out = []
-    for line in body:
-        if line[:col].strip():
-            raise ValueError(f"{qualname}: line less indented than its def: {line!r}")
-        out.append(line[col:])
-    return "\n".join(out) + "\n"
 
 
 def edit_one_char_after_sentinel(text: str, overlay_id: str, edit: str | None = None) -> str:

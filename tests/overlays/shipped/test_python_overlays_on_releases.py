@@ -31,10 +31,10 @@ from tests.helpers.catalogs import (
     bump_version,
     edit_one_char_after_sentinel,
     file_hashes,
-    sha256,
     shipped_catalog,
     slim_root,
     targets_of,
+    tree_hashes,
 )
 from tests.helpers.cli import overlay_process, run_cli
 
@@ -167,15 +167,6 @@ def test_status_before_apply_matches_the_matrix(version, catalog):
 # --- apply / re-apply / revert on a writable copy ------------------------------------------
 
 
-def _tree_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file of the package tree (the ledger's state dir left out)."""
-    return {
-        str(p.relative_to(root)): sha256(p.read_bytes())
-        for p in root.rglob("*")
-        if p.is_file() and ".overlay-manager" not in p.parts
-    }
-
-
 @pytest.fixture(scope="module", params=RELEASES)
 def applied(request, tmp_path_factory, overlays):
     """A release copy with the overlays applied twice; records bytes at each step."""
@@ -183,7 +174,7 @@ def applied(request, tmp_path_factory, overlays):
 
     version = request.param
     root = copy_release(version, tmp_path_factory.mktemp(f"site-{version}"))
-    tree_before = _tree_hashes(root)
+    tree_before = tree_hashes(root, without_state=True)
     targets = targets_of(overlays)
     original = {rel: (root / rel).read_bytes() for rel in targets}
     before = status(overlays, root)
@@ -191,7 +182,7 @@ def applied(request, tmp_path_factory, overlays):
     after_first = {rel: (root / rel).read_bytes() for rel in targets}
     second = apply(overlays, root)
     after_second = {rel: (root / rel).read_bytes() for rel in targets}
-    tree_after = _tree_hashes(root)
+    tree_after = tree_hashes(root, without_state=True)
     return {
         "tree_before": tree_before, "tree_after": tree_after,
         "version": version, "root": root, "original": original, "before": before, "first": first,

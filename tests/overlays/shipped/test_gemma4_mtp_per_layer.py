@@ -10,8 +10,7 @@ for a gemma4_mtp drafter on those releases.
 from __future__ import annotations
 
 import ast
-import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +22,8 @@ from manager.fits import build_index, fits
 from manager.overlays import apply, load_overlays, status_on_release
 from manager.profiles import load_profiles
 from tests.helpers import REPO_ROOT
-from tests.helpers.catalogs import CONVERTOR, CONVERTOR_PY, extract_def, shipped_catalog, slim_root
+from tests.helpers.catalogs import CONVERTOR, CONVERTOR_PY, shipped_catalog, slim_root
+from tests.overlays.shipped.extracted import convertor_class, extract_def, run_extracted
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,16 +32,6 @@ MTP_PY = "vllm/model_executor/models/gemma4_mtp.py"
 STATUS = {"0.20.0": "not-applicable", "0.22.0": "pending", "0.24.0": "pending", "0.27.1": "pending", "0.28.0": "upstream",
           "0.33.0": "upstream"}
 LAYER_TYPES = ["sliding_attention"] * 3 + ["full_attention"]
-STAND_IN_HEAD_SIZE = '''
-def get_head_size(self) -> int:
-    # vLLM's non-MLA fallback of ModelArchConfigConvertorBase.get_head_size
-    if getattr(self.hf_text_config, "head_dim", None) is not None:
-        return self.hf_text_config.head_dim
-    if (heads := self.get_total_num_attention_heads()) == 0:
-        return 0
-    return self.get_hidden_size() // heads
-'''
-BASE_METHODS = ("__init__", "get_total_num_attention_heads", "get_hidden_size", "get_total_num_kv_heads")
 
 
 def assistant_config():
@@ -62,31 +52,12 @@ def flat_text():
                            num_attention_heads=16, hidden_size=1024, layer_types=LAYER_TYPES, attention_k_eq_v=True)
 
 
-def _exec(code: str, ns: dict[str, Any]) -> dict[str, Any]:
-    exec(compile(code, "<extracted>", "exec"), ns)
-    return ns
-
-
 def _patched(version: str, tmp: Path) -> Path:
     root = slim_root(version, tmp / f"site-{version}", (CONVERTOR_PY, MTP_PY))
     overlays = load_overlays(shipped_catalog(tmp / f"cat-{version}", ids=[CONVERTOR, MTP]))
     res = apply(overlays, root)
     assert res.statuses.by_id(MTP).status == "applied"
     return root
-
-
-def _convertor(source: str, utils: str):
-    from transformers import PretrainedConfig
-
-    ns: dict[str, Any] = {"PretrainedConfig": PretrainedConfig, "Any": Any, "Sequence": Sequence,
-                          "Callable": Callable, "logger": None}
-    _exec(extract_def(utils, "getattr_iter"), ns)
-    methods = [extract_def(source, f"ModelArchConfigConvertorBase.{m}") for m in BASE_METHODS]
-    _exec("class ModelArchConfigConvertorBase:\n" + "".join(textwrap.indent(m, "    ") for m in [*methods, STAND_IN_HEAD_SIZE]), ns)
-    if "def _overlay_gemma4_per_layer_compat(" in source:
-        _exec(extract_def(source, "_overlay_gemma4_per_layer_compat"), ns)
-    _exec(extract_def(source, "Gemma4MTPModelArchConfigConvertor"), ns)
-    return ns["Gemma4MTPModelArchConfigConvertor"]
 
 
 def _layer_head_code(source: str) -> Callable[[Any, int], dict[str, Any]]:
@@ -103,11 +74,11 @@ def _layer_head_code(source: str) -> Callable[[Any, int], dict[str, Any]]:
         keep.append(code)
     ns: dict[str, Any] = {}
     if "def _overlay_gemma4_mtp_compat(" in source:
-        _exec(extract_def(source, "_overlay_gemma4_mtp_compat"), ns)
+        run_extracted(extract_def(source, "_overlay_gemma4_mtp_compat"), ns)
 
     def run(config, layer: int) -> dict[str, Any]:
         local = dict(ns, config=config, prefix=f"model.layers.{layer}", extract_layer_index=lambda p: int(p.split(".")[-1]))
-        return _exec("\n".join(keep), local)
+        return run_extracted("\n".join(keep), local)
 
     return run
 
@@ -119,8 +90,8 @@ def sources(request, pristine_release, tmp_path_factory):
     root = _patched(v, tmp_path_factory.mktemp("mtp"))
     utils = (pristine / "vllm/config/utils.py").read_text()
     return {
-        "conv": _convertor((root / CONVERTOR_PY).read_text(), utils),
-        "conv_unpatched": _convertor((pristine / CONVERTOR_PY).read_text(), utils),
+        "conv": convertor_class((root / CONVERTOR_PY).read_text(), utils, "Gemma4MTPModelArchConfigConvertor"),
+        "conv_unpatched": convertor_class((pristine / CONVERTOR_PY).read_text(), utils, "Gemma4MTPModelArchConfigConvertor"),
         "layer": _layer_head_code((root / MTP_PY).read_text()),
         "layer_unpatched": _layer_head_code((pristine / MTP_PY).read_text()),
     }

@@ -98,7 +98,7 @@ def test_one_failing_overlay_in_a_set_changes_no_file(tmp_path, vllm_root, overl
     assert proc.returncode == 1
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert lines and lines[0].startswith("error:") and overlay_id in proc.stderr and target in proc.stderr
-    assert {k: v for k, v in tree_hashes(root).items() if not k.startswith(".overlay-manager/")} == before
+    assert tree_hashes(root, without_state=True) == before
 
 
 # --- (2) SIGKILL between file writes --------------------------------------------------------
@@ -232,7 +232,7 @@ def test_revert_never_touches_a_file_without_our_sentinel(vllm_root, catalog_dir
     before = tree_hashes(root)
     result = revert(_overlays(catalog_dir), _overlays(catalog_dir), root)  # nothing applied, no ledger
     assert result.changes == ()
-    assert {k: v for k, v in tree_hashes(root).items() if not k.startswith(".overlay-manager/")} == before
+    assert tree_hashes(root, without_state=True) == before
 
 
 def test_revert_without_ledger_removes_only_sentinel_blocks(vllm_root, catalog_dir, expected):
@@ -240,7 +240,7 @@ def test_revert_without_ledger_removes_only_sentinel_blocks(vllm_root, catalog_d
     root = vllm_root(VERSION)
     apply(_overlays(catalog_dir), root)
     (root / ".overlay-manager" / "ledger.json").unlink()
-    others = {k: v for k, v in tree_hashes(root).items() if k not in TARGETS and not k.startswith(".overlay-manager/")}
+    others = {k: v for k, v in tree_hashes(root, without_state=True).items() if k not in TARGETS}
     revert(_overlays(catalog_dir), _overlays(catalog_dir), root)
     for t in TARGETS:
         assert (root / t).read_bytes() == expected[t][0], t

@@ -22,7 +22,8 @@ from manager.catalog import Catalog
 from manager.fits.overlays import DeploymentFacts, matches
 from manager.overlays import apply, load_overlays, status_on_release
 from tests.helpers import REPO_ROOT
-from tests.helpers.catalogs import extract_def, shipped_catalog, slim_root
+from tests.helpers.catalogs import shipped_catalog, slim_root
+from tests.overlays.shipped.extracted import extract_def
 
 KV = "gemma4-mtp-cpu-kv-sharing"
 PROPOSER_PY = "vllm/v1/spec_decode/gemma4.py"

@@ -14,9 +14,8 @@ import ast
 import functools
 import re
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -28,11 +27,11 @@ from tests.helpers.catalogs import (
     DYNAMO,
     GEMMA4,
     PR40886,
-    extract_def,
     set_edit_field,
     shipped_catalog,
     slim_root,
 )
+from tests.overlays.shipped.extracted import convertor_class, extract_def, run_extracted
 
 torch = pytest.importorskip("torch")
 
@@ -46,11 +45,6 @@ def _patched_source(tmp_path_factory, version: str, overlay_id: str, variants=No
     [change] = result.changes
     assert result.statuses.by_id(overlay_id).status == "applied"
     return (root / change.path).read_text()
-
-
-def _exec(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    exec(compile(code, "<extracted>", "exec"), namespace)
-    return namespace
 
 
 # --- (a) PR 40886: _weight_iterator on real tensors -------------------------------------------
@@ -87,7 +81,7 @@ def _checkpoint() -> list[tuple[str, torch.Tensor]]:
 def _run_iterator(source: str, checkpoint) -> list[tuple[str, torch.Tensor]]:
     code = extract_def(source, ITERATOR)
     config = SimpleNamespace(layer_types=LAYER_TYPES, attention_k_eq_v=True)
-    ns = _exec(code, {"re": re, "self": SimpleNamespace(config=config), "weights": list(checkpoint)})
+    ns = run_extracted(code, {"re": re, "self": SimpleNamespace(config=config), "weights": list(checkpoint)})
     return list(ns["_weight_iterator"]())
 
 
@@ -170,18 +164,6 @@ def test_branches_inserted_after_the_anchor_are_dead_code(gemma4_sources):
 
 # --- (b) the Gemma-4 convertor against a real transformers Gemma4TextConfig --------------------
 
-STAND_IN_HEAD_SIZE = '''
-def get_head_size(self) -> int:
-    # vLLM's non-MLA fallback
-    if getattr(self.hf_text_config, "head_dim", None) is not None:
-        return self.hf_text_config.head_dim
-    if (heads := self.get_total_num_attention_heads()) == 0:
-        return 0
-    return self.get_hidden_size() // heads
-'''
-REAL_BASE_METHODS = ("__init__", "get_total_num_attention_heads", "get_hidden_size", "get_total_num_kv_heads")
-
-
 def _config_26b_a4b():
     from transformers import Gemma4Config
 
@@ -196,25 +178,6 @@ def _config_26b_a4b():
     return hf_config, hf_config.get_text_config()
 
 
-def _convertor_class(convertor_source: str, utils_source: str):
-    """Gemma4ModelArchConfigConvertor (and the overlay helper, when present) from `convertor_source`,
-    on a base holding vLLM's own __init__ / head and KV-head getters plus a stand-in get_head_size."""
-    from transformers import PretrainedConfig
-
-    ns: dict[str, Any] = {"PretrainedConfig": PretrainedConfig, "Any": Any, "Sequence": Sequence,
-                          "Callable": Callable, "logger": None}
-    _exec(extract_def(utils_source, "getattr_iter"), ns)
-    methods = [extract_def(convertor_source, f"ModelArchConfigConvertorBase.{m}") for m in REAL_BASE_METHODS]
-    base = "class ModelArchConfigConvertorBase:\n" + "".join(
-        textwrap.indent(m, "    ") for m in [*methods, STAND_IN_HEAD_SIZE]
-    )
-    _exec(base, ns)
-    if "def _overlay_gemma4_per_layer_compat(" in convertor_source:
-        _exec(extract_def(convertor_source, "_overlay_gemma4_per_layer_compat"), ns)
-    _exec(extract_def(convertor_source, "Gemma4ModelArchConfigConvertor"), ns)
-    return ns["Gemma4ModelArchConfigConvertor"]
-
-
 @pytest.fixture(scope="module", params=["0.20.0", "0.26.0"])
 def convertors(request, tmp_path_factory, pristine_release):
     v = request.param
@@ -222,8 +185,8 @@ def convertors(request, tmp_path_factory, pristine_release):
     utils = (pristine / "vllm/config/utils.py").read_text()
     return {
         "version": v,
-        "patched": _convertor_class(_patched_source(tmp_path_factory, v, CONVERTOR), utils),
-        "unpatched": _convertor_class((pristine / CONVERTOR_PY).read_text(), utils),
+        "patched": convertor_class(_patched_source(tmp_path_factory, v, CONVERTOR), utils, "Gemma4ModelArchConfigConvertor"),
+        "unpatched": convertor_class((pristine / CONVERTOR_PY).read_text(), utils, "Gemma4ModelArchConfigConvertor"),
     }
 
 
@@ -291,7 +254,7 @@ def cuda_sources(tmp_path_factory, pristine_release):
 
 @pytest.fixture(scope="module")
 def dict_cache(cuda_sources):
-    return _exec(extract_def(cuda_sources["patched"], "_overlay_dict_cache"), {})["_overlay_dict_cache"]
+    return run_extracted(extract_def(cuda_sources["patched"], "_overlay_dict_cache"), {})["_overlay_dict_cache"]
 
 
 def _decorators(source: str) -> dict[str, list[str]]:
@@ -373,7 +336,7 @@ def test_dict_cache_on_a_classmethod_as_cuda_py_stacks_it(dict_cache, cuda_sourc
     nvml.nvmlShutdown = lambda: None
     ns = {"_overlay_dict_cache": dict_cache, "wraps": functools.wraps, "Callable": Callable,
           "_P": ParamSpec("_P"), "_R": TypeVar("_R"), "pynvml": nvml}
-    _exec(extract_def(cuda_sources["patched"], "with_nvml_context"), ns)
+    run_extracted(extract_def(cuda_sources["patched"], "with_nvml_context"), ns)
     decs = _decorators(cuda_sources["patched"])["NvmlCudaPlatform.get_device_capability"]
     src = "class Platform:\n    calls = []\n" + "".join(f"    @{d}\n" for d in decs) + textwrap.indent(
         "def get_device_capability(cls, device_id=0):\n"
@@ -381,7 +344,7 @@ def test_dict_cache_on_a_classmethod_as_cuda_py_stacks_it(dict_cache, cuda_sourc
         "    return (7, device_id, cls.__name__)\n",
         "    ",
     )
-    P = _exec(src, ns)["Platform"]
+    P = run_extracted(src, ns)["Platform"]
     results = [P.get_device_capability(), P.get_device_capability(0), P.get_device_capability(1),
                P.get_device_capability(), P().get_device_capability(1)]
     assert results == [(7, 0, "Platform"), (7, 0, "Platform"), (7, 1, "Platform"), (7, 0, "Platform"), (7, 1, "Platform")]
