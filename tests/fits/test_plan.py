@@ -10,14 +10,8 @@ from click.testing import CliRunner
 from manager.catalog import Catalog
 from manager.cli import cli
 from manager.fits import build_index, fits, plan
-from manager.profiles import load_profiles
 from tests.fits.overlay_index import make_index
 from tests.helpers import REPO_ROOT
-
-
-@pytest.fixture(scope="module")
-def P():
-    return load_profiles(Catalog(REPO_ROOT))
 
 
 def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):

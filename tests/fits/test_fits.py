@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from manager.catalog import Catalog
 from manager.errors import ProfileError, ReleaseError
 from manager.fits import CONSTRAINT_IDS, OverlayInfo, fits, kv_bytes, kv_cache_bytes, valid_tps
-from manager.profiles import load_profiles
 from tests.fits.overlay_index import fake_status, make_index
-from tests.helpers import REPO_ROOT
-
-
-@pytest.fixture(scope="module")
-def P():
-    return load_profiles(Catalog(REPO_ROOT))
 
 
 @pytest.fixture
