@@ -17,6 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+# The repository the upstream tests' local GitHub answers compare for, from a build_upstream_repo() history.
+UPSTREAM_REPO = "acme/engine"
+
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "Upstream Dev", "GIT_AUTHOR_EMAIL": "dev@example.invalid",
     "GIT_COMMITTER_NAME": "Upstream Dev", "GIT_COMMITTER_EMAIL": "dev@example.invalid",

@@ -12,25 +12,19 @@ from manager.upstream import (
     parse_fail_on, render_markdown,
 )
 from manager.errors import UpstreamError
-from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, pull_json
+from tests.helpers.fake_github import UPSTREAM_REPO as REPO
+from tests.helpers.fake_github import pull_json
 
-REPO = "acme/engine"
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.timezone.utc)
 
 
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory):
-    return build_upstream_repo(tmp_path_factory.mktemp("up"))
-
-
 @pytest.fixture
-def gh(upstream):
-    with FakeGitHub() as fake:
-        fake.repos[REPO] = upstream.path
-        fake.pulls[(REPO, 1)] = pull_json(REPO, 1, "open")
-        fake.pulls[(REPO, 2)] = pull_json(REPO, 2, "closed")
-        fake.pulls[(REPO, 3)] = pull_json(REPO, 3, "merged", merge_commit=upstream.merge)
-        yield fake
+def gh(gh, upstream):
+    """tests/upstream/conftest.py's local GitHub, also answering three PRs: open, closed, merged (upstream's merge)."""
+    gh.pulls[(REPO, 1)] = pull_json(REPO, 1, "open")
+    gh.pulls[(REPO, 2)] = pull_json(REPO, 2, "closed")
+    gh.pulls[(REPO, 3)] = pull_json(REPO, 3, "merged", merge_commit=upstream.merge)
+    return gh
 
 
 OVERLAYS = [

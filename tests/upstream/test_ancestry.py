@@ -8,21 +8,8 @@ import pytest
 from manager.errors import UpstreamError
 from manager.upstream import FactCache, GitHubClient, compare_ancestry, git_ancestry
 from manager.upstream.ancestry import check_git_dir, resolve
-from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, git
-
-REPO = "acme/engine"
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory):
-    return build_upstream_repo(tmp_path_factory.mktemp("up"))
-
-
-@pytest.fixture
-def gh(upstream):
-    with FakeGitHub() as fake:
-        fake.repos[REPO] = upstream.path
-        yield fake
+from tests.helpers.fake_github import UPSTREAM_REPO as REPO
+from tests.helpers.fake_github import build_upstream_repo, git
 
 
 @pytest.mark.parametrize(
