@@ -2,7 +2,7 @@
 that names the file (or the option value) and the problem, within a time limit (no hang), and
 leaves the root and the catalog byte-for-byte as they were.
 
-The table CASES is the source of docs/reliability.md's table (`python tests/test_hostile_inputs.py`
+The table CASES is the source of docs/reliability.md's table (`python -m tests.package.test_hostile_inputs`
 prints the counts). Each case runs the real CLI (`python -m manager`, the fast path included) in a
 subprocess with a timeout, so a hang is a failure, not a stuck suite. Cases that need a failing
 system call root cannot provoke (EACCES, ENOSPC) run in-process with that call patched (FAULTS).
@@ -189,7 +189,7 @@ def ROOT(*args: str) -> Callable[[Env], list[str]]:
 
 def _latin1(env: Env) -> None:
     """latin-1 bytes without a coding declaration (with one, the file is read and written in its
-    codec: tests/test_engine_data_safety.py)."""
+    codec: tests/overlays/test_apply_revert_data_safety.py)."""
     _w(env.target, b"def f(x):\n    y = x + 1\n    s = '\xe9'\n    return y\n")
 
 

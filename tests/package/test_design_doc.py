@@ -2,7 +2,7 @@
 its docstring's first line) and the public signatures the contracts name.
 
 Regenerate after adding a module or changing a listed signature:
-    .venv/bin/python tests/test_design_doc.py --write
+    .venv/bin/python -m tests.package.test_design_doc --write
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def render(text: str) -> str:
 
 def test_design_doc_generated_blocks_are_current():
     text = DOC.read_text()
-    assert render(text) == text, "docs/design.md is stale: run `.venv/bin/python tests/test_design_doc.py --write`"
+    assert render(text) == text, "docs/design.md is stale: run `.venv/bin/python -m tests.package.test_design_doc --write`"
 
 
 if __name__ == "__main__":
