@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import SHIPPED_OVERLAYS
+from tests.helpers.cli import overlay_popen, overlay_process
 from tests.helpers.nvrtc12 import nvrtc12_lib
 
 pytestmark = pytest.mark.network
@@ -24,9 +23,8 @@ def env(tmp_path: Path) -> dict:
     return dict(os.environ, OVERLAY_CATALOG=str(cat), OVERLAY_NVRTC=str(nvrtc12_lib()))
 
 
-def _run(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "manager", "build", *args], env=env, capture_output=True,
-                          text=True, **kw)
+def _run(args, env):
+    return overlay_process("build", *args, env=env, inherit_env=False, timeout=None)
 
 
 def test_build_json_reports_compiles_then_a_warm_restart_reports_zero(env, tmp_path):
@@ -44,8 +42,7 @@ def test_build_json_reports_compiles_then_a_warm_restart_reports_zero(env, tmp_p
 
 def test_two_concurrent_builds_of_one_key_compile_it_once(env, tmp_path):
     cache = tmp_path / "cache"
-    procs = [subprocess.Popen([sys.executable, "-m", "manager", "build", "--cache", str(cache), "--json"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [overlay_popen("build", "--cache", str(cache), "--json", env=env) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     results = [json.loads(o[0]) for o in outs]

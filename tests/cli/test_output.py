@@ -4,30 +4,21 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from manager.cli import main
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import overlay_process
 
 OVERLAY_IDS = sorted(p.name for p in (REPO_ROOT / "overlays").iterdir() if (p / "overlay.yaml").is_file())
 
 
 def _sub(*args: str, columns: int = 80) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OVERLAY_CATALOG=str(REPO_ROOT), COLUMNS=str(columns))
-    return subprocess.run([sys.executable, "-m", "manager", *args], env=env, capture_output=True, text=True, timeout=300)
-
-
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(["--catalog", str(REPO_ROOT), *argv])
-    cap = capsys.readouterr()
-    return exc.value.code, cap.out, cap.err
+    env = {"PYTHONPATH": str(REPO_ROOT), "OVERLAY_CATALOG": str(REPO_ROOT), "COLUMNS": str(columns)}
+    return overlay_process(*args, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("columns", [80, 50])
@@ -68,20 +59,19 @@ def test_status_table_on_stdout_keeps_ids_whole_at_80_columns(tmp_path: Path) ->
         (["upstream", "check", "--offline", "--no-probe", "--json"], "results"),
     ],
 )
-def test_every_query_json_is_an_object_with_a_key_per_collection(argv: list[str], key: str, capsys, tmp_path: Path) -> None:
+def test_every_query_json_is_an_object_with_a_key_per_collection(argv: list[str], key: str, cli_run, tmp_path: Path) -> None:
     if argv[0] == "upstream":
         argv = [*argv, "--cache", str(tmp_path / "gh")]
-    rc, out, _ = _run(argv, capsys)
+    rc, out, _ = cli_run("--catalog", str(REPO_ROOT), *argv)
     assert rc in (0, 1)
     data = json.loads(out)
     assert isinstance(data, dict) and isinstance(data[key], list) and data[key]
 
 
-def test_plan_says_how_many_more_it_did_not_show(capsys) -> None:
-    rc, out, _ = _run(["plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2",
-                       "--limit", "1"], capsys)
-    full = json.loads(_run(["plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2",
-                            "--json"], capsys)[1])
+def test_plan_says_how_many_more_it_did_not_show(cli_run) -> None:
+    plan = ["--catalog", str(REPO_ROOT), "plan", "--model", "gemma-4-26b-a4b", "--hardware", "v100-sxm2-16gb", "--gpus", "2"]
+    rc, out, _ = cli_run(*plan, "--limit", "1")
+    full = json.loads(cli_run(*plan, "--json").stdout)
     n_opt, n_rej = len(full["options"]), len(full["rejected"])
     assert n_opt > 1 and n_rej > 1
     text = " ".join(out.split())
@@ -99,8 +89,7 @@ def test_compose_check_findings_are_data_on_stdout_and_the_count_is_talk_on_stde
     # a generated file that is no longer current is one FAIL finding
     gen = sorted((cat / "compose" / "generated").glob("*.yml"))[0]
     gen.write_text(gen.read_text() + "# hand edit\n")
-    proc = subprocess.run([sys.executable, "-m", "manager", "--catalog", str(cat), "compose", "check"],
-                          capture_output=True, text=True, cwd=REPO_ROOT)
+    proc = overlay_process("--catalog", str(cat), "compose", "check", timeout=None)
     assert proc.returncode == 1, proc.stderr
     assert any(line.startswith("FAIL ") and "generated-current" in line for line in proc.stdout.splitlines()), proc.stdout
     assert "FAIL" not in proc.stderr.replace("failed", "")

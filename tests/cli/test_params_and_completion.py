@@ -3,24 +3,19 @@ completion of commands and values (issue 12, points 5 and 6)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from manager.cli import main
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import overlay_process, run_cli
 
 FITS = ["fits", "--model", "gemma-4-26b-a4b", "--hardware", "rtx-3090"]
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, list[str]]:
-    with pytest.raises(SystemExit) as exc:
-        main(["--catalog", str(REPO_ROOT), *argv])
-    cap = capsys.readouterr()
-    return exc.value.code, cap.out, cap.err.strip().splitlines()
+def _run(argv: list[str]) -> tuple[int, str, list[str]]:
+    res = run_cli("--catalog", str(REPO_ROOT), *argv)
+    return res.exit_code, res.stdout, res.stderr.strip().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -36,36 +31,36 @@ def _run(argv: list[str], capsys) -> tuple[int, str, list[str]]:
         (["upstream", "check", "--offline", "--engine", "vllm-0.2"], "did you mean 'vllm-0.2"),
     ],
 )
-def test_unknown_catalog_value_is_one_line_exit_1_with_a_hint(argv, expect, capsys) -> None:
-    rc, out, err = _run(argv, capsys)
+def test_unknown_catalog_value_is_one_line_exit_1_with_a_hint(argv, expect) -> None:
+    rc, out, err = _run(argv)
     assert rc == 1 and out == ""
     assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], err
 
 
-def test_unknown_value_without_a_close_match_lists_the_known_ones(capsys) -> None:
-    rc, _, err = _run(["fits", "--model", "zzz", "--hardware", "rtx-3090"], capsys)
+def test_unknown_value_without_a_close_match_lists_the_known_ones() -> None:
+    rc, _, err = _run(["fits", "--model", "zzz", "--hardware", "rtx-3090"])
     assert rc == 1 and len(err) == 1 and "known: gemma-4-" in err[0], err
 
 
 @pytest.mark.parametrize("opt", ["--gpus", "--tp", "--ctx", "--max-seqs"])
 @pytest.mark.parametrize("bad", ["0", "-2"])
-def test_counts_must_be_positive_ints_one_line_exit_1(opt: str, bad: str, capsys) -> None:
-    rc, out, err = _run([*FITS, opt, bad], capsys)
+def test_counts_must_be_positive_ints_one_line_exit_1(opt: str, bad: str) -> None:
+    rc, out, err = _run([*FITS, opt, bad])
     assert rc == 1 and out == ""
     assert len(err) == 1 and opt in err[0] and "x>=1" in err[0], err
 
 
-def test_a_non_integer_gpu_count_is_one_line_exit_1(capsys) -> None:
-    rc, _, err = _run([*FITS, "--gpus", "two"], capsys)
+def test_a_non_integer_gpu_count_is_one_line_exit_1() -> None:
+    rc, _, err = _run([*FITS, "--gpus", "two"])
     assert rc == 1 and len(err) == 1 and "'two' is not a valid integer" in err[0], err
 
 
 def _complete(words: str, env_extra: dict[str, str] | None = None) -> list[str]:
-    env = dict(os.environ, _OVERLAY_COMPLETE="bash_complete", COMP_WORDS=words,
+    env = dict(_OVERLAY_COMPLETE="bash_complete", COMP_WORDS=words,
                COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)),
                PYTHONPATH=str(REPO_ROOT), OVERLAY_CATALOG=str(REPO_ROOT))
     env.update(env_extra or {})
-    res = subprocess.run([sys.executable, "-m", "manager"], env=env, capture_output=True, text=True, timeout=120)
+    res = overlay_process(env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     return [ln.split(",", 1)[1] for ln in res.stdout.splitlines() if "," in ln]
 
@@ -96,6 +91,6 @@ def test_completion_in_a_broken_catalog_completes_nothing_without_a_traceback(tm
 
 @pytest.mark.parametrize("shell, marker", [("bash", "complete -o nosort -F"), ("zsh", "#compdef overlay"),
                                            ("fish", "complete --no-files --command overlay")])
-def test_completion_command_prints_the_script(shell: str, marker: str, capsys) -> None:
-    rc, out, err = _run(["completion", shell], capsys)
+def test_completion_command_prints_the_script(shell: str, marker: str) -> None:
+    rc, out, err = _run(["completion", shell])
     assert rc == 0 and marker in out and "_OVERLAY_COMPLETE" in out and err == []

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import overlay_process
 from tests.helpers.fake_github import FakeGitHub, build_upstream_repo, git, pull_json
 
 REPO = "vllm-project/vllm"
@@ -59,10 +58,8 @@ def gh(upstream):
 
 
 def overlay(catalog, *args, cache=None):
-    cmd = [sys.executable, "-W", "ignore", "-m", "manager", "--catalog", str(catalog), "upstream", *args]
-    if cache is not None:
-        cmd += ["--cache", str(cache)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    extra = ["--cache", str(cache)] if cache is not None else []
+    return overlay_process("--catalog", str(catalog), "upstream", *args, *extra, env={"PYTHONWARNINGS": "ignore"})
 
 
 ENGINES = ["--engine", "vllm-0.19.0", "--engine", "vllm-0.33.0", "--no-probe"]

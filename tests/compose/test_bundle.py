@@ -133,12 +133,8 @@ def test_bundle_runs_in_the_test_image_with_network_off(bundle: Path) -> None:
     assert b"overlay" in out and b"0." in out
 
 
-def test_cli_bundle_writes_the_directory(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from manager.cli import cli
-
-    res = CliRunner().invoke(cli, ["bundle", "--python", "3.11", "-o", str(tmp_path / "cb"), "--json"])
+def test_cli_bundle_writes_the_directory(tmp_path: Path, cli_run) -> None:
+    res = cli_run("bundle", "--python", "3.11", "-o", str(tmp_path / "cb"), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["python"] == "3.11" and (tmp_path / "cb" / "bin" / "overlay").exists()

@@ -7,7 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
 from manager.catalog import Catalog
 from manager.compose.check import check_registry, render_all, write_generated
@@ -123,9 +122,7 @@ def test_shipped_registry_passes_compose_check_and_generated_files_are_current()
     assert len(slugs) >= 5
 
 
-def test_cli_compose_check_exits_1_and_names_the_problem(tmp_path: Path) -> None:
-    from manager.cli import cli
-
+def test_cli_compose_check_exits_1_and_names_the_problem(tmp_path: Path, cli_run) -> None:
     cat = Catalog.locate()
     import shutil
 
@@ -133,9 +130,9 @@ def test_cli_compose_check_exits_1_and_names_the_problem(tmp_path: Path) -> None
         shutil.copytree(cat.root / part, tmp_path / part)
     gen = next((tmp_path / "compose" / "generated").glob("*.yml"))
     gen.write_text(gen.read_text() + "# hand edit\n")
-    res = CliRunner().invoke(cli, ["--catalog", str(tmp_path), "compose", "check", "--json"])
+    res = cli_run("--catalog", str(tmp_path), "compose", "check", "--json")
     assert res.exit_code == 1
-    assert isinstance(res.exception, Exception) and "problem" in str(res.exception)
+    assert res.err_lines == ["error: compose check: 1 problem(s)"]
     import json
 
     data = json.loads(res.stdout)

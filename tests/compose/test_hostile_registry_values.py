@@ -12,8 +12,6 @@ OVERLAY_HOSTILE_COMPOSE_EXTRA=N to add N random payloads per field (seeded, repr
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import random
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_cli
 
 SLUG = "gemma4-26b-a4b-awq-3090-tp1"
 PWNED = Path("/tmp/pwned-by-compose")
@@ -75,17 +74,9 @@ def _registry(base: dict, field: str, payload: str) -> dict:
 
 
 def _render(catalog: Path, registry: dict) -> tuple[int, str, list[str]]:
-    from manager.cli import main
-
     (catalog / "compose" / "deployments.yaml").write_text(yaml.safe_dump(registry, sort_keys=False))
-    out, err = io.StringIO(), io.StringIO()
-    code: object = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(["--catalog", str(catalog), "compose", "render", SLUG])
-        except SystemExit as exc:
-            code = exc.code
-    return int(code or 0), out.getvalue(), [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    res = run_cli("--catalog", str(catalog), "compose", "render", SLUG)
+    return res.exit_code, res.stdout, res.err_lines
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from manager.catalog import Catalog
-from manager.cli import cli
 from manager.fits import build_index, fits, plan
 from tests.fits.overlay_index import make_index
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import run_cli
 
 
 def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
@@ -57,7 +56,7 @@ def test_real_overlay_catalog_and_release_sources_decide_the_convertor(P):
 
 
 def invoke(*args):
-    return CliRunner().invoke(cli, ["--catalog", str(REPO_ROOT), *args])
+    return run_cli("--catalog", str(REPO_ROOT), *args)
 
 
 def test_cli_profiles_list_json_and_kinds():

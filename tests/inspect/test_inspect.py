@@ -15,24 +15,13 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from manager.catalog import Catalog
-from manager.cli import cli
 from manager.errors import InspectError
 from manager.inspect import LocalSource, header_bytes, inspect_checkpoint
 from manager.profiles import load_profiles
 from tests.helpers import REPO_ROOT, TEST_FIXTURES
 from tests.inspect import checkpoint_shapes as shapes
-
-
-def _main(argv: list[str]) -> int:
-    """The real entry point with its error handler (exit 1 + one line for user errors)."""
-    from manager.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    return exc.value.code
 
 
 @pytest.fixture(scope="module")
@@ -405,16 +394,15 @@ def _one_shard(d: Path, raw: bytes) -> Path:
      "b.data_offsets: [1, 3]: overlaps the previous tensor"),
     (header_bytes({"a": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]}}), "a.data_offsets: [4, 6]: leaves a hole of 4 bytes"),
 ])
-def test_bad_headers_are_one_line_errors_naming_file_and_key(tmp_path, raw, expect, capsys):
+def test_bad_headers_are_one_line_errors_naming_file_and_key(tmp_path, raw, expect, cli_run):
     d = _one_shard(tmp_path / "ck", raw)
     before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())
     with pytest.raises(InspectError) as ei:
         inspect_checkpoint(d)
     assert expect in str(ei.value) and "model.safetensors" in str(ei.value) and "\n" not in str(ei.value)
-    capsys.readouterr()
-    assert _main(["inspect", str(d)]) == 1
-    cap = capsys.readouterr()
-    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and expect in cap.err
+    res = cli_run("inspect", str(d))
+    assert res.exit_code == 1
+    assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and expect in res.stderr
     assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()) == before
 
 
@@ -448,14 +436,14 @@ def test_index_naming_a_tensor_its_shard_lacks(sets, tmp_path):
 # ----------------------------------------------------------------------------- CLI, fits --checkpoint
 
 
-def test_cli_inspect_json_and_text_go_to_stdout(sets):
+def test_cli_inspect_json_and_text_go_to_stdout(sets, cli_run):
     d, info = sets["26b-awq"]
-    res = CliRunner().invoke(cli, ["inspect", str(d), "--json"])
+    res = cli_run("inspect", str(d), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["weights"]["total"] == info["total"]
     assert [s["tp"] for s in data["weights"]["tp"]] == [1, 2]
-    res = CliRunner().invoke(cli, ["inspect", str(d)])
+    res = cli_run("inspect", str(d))
     assert res.exit_code == 0
     assert "KeyError: 'layers.0.moe.experts.0.down_proj_packed'" in res.stdout
     assert f"{info['total']:,} B" in res.stdout
@@ -485,18 +473,19 @@ def test_fits_checkpoint_fails_e2b_nvfp4_with_the_predicted_keyerror(sets, profi
     assert "KeyError: 'embed_tokens_per_layer.weight_packed'" in rep.constraint("weight-format").message
 
 
-def test_cli_fits_and_plan_take_checkpoint(sets):
+def test_cli_fits_and_plan_take_checkpoint(sets, cli_run):
     d, _ = sets["26b-awq"]
-    res = CliRunner().invoke(cli, ["fits", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2",
-                                   "--engine", "vllm-0.22.0", "--json"])
+    res = cli_run("fits", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2",
+                  "--engine", "vllm-0.22.0", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["memory"]["weights_source"] == "measured from headers"
-    res = CliRunner().invoke(cli, ["plan", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2", "--json"])
+    res = cli_run("plan", "--checkpoint", str(d), "--hardware", "rtx-3090", "--gpus", "2", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["options"]
 
-def test_cli_fits_needs_model_or_checkpoint(capsys):
-    assert _main(["fits", "--hardware", "rtx-3090"]) == 1
-    assert "exactly one of --model" in capsys.readouterr().err
+def test_cli_fits_needs_model_or_checkpoint(cli_run):
+    res = cli_run("fits", "--hardware", "rtx-3090")
+    assert res.exit_code == 1
+    assert "exactly one of --model" in res.stderr
 
 
 # ----------------------------------------------------------------------------- remote (HTTP range requests)
@@ -577,12 +566,13 @@ def test_remote_url_of_a_checkpoint_directory(range_server):
     assert r.weights.split(2).valid and r.quant.method == "none"
 
 
-def test_offline_remote_read_is_one_clear_line(capsys):
+def test_offline_remote_read_is_one_clear_line(cli_run):
     with pytest.raises(InspectError, match=r"cannot reach .*offline\?") as ei:
         inspect_checkpoint("someone/model", endpoint="http://127.0.0.1:9")
     assert "\n" not in str(ei.value)
-    assert _main(["inspect", "someone/model", "--endpoint", "http://127.0.0.1:9"]) == 1
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    res = cli_run("inspect", "someone/model", "--endpoint", "http://127.0.0.1:9")
+    assert res.exit_code == 1
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 # ----------------------------------------------------------------------------- other quantization schemes

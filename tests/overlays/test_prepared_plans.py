@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import pytest
 from manager.overlays import apply, load_overlays, revert, status
 from manager.overlays.plans import PlanRefused, apply_plan
 from manager.overlays.prepare import input_paths, prepare
-from tests.helpers import REPO_ROOT, SHIPPED_OVERLAYS
+from tests.helpers import SHIPPED_OVERLAYS
 from tests.helpers.catalogs import GEMMA4, PR40886, RELEASES, shipped_catalog
-from tests.helpers.cli import run_cli, run_entry
+from tests.helpers.cli import overlay_process, run_entry
 
 ALL_IDS = tuple(sorted(p.name for p in SHIPPED_OVERLAYS.iterdir() if (p / "overlay.yaml").is_file()))
 HEAVY = ("click", "rich", "pydantic", "libcst", "yaml", "jinja2", "filelock")
@@ -140,11 +139,8 @@ def test_tampered_plan_through_the_cli_says_so_and_the_full_engine_applies(tmp_p
     _tamper(plan_path, lambda p: p["writes"][0]["hunks"][0].__setitem__(2, "# evil\n"))
     root, ref = _fresh(tmp_path, every, "root"), _fresh(tmp_path, every, "ref")
     apply(every, ref)
-    proc = subprocess.run(
-        [sys.executable, "-m", "manager", "--catalog", str(catalog.root), "apply", "--root", str(root),
-         "--plans", str(plan_path.parent)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
-    )
+    proc = overlay_process("--catalog", str(catalog.root), "apply", "--root", str(root), "--plans", str(plan_path.parent),
+                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "refused" in proc.stderr and "result hash mismatch" in proc.stderr and "running the full engine" in proc.stderr
     assert _tree(root) == _tree(ref)
@@ -227,14 +223,11 @@ def test_plan_apply_process_imports_none_of_the_heavy_modules(tmp_path, catalog,
 def test_first_engine_apply_fills_the_plan_cache_and_the_next_container_uses_it(tmp_path, catalog):
     every = load_overlays(catalog)
     cache = tmp_path / "cache"
-    env = dict(os.environ, OVERLAY_PLAN_CACHE=str(cache))
     first, second = _fresh(tmp_path, every, "first"), _fresh(tmp_path, every, "second")
 
     def run(root: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "manager", "--catalog", str(catalog.root), "apply", "--root", str(root)],
-            capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=300,
-        )
+        return overlay_process("--catalog", str(catalog.root), "apply", "--root", str(root),
+                               env={"OVERLAY_PLAN_CACHE": str(cache)}, timeout=300)
 
     p1 = run(first)
     assert p1.returncode == 0, p1.stderr
@@ -256,9 +249,9 @@ def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
     assert rec.result.changes and rec.plan is None and "plan not recorded" in (rec.note or "")
 
 
-def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path):
+def test_prepare_cli_rejects_an_unknown_overlay_with_one_line(tmp_path, cli_run):
 
-    rc, out, err = run_cli("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
+    rc, out, err = cli_run("prepare", "--vllm", "0.20.0", "no-such-overlay", "--out", str(tmp_path / "p"))
     assert rc == 1 and "unknown overlay 'no-such-overlay'" in err
     assert not (tmp_path / "p").exists()
 

@@ -102,14 +102,10 @@ def test_read_trace_file_reports_missing_expected_overlays(tmp_path):
         read_trace_file(str(tmp_path / "absent.log"))
 
 
-def test_cli_trace_prints_lines_and_exits_1_on_missing_expectation(tmp_path):
-    from click.testing import CliRunner
-
-    from manager.cli import cli
-
+def test_cli_trace_prints_lines_and_exits_1_on_missing_expectation(tmp_path, cli_run):
     log = tmp_path / "server.log"
     log.write_text("x overlay-trace: a v1 e pid=5 module=m\n")
-    ok = CliRunner().invoke(cli, ["trace", str(log), "--expect", "a"], standalone_mode=False)
-    assert ok.return_value == 0 and "a v1 e pid=5 module=m" in ok.stdout
-    bad = CliRunner().invoke(cli, ["trace", str(log), "--expect", "zz", "--json"], standalone_mode=False)
-    assert bad.return_value == 1 and '"missing": [\n    "zz"\n  ]' in bad.stdout
+    ok = cli_run("trace", str(log), "--expect", "a")
+    assert ok.exit_code == 0 and "a v1 e pid=5 module=m" in ok.stdout
+    bad = cli_run("trace", str(log), "--expect", "zz", "--json")
+    assert bad.exit_code == 1 and '"missing": [\n    "zz"\n  ]' in bad.stdout

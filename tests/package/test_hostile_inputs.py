@@ -26,6 +26,7 @@ from typing import Callable
 import pytest
 
 from tests.helpers import REPO_ROOT
+from tests.helpers.cli import overlay_process, run_cli
 
 HANG_LIMIT_S = float(os.environ.get("OVERLAY_TEST_HANG_LIMIT", "90"))  # a case that takes longer counts as a hang
 
@@ -278,36 +279,16 @@ def _full_argv(env: Env, argv: list[str]) -> list[str]:
 
 def _run(env: Env, argv: list[str], timeout: float = HANG_LIMIT_S) -> subprocess.CompletedProcess:
     """The real `overlay` entry point (fast path included) in a fresh process."""
-    return subprocess.run(
-        [sys.executable, "-m", "manager", *_full_argv(env, argv)], capture_output=True, text=True,
-        timeout=timeout, cwd=REPO_ROOT, env={**os.environ, "OVERLAY_CRASH_DIR": str(env.tmp / "crash")},
-    )
+    return overlay_process(*_full_argv(env, argv), env={"OVERLAY_CRASH_DIR": str(env.tmp / "crash")}, timeout=timeout)
 
 
 def _run_here(env: Env, argv: list[str]) -> subprocess.CompletedProcess:
     """The CLI's main() in this process (a subprocess per case costs ~1-15 s on a loaded machine)."""
-    import contextlib
-    import io
-
-    from manager.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    old = os.environ.get("OVERLAY_CRASH_DIR")
-    os.environ["OVERLAY_CRASH_DIR"] = str(env.tmp / "crash")
-    code: object = 0
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main(_full_argv(env, argv))
-    except SystemExit as exc:
-        code = exc.code
+        res = run_cli(*_full_argv(env, argv), env={"OVERLAY_CRASH_DIR": str(env.tmp / "crash")})
     except BaseException as exc:  # noqa: BLE001 - escaped the CLI's handler: a crash
-        code, err = 3, io.StringIO(f"Traceback: {exc!r}")
-    finally:
-        if old is None:
-            os.environ.pop("OVERLAY_CRASH_DIR", None)
-        else:
-            os.environ["OVERLAY_CRASH_DIR"] = old
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+        return subprocess.CompletedProcess(argv, 3, "", f"Traceback: {exc!r}")
+    return subprocess.CompletedProcess(argv, res.exit_code, res.stdout, res.stderr)
 
 
 def check_case(case: Case, tmp: Path) -> tuple[str, str]:
@@ -366,13 +347,9 @@ def _fault_env(tmp_path: Path, monkeypatch) -> Env:
     return env
 
 
-def _run_in_process(env: Env, argv: list[str], capsys) -> tuple[int, list[str]]:
-    from manager.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main(["--catalog", str(env.cat), *argv])
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    return info.value.code, err
+def _run_in_process(env: Env, argv: list[str]) -> tuple[int, list[str]]:
+    res = run_cli("--catalog", str(env.cat), *argv)
+    return res.exit_code, res.err_lines
 
 
 def _deny_read(monkeypatch, path: Path, err: int) -> None:
@@ -406,7 +383,7 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("name", sorted(FAULTS))
-def test_system_call_faults_exit_1_with_one_line(name, tmp_path, monkeypatch, capsys):
+def test_system_call_faults_exit_1_with_one_line(name, tmp_path, monkeypatch):
     env = _fault_env(tmp_path, monkeypatch)
     before = snapshot(env.root, env.cat)
     if name == "target-unreadable":
@@ -423,7 +400,7 @@ def test_system_call_faults_exit_1_with_one_line(name, tmp_path, monkeypatch, ca
             return real_mkstemp(*a, dir=dir, **k)
 
         monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-    rc, err = _run_in_process(env, ["apply", "--root", str(env.root)], capsys)
+    rc, err = _run_in_process(env, ["apply", "--root", str(env.root)])
     monkeypatch.undo()
     assert rc == 1, err
     assert len(err) == 1 and err[0].startswith("error: "), err
@@ -471,13 +448,13 @@ def _hold_lock(env: Env, seconds: float) -> subprocess.Popen:
     return proc
 
 
-def test_held_lock_names_its_holder_and_gives_up_after_wait(tmp_path, capsys):
+def test_held_lock_names_its_holder_and_gives_up_after_wait(tmp_path):
     env = make_env(tmp_path)
     holder = _hold_lock(env, 60)
     try:
         before = snapshot(env.root, env.cat)
         t0 = time.monotonic()
-        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0.5"], capsys)
+        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0.5"])
         took = time.monotonic() - t0
     finally:
         holder.kill()
@@ -491,11 +468,11 @@ def test_held_lock_names_its_holder_and_gives_up_after_wait(tmp_path, capsys):
     assert {k: v for k, v in after.items() if not k.endswith("lock")} == {k: v for k, v in before.items() if not k.endswith("lock")}
 
 
-def test_apply_waits_for_a_lock_released_within_wait(tmp_path, capsys):
+def test_apply_waits_for_a_lock_released_within_wait(tmp_path):
     env = make_env(tmp_path)
     holder = _hold_lock(env, 1.0)
     try:
-        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "120"], capsys)
+        rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "120"])
     finally:
         holder.wait()
     assert rc == 0, err
@@ -503,13 +480,13 @@ def test_apply_waits_for_a_lock_released_within_wait(tmp_path, capsys):
     assert "overlay:demo v1" in env.target.read_text()
 
 
-def test_lock_of_a_killed_holder_does_not_block(tmp_path, capsys):
+def test_lock_of_a_killed_holder_does_not_block(tmp_path):
     env = make_env(tmp_path)
     holder = _hold_lock(env, 60)
     holder.kill()  # kill -9: the kernel drops the flock, the owner record stays in the file
     holder.wait()
     assert str(holder.pid) in (env.state / "lock").read_text()
-    rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0"], capsys)
+    rc, err = _run_in_process(env, ["apply", "--root", str(env.root), "--wait", "0"])
     assert rc == 0, err
     assert not any("waiting" in ln for ln in err), err
 
@@ -553,7 +530,7 @@ def test_literal_and_simple_probe_patterns_keep_their_meaning():
 # --- upstream check: an unreachable API is said once and fails fast (item 12) -------------------------
 
 
-def test_unreachable_api_url_fails_fast_with_fail_on_unknown(tmp_path, monkeypatch, capsys):
+def test_unreachable_api_url_fails_fast_with_fail_on_unknown(tmp_path, monkeypatch):
     from manager.upstream import probe
 
     env = _fault_env(tmp_path, monkeypatch)
@@ -562,18 +539,18 @@ def test_unreachable_api_url_fails_fast_with_fail_on_unknown(tmp_path, monkeypat
     shutil.copytree(REPO_ROOT / "overlays", env.cat / "overlays", dirs_exist_ok=True)
     shutil.rmtree(env.overlay)
     rc, err = _run_in_process(env, ["upstream", "check", "--api-url", "http://127.0.0.1:9/", "--cache",
-                                    str(tmp_path / "gh"), "--fail-on", "unknown"], capsys)
+                                    str(tmp_path / "gh"), "--fail-on", "unknown"])
     assert rc == 1, err
     assert len(err) == 1 and err[0].startswith("error: ") and "127.0.0.1:9" in err[0] and "unreachable" in err[0], err
     assert probed == []  # stopped before the source probes
 
 
-def test_unreachable_api_url_is_said_once_without_fail_on(tmp_path, monkeypatch, capsys):
+def test_unreachable_api_url_is_said_once_without_fail_on(tmp_path, monkeypatch):
     env = _fault_env(tmp_path, monkeypatch)
     shutil.copytree(REPO_ROOT / "overlays", env.cat / "overlays", dirs_exist_ok=True)
     shutil.rmtree(env.overlay)
     rc, err = _run_in_process(env, ["upstream", "check", "--api-url", "http://127.0.0.1:9/", "--cache",
-                                    str(tmp_path / "gh"), "--no-probe"], capsys)
+                                    str(tmp_path / "gh"), "--no-probe"])
     assert rc == 0, err
     warnings = [ln for ln in err if ln.startswith("warning:")]
     assert len(warnings) == 1 and "127.0.0.1:9" in warnings[0] and "unreachable" in warnings[0], err
@@ -582,17 +559,13 @@ def test_unreachable_api_url_is_said_once_without_fail_on(tmp_path, monkeypatch,
 # --- rich markup in catalog text shown in tables (item 8) ---------------------------------------------
 
 
-def test_markup_in_catalog_text_is_shown_literally(tmp_path, monkeypatch, capsys):
+def test_markup_in_catalog_text_is_shown_literally(tmp_path, monkeypatch, cli_run):
     """Catalog text in the list and status tables (data: stdout) is shown as typed, never parsed as markup."""
-    from manager.cli import main
-
     env = _fault_env(tmp_path, monkeypatch)
 
     def table(argv: list[str]) -> tuple[int, str]:
-        with pytest.raises(SystemExit) as info:
-            main(["--catalog", str(env.cat), *argv])
-        got = capsys.readouterr()
-        return info.value.code, (got.out + got.err).replace(" ", "").replace("│", "")
+        res = cli_run("--catalog", str(env.cat), *argv)
+        return res.exit_code, res.output.replace(" ", "").replace("│", "")
 
     _manifest(env, "title: demo overlay", "title: 'a [/x] title [bold]kept[/bold]'")
     rc, text = table(["list"])

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from manager.catalog import Catalog
-from manager.cli import cli
 from manager.errors import ProfileError
 from manager.profiles import import_config, load_profiles, profile_from_config
 from manager.profiles.schema import ModelProfile
@@ -122,16 +120,14 @@ def test_missing_required_key_names_it(tmp_path):
         profile_from_config({"hidden_size": 8, "num_hidden_layers": 1}, model_id="x")
 
 
-def test_cli_import_config_writes_then_reports_identical(tmp_path):
+def test_cli_import_config_writes_then_reports_identical(tmp_path, cli_run):
     src = tmp_path / "config.json"
     src.write_text(json.dumps(_per_layer_form(A4B, 512, 2)))
     out = tmp_path / "profiles" / "models" / "mine.yaml"
-    runner = CliRunner()
-    r1 = runner.invoke(cli, ["profiles", "import-config", str(src), "--id", "mine",
-                            "--size-gb", "17", "-o", str(out)])
+    r1 = cli_run("profiles", "import-config", str(src), "--id", "mine", "--size-gb", "17", "-o", str(out))
     assert r1.exit_code == 0, r1.output
     assert "create" in r1.output and out.is_file()
-    r2 = runner.invoke(cli, ["profiles", "import-config", str(src), "--id", "mine", "--size-gb", "17", "-o", str(out)])
+    r2 = cli_run("profiles", "import-config", str(src), "--id", "mine", "--size-gb", "17", "-o", str(out))
     assert "identical" in r2.output
-    r3 = runner.invoke(cli, ["profiles", "validate", str(out)])
+    r3 = cli_run("profiles", "validate", str(out))
     assert r3.exit_code == 0, r3.output

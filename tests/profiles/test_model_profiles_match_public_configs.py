@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from manager.catalog import Catalog
-from manager.cli import cli
 from manager.fits import kv_bytes
 from manager.profiles import load_profiles
 from manager.profiles.schema import ModelProfile
 from tests.helpers import REPO_ROOT, TEST_FIXTURES
+from tests.helpers.cli import run_cli
 
 FIXTURES = TEST_FIXTURES / "hf-configs"
 CATALOG = load_profiles(Catalog(REPO_ROOT))
@@ -33,8 +32,7 @@ def _groups(groups) -> list[tuple]:
 
 
 def _imported(mid: str) -> ModelProfile:
-    res = CliRunner().invoke(cli, ["--catalog", str(REPO_ROOT), "profiles", "import-config", str(FIXTURES / f"{mid}.json"),
-                                   "--id", mid])
+    res = run_cli("--catalog", str(REPO_ROOT), "profiles", "import-config", str(FIXTURES / f"{mid}.json"), "--id", mid)
     assert res.exit_code == 0, res.output
     return ModelProfile.model_validate(yaml.safe_load(res.stdout))
 

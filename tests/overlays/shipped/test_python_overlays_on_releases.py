@@ -36,7 +36,7 @@ from tests.helpers.catalogs import (
     targets_of,
     tree_hashes,
 )
-from tests.helpers.cli import overlay_process, run_cli
+from tests.helpers.cli import overlay_process
 
 # Observed status of each overlay on each pristine release (the closing note's matrix).
 EXPECTED_BEFORE = {
@@ -376,60 +376,60 @@ def test_cli_status_json_has_the_documented_shape(vllm_root, catalog):
         assert t["path"] == TARGET[o["id"]] and t["status"] == o["status"] and isinstance(t["detail"], str)
 
 
-def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(tmp_path, catalog):
+def test_cli_apply_dry_run_exits_1_when_pending_and_changes_nothing(tmp_path, catalog, cli_run):
     root = slim_root("0.20.0", tmp_path)
     original = file_hashes(root, TARGET.values())
-    rc, out, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, out, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1, err
     assert "would " in err
     assert file_hashes(root, TARGET.values()) == original
     assert not (root / ".overlay-manager" / "ledger.json").exists()
 
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert file_hashes(root, TARGET.values()) != original
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 0, err  # nothing pending any more
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = cli_run("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 0 and {o["status"] for o in json.loads(out)["overlays"]} == {"applied"}
 
 
-def test_cli_status_exits_1_on_modified(tmp_path, catalog):
+def test_cli_status_exits_1_on_modified(tmp_path, catalog, cli_run):
     root = slim_root("0.20.0", tmp_path)
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     p = root / CONVERTOR_PY
     p.write_text(edit_one_char_after_sentinel(p.read_text(), CONVERTOR, "head-size-compat"))
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = cli_run("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     assert {o["id"]: o["status"] for o in json.loads(out)["overlays"]}[CONVERTOR] == "modified"
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 1 and "modified" in err
 
 
-def test_cli_status_exits_1_on_drift(tmp_path, catalog):
+def test_cli_status_exits_1_on_drift(tmp_path, catalog, cli_run):
     root = slim_root("0.20.0", tmp_path)
     p = root / GEMMA4
     text = p.read_text()
     anchor = 'if "moe.gate_up_proj" in name and weight.dim() == 3:'
     assert text.count(anchor) == 1
     p.write_text(text.replace(anchor, 'if "moe.gate_up_proj" in name and weight.ndim == 3:'))
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
+    rc, out, _ = cli_run("--catalog", str(catalog.root), "status", PR40886, "--root", str(root), "--json")
     assert rc == 1
     [o] = json.loads(out)["overlays"]
     assert o["status"] == "drift" and "anchor not found" in o["targets"][0]["detail"]
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root), "--dry-run")
     assert rc == 1 and "drift" in err
 
 
-def test_cli_superseded_is_not_a_failure_unless_named(tmp_path, catalog):
+def test_cli_superseded_is_not_a_failure_unless_named(tmp_path, catalog, cli_run):
     root = slim_root("0.31.0", tmp_path)
-    rc, _, err = run_cli("--catalog", str(catalog.root), "status", "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "status", "--root", str(root))
     assert rc == 0, err
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(root))
     assert rc == 0, err
     assert "skipped" in err and PR40886 in err
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", PR40886, "--root", str(root))
     assert rc == 1 and "superseded" in err
 
 
@@ -487,7 +487,7 @@ def test_dict_cache_helper_is_defined_before_its_first_use(applied):
     assert tree.body[first_def] is helper
 
 
-def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
+def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog, cli_run):
     """`overlay diff` applied with `git apply` to a second pristine copy gives apply's bytes."""
     import shutil
     import subprocess
@@ -495,13 +495,13 @@ def test_cli_diff_is_the_patch_apply_writes(tmp_path, catalog):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     a, b = slim_root("0.20.0", tmp_path / "a"), slim_root("0.20.0", tmp_path / "b")
-    rc, diff_text, err = run_cli("--catalog", str(catalog.root), "diff", "--root", str(a))
+    rc, diff_text, err = cli_run("--catalog", str(catalog.root), "diff", "--root", str(a))
     assert rc == 0, err
     assert diff_text.count("\n+++ b/") + diff_text.startswith("+++ b/") == 3
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())  # diff wrote nothing
     (tmp_path / "p.diff").write_text(diff_text)
     subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=b, check=True, capture_output=True)
-    rc, _, err = run_cli("--catalog", str(catalog.root), "apply", "--root", str(a))
+    rc, _, err = cli_run("--catalog", str(catalog.root), "apply", "--root", str(a))
     assert rc == 0, err
     assert file_hashes(a, TARGET.values()) == file_hashes(b, TARGET.values())
 
@@ -511,7 +511,7 @@ def _reinstall(root, pristine, rel):
 
 
 def test_a_deleted_block_is_modified_and_apply_refuses_until_the_file_is_reinstalled(
-    tmp_path, catalog, overlays, pristine_release
+    tmp_path, catalog, overlays, pristine_release, cli_run
 ):
     root = slim_root("0.20.0", tmp_path)
     original = file_hashes(root, TARGET.values())
@@ -524,7 +524,7 @@ def test_a_deleted_block_is_modified_and_apply_refuses_until_the_file_is_reinsta
     end = good.index("return super().get_total_num_kv_heads()\n", marker.end()) + len("return super().get_total_num_kv_heads()\n")
     p.write_text(good[: marker.start()] + good[end:])
     edited = file_hashes(root, TARGET.values())
-    rc, out, _ = run_cli("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
+    rc, out, _ = cli_run("--catalog", str(catalog.root), "status", "--root", str(root), "--json")
     assert rc == 1
     st = {o["id"]: o for o in json.loads(out)["overlays"]}[CONVERTOR]
     assert st["status"] == "modified" and "changed since" in st["targets"][0]["detail"]
