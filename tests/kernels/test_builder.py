@@ -51,7 +51,7 @@ def test_warm_build_compiles_nothing(catalog, tmp_path, lib, capsys):
     _build(catalog, tmp_path / "c", lib)
     r = builder.build(catalog, ["sm70-d512-attention"], cache=tmp_path / "c", nvrtc_path=lib, progress=ConsoleProgress())
     assert r.compiled == 0 and all(i.action == "cached" for i in r.items)
-    assert "0 compilations" in builder.summary(r)  # the line `overlay build` prints (tests/test_build_cli.py)
+    assert "0 compilations" in builder.summary(r)  # the line `overlay build` prints (tests/cli/test_build.py)
     assert "cached" in capsys.readouterr().err  # the CLI's progress lines; the builder itself prints nothing
 
 

@@ -2,7 +2,7 @@
 
 Each test names the defect it pins (it failed on overlay-manager 0.1.0). A tiny synthetic root
 and catalog keep them fast; the kill -9 and concurrency trials on a real vLLM tree are in
-tests/test_engine_kill.py.
+tests/overlays/test_kill9_and_concurrency.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the drafter's Attention layers only, after their CPU impls were built with none,
 writes K/V whenever its own attribute is None. The patched function (run here on stand-in layers) sets the
 impl's attribute too. Status on the real sdists; fits() needs it only on the CPU backend. The served A/B
 (NaN-filled uninitialised memory: NaN logprobs without it, the target's reference with it) is in
-tests/test_engine_real.py.
+tests/testing/test_real_engine_ab.py.
 """
 
 from __future__ import annotations
