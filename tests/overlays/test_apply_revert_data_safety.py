@@ -30,7 +30,8 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def make_root(base: Path, files: dict[str, bytes] | None = None) -> Path:
+def synthetic_root(base: Path, files: dict[str, bytes] | None = None) -> Path:
+    """A tiny package root: vllm/ with `files` (default: two small modules) and a vllm 0.20.0 dist-info."""
     root = base / "site"
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text("")
@@ -44,8 +45,10 @@ def make_root(base: Path, files: dict[str, bytes] | None = None) -> Path:
     return root
 
 
-def make_catalog(base: Path, *, targets=("vllm/mod.py",), extra: str = "", edits: str | None = None,
-                 snippets: dict[str, str] | None = None, oid: str = "two-lines") -> Path:
+def synthetic_catalog(base: Path, *, targets=("vllm/mod.py",), extra: str = "", edits: str | None = None,
+                      snippets: dict[str, str] | None = None, oid: str = "two-lines") -> Path:
+    """A catalog dir holding one synthetic overlay (`oid`) whose insert edits target the synthetic root
+    (not the shipped overlays: for those, tests.helpers.catalogs.shipped_catalog_dir)."""
     cat = base / "catalog"
     d = cat / "overlays" / oid
     (d / "snippets").mkdir(parents=True, exist_ok=True)
@@ -86,7 +89,7 @@ def files_under(d: Path) -> dict[str, str]:
 
 
 def test_revert_without_ledger_refuses_a_block_missing_one_of_its_lines(tmp_path):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     apply(overlays(cat), root)
     p = root / "vllm/mod.py"
     lines = p.read_text().splitlines(keepends=True)
@@ -106,7 +109,7 @@ def test_revert_without_ledger_refuses_a_block_missing_one_of_its_lines(tmp_path
 
 
 def test_revert_without_ledger_still_removes_an_intact_block(tmp_path):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     apply(overlays(cat), root)
     (root / ".overlay-manager/ledger.json").unlink()
     revert(overlays(cat), overlays(cat), root)
@@ -114,9 +117,9 @@ def test_revert_without_ledger_still_removes_an_intact_block(tmp_path):
 
 
 def test_revert_without_ledger_refuses_to_delete_an_edited_new_file(tmp_path):
-    root = make_root(tmp_path)
-    cat = make_catalog(tmp_path, targets=("vllm/new.py",), snippets={"new.py": "X = 1\n"},
-                       edits="  - {name: nf, kind: new-file, source: snippets/new.py}\n")
+    root = synthetic_root(tmp_path)
+    cat = synthetic_catalog(tmp_path, targets=("vllm/new.py",), snippets={"new.py": "X = 1\n"},
+                            edits="  - {name: nf, kind: new-file, source: snippets/new.py}\n")
     apply(overlays(cat), root)
     new = root / "vllm/new.py"
     new.write_text(new.read_text() + "MINE = 2  # added by hand\n")
@@ -133,9 +136,9 @@ def test_target_under_a_directory_symlink_leaving_the_root_is_refused(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "mod2.py").write_text(MOD2)
-    root = make_root(tmp_path, {"vllm/mod.py": MOD.encode()})
+    root = synthetic_root(tmp_path, {"vllm/mod.py": MOD.encode()})
     (root / "vllm/sub").symlink_to(outside, target_is_directory=True)
-    cat = make_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
+    cat = synthetic_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
     rc, _, err = run(cat, "apply", "--root", str(root))
     assert rc == 1, err
     assert "vllm/sub/mod2.py" in one_line(err) and "outside the root" in err
@@ -145,7 +148,7 @@ def test_target_under_a_directory_symlink_leaving_the_root_is_refused(tmp_path):
 
 @pytest.mark.parametrize("bad", ["../victim.txt", "ABS"], ids=["dotdot", "absolute"])
 def test_hand_edited_ledger_path_outside_the_root_never_deletes_it(tmp_path, bad):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("not yours\n")
     rel = str(victim) if bad == "ABS" else bad
@@ -163,10 +166,10 @@ def test_hand_edited_ledger_path_outside_the_root_never_deletes_it(tmp_path, bad
     ("code", "../../../secret.py"), ("code", "/etc/hostname"), ("source", "/etc/hostname"), ("source", "../x/../../s"),
 ])
 def test_catalog_snippet_path_outside_the_overlay_is_refused_by_the_manifest(tmp_path, field, value):
-    root = make_root(tmp_path)
+    root = synthetic_root(tmp_path)
     edit = (f"  - {{name: a, kind: insert, scope: f, anchor: 'return y', code: '{value}'}}\n" if field == "code"
             else f"  - {{name: a, kind: new-file, source: '{value}'}}\n")
-    cat = make_catalog(tmp_path, targets=("vllm/new.py",) if field == "source" else ("vllm/mod.py",), edits=edit)
+    cat = synthetic_catalog(tmp_path, targets=("vllm/new.py",) if field == "source" else ("vllm/mod.py",), edits=edit)
     before = files_under(root)
     rc, _, err = run(cat, "apply", "--root", str(root))
     assert rc == 1, err
@@ -178,9 +181,9 @@ def test_catalog_snippet_path_outside_the_overlay_is_refused_by_the_manifest(tmp
 def test_snippet_symlink_out_of_the_overlay_directory_is_refused(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("TOKEN = 'host secret'\n")
-    root = make_root(tmp_path)
-    cat = make_catalog(tmp_path, targets=("vllm/new.py",), snippets={},
-                       edits="  - {name: nf, kind: new-file, source: snippets/new.py}\n")
+    root = synthetic_root(tmp_path)
+    cat = synthetic_catalog(tmp_path, targets=("vllm/new.py",), snippets={},
+                            edits="  - {name: nf, kind: new-file, source: snippets/new.py}\n")
     (cat / "overlays/two-lines/snippets/new.py").symlink_to(secret)
     rc, _, err = run(cat, "apply", "--root", str(root))
     assert rc == 1, err
@@ -189,14 +192,14 @@ def test_snippet_symlink_out_of_the_overlay_directory_is_refused(tmp_path):
 
 
 def test_probe_target_outside_the_root_is_refused(tmp_path):
-    root = make_root(tmp_path)
-    cat = make_catalog(tmp_path, extra="probes:\n  - {target: /etc/hostname, contains: x}\n")
+    root = synthetic_root(tmp_path)
+    cat = synthetic_catalog(tmp_path, extra="probes:\n  - {target: /etc/hostname, contains: x}\n")
     rc, _, err = run(cat, "status", "--root", str(root))
     assert rc == 1 and "/etc/hostname" in one_line(err) and "relative path" in err
     outside = tmp_path / "outside.py"
     outside.write_text("FIXED = 1\n")
     (root / "vllm/link.py").symlink_to(outside)
-    cat = make_catalog(tmp_path / "c2", extra="probes:\n  - {target: vllm/link.py, defines: FIXED}\n")
+    cat = synthetic_catalog(tmp_path / "c2", extra="probes:\n  - {target: vllm/link.py, defines: FIXED}\n")
     rc, out, _ = run(cat, "status", "--root", str(root), "--json")  # the status report is data (stdout)
     details = [t["detail"] for o in json.loads(out)["overlays"] for t in o["targets"] if t["status"] == "error"]
     assert rc == 1 and len(details) == 1 and "vllm/link.py" in details[0] and "outside the root" in details[0]
@@ -206,9 +209,9 @@ def test_probe_target_outside_the_root_is_refused(tmp_path):
 
 
 def test_file_symlink_inside_the_root_is_patched_through_and_kept(tmp_path):
-    root = make_root(tmp_path, {"vllm/real_mod.py": MOD.encode()})
+    root = synthetic_root(tmp_path, {"vllm/real_mod.py": MOD.encode()})
     (root / "vllm/mod.py").symlink_to("real_mod.py")
-    cat = make_catalog(tmp_path)
+    cat = synthetic_catalog(tmp_path)
     apply(overlays(cat), root)
     assert (root / "vllm/mod.py").is_symlink() and os.readlink(root / "vllm/mod.py") == "real_mod.py"
     assert "overlay:two-lines" in (root / "vllm/real_mod.py").read_text()
@@ -221,9 +224,9 @@ def test_file_symlink_inside_the_root_is_patched_through_and_kept(tmp_path):
 def test_file_symlink_leaving_the_root_is_refused(tmp_path):
     outside = tmp_path / "outside.py"
     outside.write_text(MOD)
-    root = make_root(tmp_path, {})
+    root = synthetic_root(tmp_path, {})
     (root / "vllm/mod.py").symlink_to(outside)
-    cat = make_catalog(tmp_path)
+    cat = synthetic_catalog(tmp_path)
     rc, _, err = run(cat, "apply", "--root", str(root))
     assert rc == 1 and "vllm/mod.py" in one_line(err) and "outside the root" in err
     assert outside.read_text() == MOD and (root / "vllm/mod.py").is_symlink()
@@ -233,7 +236,7 @@ def test_file_symlink_leaving_the_root_is_refused(tmp_path):
 
 
 def test_write_failure_part_way_rolls_back_the_files_already_written(tmp_path, monkeypatch):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
     from manager.overlays import transaction
 
     real = transaction.atomic_write
@@ -288,13 +291,13 @@ def _as_nobody(args: list[str]) -> tuple[int, str]:
 
 def test_write_failure_as_a_non_root_user_leaves_nothing_half_applied(tmp_path):
     """chmod 555 on one target directory, apply as an unprivileged user (CI runs as root: setuid)."""
-    warm_root, warm_cat = make_root(tmp_path / "warm"), make_catalog(tmp_path / "warm")
+    warm_root, warm_cat = synthetic_root(tmp_path / "warm"), synthetic_catalog(tmp_path / "warm")
     run(warm_cat, "apply", "--root", str(warm_root))  # imports everything apply/status need
     run(warm_cat, "status", "--root", str(warm_root))
     base = Path(tempfile.mkdtemp(prefix="overlay-nonroot-"))
     try:
         base.chmod(0o755)
-        root, cat = make_root(base), make_catalog(base, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
+        root, cat = synthetic_root(base), synthetic_catalog(base, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
         if os.getuid() == 0:
             for p in [base, *base.rglob("*")]:
                 os.lchown(p, 65534, 65534)
@@ -315,7 +318,7 @@ def test_write_failure_as_a_non_root_user_leaves_nothing_half_applied(tmp_path):
 
 
 def test_status_exits_nonzero_while_a_journal_is_present(tmp_path):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     assert run(cat, "status", "--root", str(root))[0] == 0
     (root / ".overlay-manager").mkdir()
     data = (root / "vllm/mod.py").read_bytes()
@@ -333,8 +336,8 @@ def test_status_exits_nonzero_while_a_journal_is_present(tmp_path):
 
 
 def test_apply_that_writes_nothing_leaves_a_ledger_the_next_run_accepts(tmp_path):
-    root = make_root(tmp_path, {"vllm/mod.py": (MOD + "FIXED = True\n").encode()})
-    cat = make_catalog(tmp_path, extra="probes:\n  - {target: vllm/mod.py, defines: FIXED}\n")
+    root = synthetic_root(tmp_path, {"vllm/mod.py": (MOD + "FIXED = True\n").encode()})
+    cat = synthetic_catalog(tmp_path, extra="probes:\n  - {target: vllm/mod.py, defines: FIXED}\n")
     for _ in range(2):
         rc, _, err = run(cat, "apply", "--root", str(root))
         assert rc == 0, err
@@ -353,7 +356,7 @@ def test_apply_that_writes_nothing_leaves_a_ledger_the_next_run_accepts(tmp_path
     ("journal.json", '{"/etc/passwd": {}}', "not a path inside the root"),
 ], ids=["ledger-list", "ledger-missing-key", "ledger-bad-sha", "journal-list", "journal-absolute"])
 def test_ledger_and_journal_of_the_wrong_shape_are_one_line_errors(tmp_path, name, text, says):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     (root / ".overlay-manager").mkdir()
     (root / ".overlay-manager" / name).write_text(text)
     before = files_under(root)
@@ -367,7 +370,7 @@ def test_ledger_and_journal_of_the_wrong_shape_are_one_line_errors(tmp_path, nam
 def test_ledger_write_is_validated_by_the_same_schema(tmp_path):
     from manager.overlays.ledger import Ledger
 
-    led = Ledger(make_root(tmp_path))
+    led = Ledger(synthetic_root(tmp_path))
     led.files["../escape"] = {"base_sha256": "absent", "post_sha256": "absent", "overlays": {}}
     with pytest.raises(AssertionError, match="invalid ledger"):
         led.save("0.20.0")
@@ -384,8 +387,8 @@ def test_ledger_write_is_validated_by_the_same_schema(tmp_path):
     ("latin-1", ("# -*- coding: latin-1 -*-\n# caf\u00e9\n" + MOD).encode("latin-1")),
 ], ids=["bom", "crlf", "bom-crlf", "latin-1"])
 def test_encoding_bytes_survive_apply_and_revert(tmp_path, name, data):
-    root = make_root(tmp_path, {"vllm/mod.py": data})
-    cat = make_catalog(tmp_path)
+    root = synthetic_root(tmp_path, {"vllm/mod.py": data})
+    cat = synthetic_catalog(tmp_path)
     apply(overlays(cat), root)
     patched = (root / "vllm/mod.py").read_bytes()
     assert b"overlay:two-lines" in patched
@@ -426,7 +429,7 @@ def test_atomic_write_temp_names_carry_the_marker(tmp_path, monkeypatch):
 
 
 def test_next_run_removes_temp_files_a_killed_run_left(tmp_path):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     litter = [root / "vllm/.mod.py.overlay-manager-tmp-k1ll3d_x", root / "vllm/.mod.py.ab12cd34.tmp",
               root / ".overlay-manager/.ledger.json.overlay-manager-tmp-zz9y8x7w"]
     keep = [root / "vllm/.mod.py.notes.tmp", root / "vllm/.other.py.ab12cd34.tmp", root / "vllm/mod.py.bak"]
@@ -444,7 +447,7 @@ def test_next_run_removes_temp_files_a_killed_run_left(tmp_path):
 
 
 def test_state_directory_symlinked_out_of_the_root_is_refused(tmp_path):
-    root, cat = make_root(tmp_path), make_catalog(tmp_path)
+    root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (root / ".overlay-manager").symlink_to(elsewhere, target_is_directory=True)
@@ -470,9 +473,9 @@ def test_kernel_source_symlinked_out_of_the_overlay_is_refused(tmp_path):
 
 def test_crlf_c_source_keeps_crlf_through_text_insert_apply_and_revert(tmp_path):
     cu = "__global__ void k(float* x) {\r\n  int i = threadIdx.x;\r\n  x[i] = 0.f;\r\n}\r\n".encode()
-    root = make_root(tmp_path, {"vllm/csrc/k.cu": cu})
-    cat = make_catalog(tmp_path, targets=("vllm/csrc/k.cu",), snippets={"k.cu": "if (i > 4) return;\n"},
-                       edits="  - {name: guard, kind: text-insert, anchor: 'x[i] = 0.f;', code: snippets/k.cu}\n")
+    root = synthetic_root(tmp_path, {"vllm/csrc/k.cu": cu})
+    cat = synthetic_catalog(tmp_path, targets=("vllm/csrc/k.cu",), snippets={"k.cu": "if (i > 4) return;\n"},
+                            edits="  - {name: guard, kind: text-insert, anchor: 'x[i] = 0.f;', code: snippets/k.cu}\n")
     apply(overlays(cat), root)
     patched = (root / "vllm/csrc/k.cu").read_bytes()
     assert b"overlay:two-lines" in patched and b"if (i > 4) return;" in patched
