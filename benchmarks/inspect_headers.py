@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # manager, and tests.inspect.checkpoint_shapes
 
 from tests.inspect import checkpoint_shapes as shapes  # noqa: E402
 from manager.catalog import Catalog  # noqa: E402
-from manager.inspect import header_bytes, inspect_checkpoint  # noqa: E402
+from manager.inspect import inspect_checkpoint  # noqa: E402
 from manager.profiles import load_profiles  # noqa: E402
 
 
@@ -48,16 +47,7 @@ def _scaled(src: Path, dest: Path, factor: int) -> None:
         if f.suffix != ".safetensors":
             (dest / f.name).write_bytes(f.read_bytes())
             continue
-        raw = f.read_bytes()
-        (n,) = struct.unpack("<Q", raw[:8])
-        obj = json.loads(raw[8:8 + n])
-        meta = obj.pop("__metadata__", None)
-        off, new = 0, {}
-        for k, v in sorted(obj.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            size = (v["data_offsets"][1] - v["data_offsets"][0]) * factor
-            new[k] = {"dtype": v["dtype"], "shape": [v["shape"][0] * factor] + v["shape"][1:], "data_offsets": [off, off + size]}
-            off += size
-        (dest / f.name).write_bytes(header_bytes(new, meta))
+        shapes.scale_first_dims(f, factor, dest / f.name)
 
 
 def _peak(d: Path) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,18 @@ def write(dest: Path, model: str, quant: str | None = None, *, shard_bytes: int 
         (dest / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return {"total": total, "tensors": len(ts), "files": files}
+
+
+def scale_first_dims(shard: Path, factor: int, dest: Path | None = None) -> None:
+    """Write `shard`'s header again (to `dest`, default in place), header only, with every tensor's first
+    dimension and byte range x `factor`: the same keys, describing `factor` times the bytes."""
+    raw = shard.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    obj = json.loads(raw[8:8 + n])
+    meta = obj.pop("__metadata__", None)
+    off, new = 0, {}
+    for k, v in sorted(obj.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        size = (v["data_offsets"][1] - v["data_offsets"][0]) * factor
+        new[k] = {"dtype": v["dtype"], "shape": [v["shape"][0] * factor] + v["shape"][1:], "data_offsets": [off, off + size]}
+        off += size
+    (dest or shard).write_bytes(header_bytes(new, meta))

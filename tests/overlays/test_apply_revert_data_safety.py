@@ -380,6 +380,18 @@ def test_ledger_write_is_validated_by_the_same_schema(tmp_path):
 # --- (6) encoding bytes kept exactly -------------------------------------------------------
 
 
+def assert_applied_and_reverted_exactly(cat: Path, root: Path, rel: str, original: bytes) -> None:
+    """The applied overlay reads back `applied`; revert gives `original` back to the byte, with the ledger
+    and, after a fresh apply, without it (blocks removed from the file itself)."""
+    assert status(overlays(cat), root, use_ledger=False).overlays[0].status == "applied"
+    revert(overlays(cat), overlays(cat), root)
+    assert (root / rel).read_bytes() == original
+    apply(overlays(cat), root)
+    (root / ".overlay-manager/ledger.json").unlink()
+    revert(overlays(cat), overlays(cat), root)
+    assert (root / rel).read_bytes() == original
+
+
 @pytest.mark.parametrize("name, data", [
     ("bom", b"\xef\xbb\xbf" + MOD.encode()),
     ("crlf", MOD.replace("\n", "\r\n").encode()),
@@ -397,14 +409,7 @@ def test_encoding_bytes_survive_apply_and_revert(tmp_path, name, data):
         assert patched.count(b"\n") == patched.count(b"\r\n")  # every line, ours included, CRLF
     if name == "latin-1":
         assert b"caf\xe9" in patched
-    assert status(overlays(cat), root, use_ledger=False).overlays[0].status == "applied"
-    revert(overlays(cat), overlays(cat), root)
-    assert (root / "vllm/mod.py").read_bytes() == data
-    # without the ledger too (blocks removed from the file itself)
-    apply(overlays(cat), root)
-    (root / ".overlay-manager/ledger.json").unlink()
-    revert(overlays(cat), overlays(cat), root)
-    assert (root / "vllm/mod.py").read_bytes() == data
+    assert_applied_and_reverted_exactly(cat, root, "vllm/mod.py", data)
 
 
 # --- (7) temp files: unmistakable names, cleaned by the next run ----------------------------
@@ -480,10 +485,4 @@ def test_crlf_c_source_keeps_crlf_through_text_insert_apply_and_revert(tmp_path)
     patched = (root / "vllm/csrc/k.cu").read_bytes()
     assert b"overlay:two-lines" in patched and b"if (i > 4) return;" in patched
     assert patched.count(b"\n") == patched.count(b"\r\n")
-    assert status(overlays(cat), root, use_ledger=False).overlays[0].status == "applied"
-    revert(overlays(cat), overlays(cat), root)
-    assert (root / "vllm/csrc/k.cu").read_bytes() == cu
-    apply(overlays(cat), root)
-    (root / ".overlay-manager/ledger.json").unlink()
-    revert(overlays(cat), overlays(cat), root)
-    assert (root / "vllm/csrc/k.cu").read_bytes() == cu
+    assert_applied_and_reverted_exactly(cat, root, "vllm/csrc/k.cu", cu)
