@@ -7,6 +7,7 @@ libnvrtc.so.12 there. Nothing is committed; CI downloads once per cache.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,6 +23,23 @@ NVRTC12_WHEELS = (
     "nvidia-cuda-cccl-cu12==12.9.27",
 )
 OVERLAY_DIR = Path(__file__).resolve().parent.parent / "overlays"
+# the sm70-d512-attention overlay's launcher: written into vLLM beside the routed module, loaded here from its file
+D512_LAUNCHER = OVERLAY_DIR / "sm70-d512-attention" / "files" / "sm70_d512_kernels.py"
+
+
+def d512_launcher(name: str = "sm70_d512_kernels"):
+    """The overlay's launcher module (files/sm70_d512_kernels.py), loaded from its file once per
+    process under `name` (its load() memo is per module object, as in the serving process)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, D512_LAUNCHER)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def nvrtc12_lib() -> Path:
