@@ -258,7 +258,9 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
                     row.update(sweep_us=per, best_splits=best, best_us=per[best],
                                best_frac_peak=kv_bytes / (per[best] / 1e6) / peak)
                     if auto > 1:   # the merge kernel alone, on real split results
-                        from manager.kernels.d512 import MERGE_COLS
+                        from tests.kernels.launcher import d512_launcher
+
+                        MERGE_COLS = d512_launcher().MERGE_COLS
                         part_o = torch.empty((auto, batch, hq, 512), dtype=torch.float32, device=device)
                         part_ml = torch.empty((auto, batch, hq, 2), dtype=torch.float32, device=device)
                         out = torch.empty_like(q)
@@ -461,7 +463,10 @@ def main() -> int:
         return 0
     import torch
 
-    from manager.kernels import builder, d512
+    from manager.kernels import builder
+    from tests.kernels.launcher import d512_launcher
+
+    d512 = d512_launcher()
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,10 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from manager.kernels import d512
     from tests.kernels.d512_reference import make_paged
+    from tests.kernels.launcher import d512_launcher
+
+    d512 = d512_launcher()
 
     cache = Path(a.cache)
     attn = d512.load(cache=cache, prefer=a.prefer, overlay_dir=None if a.variant else ROOT / "overlays" / "sm70-d512-attention")

@@ -19,10 +19,11 @@ from ..errors import ProfileError
 from ..profiles.loader import Profiles
 from ..profiles.schema import Documented, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
-from .overlays import DeploymentFacts, OverlayIndex, index_for
+from .overlays import DeploymentFacts, OverlayIndex, index_for, shipped_overlays
 
 if TYPE_CHECKING:
     from ..inspect import Inspection
+    from ..overlays.info import OverlayInfo
 
 CONSTRAINT_IDS = (
     "gpu-count", "tp-heads", "engine-family", "weight-format", "engine-sm", "dtype", "kv-dtype",
@@ -243,25 +244,33 @@ def c_kv_dtype(c: _Ctx) -> Constraint:
     return Constraint("kv-dtype", "pass", f"KV cache {kvd} ({mem.KV_DTYPE_BYTES.get(kvd, 2)} B/elem)")
 
 
+def _covers(info: OverlayInfo, d: int, sm: float) -> bool:
+    """A kernel overlay whose needed_when names head_dim d and an SM range holding sm."""
+    nw = info.needed_when
+    lo, hi = nw.min_sm, nw.max_sm
+    return (info.kernel and d in nw.head_dims and (lo is None or sm >= lo - 1e-9)
+            and (hi is None or sm <= hi + 1e-9))
+
+
 def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:
-    """(overlay id providing a D=d kernel on this SM, or None; why not)."""
+    """(overlay id providing a D=d kernel on this SM, or None; why not). Which overlay provides
+    which kernel is what the manifests say (`kernels:` plus needed_when head_dims/min_sm/max_sm);
+    when the catalog lacks one, the shipped catalog names the overlay that would."""
     if c.index is None:
         return None, "no overlay catalog"
     for info in c.index.overlays.values():
-        nw = info.needed_when
-        if info.kernel and nw.head_dims and d in nw.head_dims:
-            lo, hi = nw.min_sm, nw.max_sm
-            if (lo is None or c.hw.sm >= lo - 1e-9) and (hi is None or c.hw.sm <= hi + 1e-9):
-                if info.invalid:
-                    return None, f"kernel overlay {info.id} is in the catalog but its manifest is invalid: {info.invalid}"
-                return info.id, ""
-    if d == 512 and c.hw.sm < 7.5:
-        info = c.index.overlays.get("sm70-d512-attention")
-        if info is None:
-            return None, "needs the SM70 D=512 kernel overlay sm70-d512-attention, not in the catalog"
-        return None, ("sm70-d512-attention is in the catalog but "
-                      + (f"its manifest is invalid: {info.invalid}" if info.invalid else "its needed_when does not cover this case"))
-    return None, ""
+        if _covers(info, d, c.hw.sm):
+            if info.invalid:
+                return None, f"kernel overlay {info.id} is in the catalog but its manifest is invalid: {info.invalid}"
+            return info.id, ""
+    shipped = next((i for i in shipped_overlays().values() if _covers(i, d, c.hw.sm)), None)
+    if shipped is None:
+        return None, ""
+    mine = c.index.overlays.get(shipped.id)
+    if mine is None:
+        return None, f"needs the kernel overlay {shipped.id} (shipped with overlay-manager), not in the catalog"
+    return None, (f"{shipped.id} is in the catalog but "
+                  + (f"its manifest is invalid: {mine.invalid}" if mine.invalid else "its needed_when does not cover this case"))
 
 
 def _forced(c: _Ctx):

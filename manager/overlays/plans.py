@@ -22,13 +22,11 @@ Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` writ
 Only the standard library here; recording and `overlay prepare` (the engine) are in
 `manager.overlays.prepare`.
 
-Size: about 400 lines: the plan's checks and its stdlib transaction belong together, since a
-plan is trusted only after every check that the replay relies on.
+The durable write transaction the replay uses is `manager.overlays.durable`.
 """
 
 from __future__ import annotations
 
-import _thread
 import json
 import os
 import sys
@@ -36,6 +34,7 @@ import sys
 from .. import __version__
 from ..state import ABSENT, STATE_DIR, catalog_overlay_ids, overlay_digest, package_version
 from ..state import sha256 as _sha256
+from .durable import transaction
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
@@ -157,178 +156,6 @@ def check_plan(plan: object, where: str) -> dict:
 
 # --- the stdlib transaction ------------------------------------------------------------------
 #
-# Crash safety is the engine's: originals stored, journal, atomic replace of each target, ledger
-# last, journal removed. What follows is where the data is made durable, i.e. survives a power
-# loss or a kernel crash (a kill -9 never needs an fsync: the page cache outlives the process).
-# The engine's `atomic_write` pays two fsyncs per file, one after the other (the file, then its
-# directory): 16 for a three-file first apply, ~4 ms each on a virtual disk, most of the plan
-# path's time. Here the fsyncs that one ordering step needs are issued at once (a thread each,
-# see _fsync_all), so the filesystem commits them together (ext4/xfs group commit), and there
-# are three such barriers:
-#
-#  1. every byte this run will write (originals, journal, each target's new bytes, the ledger)
-#     is written to a temp file next to its destination and fsynced; nothing is renamed yet, so
-#     a crash here leaves only temp files (named with TMP_MARK: the next engine run removes them).
-#  2. originals and the journal are renamed into place, then the state directory and originals/
-#     (and the root, when this run made the state directory) are fsynced. From here the journal
-#     (every target's pre and post hash) and the original bytes survive a crash; no target has
-#     been touched before this point, so a target's rename can never be on disk without them.
-#  3. the targets are renamed over (or deleted), the ledger is renamed into place (last), then
-#     every target directory, the state directory and the parent of any directory this run
-#     created are fsynced together. The data went down in barrier 1, so each target is its old
-#     or its new bytes, never a torn file. Until this barrier completes the journal is on disk,
-#     and every reader of the ledger recovers the journal first (the warm path, the plan path,
-#     `Ledger.recover` in apply and revert, `status`), so the ledger may become durable with or
-#     without any target's rename: recover records each file at its post hash, notes each at
-#     its pre hash, and the apply that follows re-applies those with the base recorded in the
-#     originals store. A separate barrier for the ledger would buy nothing the journal does not.
-#
-# Then the journal is unlinked without an fsync: if that unlink is lost, the next run finds the
-# ledger and a journal whose files are all at their post hashes and records them again
-# (idempotent; that run takes the engine path once). Not fsynced either: the lock file (an flock
-# dies with its holder; its text only names the holder). A directory the filesystem cannot fsync
-# (EINVAL on some) is skipped, as manager.fsutil.fsync_dir does; a file's fsync error is an error.
-
-TMP_MARK = ".overlay-manager-tmp-"  # manager.fsutil.TMP_MARK (not imported: this module stays stdlib-light)
-
-
-def _fsync_all(fds: list[int], strict: bool = True) -> None:
-    """fsync every fd, all at once: one thread per extra fd, so the filesystem can commit them in
-    one journal transaction (measured on ext4: 8 files in 8.5 ms together, 44 ms one by one).
-    `strict=False` (directories): an fd the filesystem cannot fsync is skipped."""
-    errors: list[OSError] = []
-
-    def one(fd: int) -> None:
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            if strict:
-                errors.append(exc)
-
-    # _thread (built in) rather than threading, whose import is ~1 ms of a first container start:
-    # each helper thread holds a lock that it releases when its fsync is done; acquiring it joins
-    joins = []
-    for fd in fds[1:]:
-        done = _thread.allocate_lock()
-        done.acquire()
-
-        def run(fd: int = fd, done=done) -> None:
-            try:
-                one(fd)
-            finally:
-                done.release()
-
-        try:
-            _thread.start_new_thread(run, ())
-        except RuntimeError:  # no thread to be had: this one, now
-            run()
-        joins.append(done)
-    if fds:
-        one(fds[0])
-    for done in joins:
-        done.acquire()
-    if errors:
-        raise errors[0]
-
-
-def _fsync_dirs(dirs: set[str] | list[str]) -> None:
-    fds = []
-    try:
-        for d in sorted(set(dirs)):
-            try:
-                fds.append(os.open(d, os.O_RDONLY))
-            except OSError:
-                continue  # as manager.fsutil.fsync_dir
-        _fsync_all(fds, strict=False)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _makedirs(directory: str, changed: set[str]) -> None:
-    """os.makedirs; the parent of every directory it creates goes into `changed` (their new
-    entries need a directory fsync too)."""
-    missing, d = [], directory
-    while not os.path.isdir(d):
-        missing.append(d)
-        if os.path.dirname(d) == d:
-            break
-        d = os.path.dirname(d)
-    if missing:
-        os.makedirs(directory, exist_ok=True)
-        changed.update(os.path.dirname(m) for m in missing)
-
-
-class _Staged:
-    """Temp files written next to their destinations (barrier 1), renamed in groups later."""
-
-    def __init__(self) -> None:
-        self.fds: list[int] = []
-        self.pending: dict[str, str] = {}  # destination -> temp file not renamed yet
-        self.new_dirs: set[str] = set()  # parents of directories created for the temp files
-
-    def add(self, path: str, data: bytes, mode: int | None = None) -> None:
-        """Write `data` to `.<name>.overlay-manager-tmp-<random>` beside `path` (fsutil's temp
-        names, so the next run's clean-up recognizes a killed run's); mode kept, 0o644 for a
-        new file."""
-        directory = os.path.dirname(path)
-        _makedirs(directory, self.new_dirs)
-        if mode is None:
-            try:
-                mode = os.stat(path).st_mode & 0o7777
-            except FileNotFoundError:
-                mode = 0o644
-        tmp = os.path.join(directory, f".{os.path.basename(path)}{TMP_MARK}{os.urandom(6).hex()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        self.fds.append(fd)
-        self.pending[path] = tmp
-        with open(fd, "wb", closefd=False) as fh:
-            fh.write(data)
-        os.fchmod(fd, mode)
-
-    def sync(self) -> None:
-        """Barrier 1: every temp file's bytes on disk (nothing renamed yet)."""
-        try:
-            _fsync_all(self.fds)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        while self.fds:
-            os.close(self.fds.pop())
-
-    def rename(self, path: str) -> None:
-        os.replace(self.pending[path], path)
-        del self.pending[path]
-
-    def discard(self) -> None:
-        """Remove the temp files not renamed (a failed run leaves no litter of its own)."""
-        self.close()
-        for tmp in self.pending.values():
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        self.pending.clear()
-
-
-def _drop_bytecode(path: str) -> None:
-    if not path.endswith(".py"):
-        return
-    cache = os.path.join(os.path.dirname(path), "__pycache__")
-    stem = os.path.basename(path)[:-3] + "."
-    try:
-        names = os.listdir(cache)
-    except OSError:
-        return
-    for n in names:
-        if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
-            try:
-                os.unlink(os.path.join(cache, n))
-            except FileNotFoundError:
-                pass
-
-
 def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | None:
     """{id: digest} of the requested overlays (every catalog overlay when no ids), explicit."""
     overlays_dir = os.path.join(catalog, "overlays")
@@ -375,57 +202,6 @@ def _signatures(root: str, inputs: dict[str, str]) -> list:
             continue
         sigs.append(None if (st.st_mode & 0o170000) == 0o040000 else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return sigs
-
-
-def _transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[str, bytes | None],
-                 inputs: dict[str, str], journal: dict, ledger: dict, state_made: bool) -> None:
-    """The engine's apply transaction for the plan's writes, with the three durability barriers
-    described above. `new`: rel -> bytes to write (None: delete); `base`: rel -> bytes read."""
-    staged = _Staged()
-    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
-    originals = os.path.join(state, "originals")
-    first: list[str] = []  # renamed at barrier 2: originals, then the journal
-    try:
-        for rel in new:
-            if base[rel] is not None:
-                orig = os.path.join(originals, inputs[rel])
-                if orig not in staged.pending and not os.path.exists(orig):
-                    staged.add(orig, base[rel], mode=0o644)
-                    first.append(orig)
-        if journal:
-            staged.add(journal_path, json.dumps(journal, indent=2, sort_keys=True).encode())
-            first.append(journal_path)
-        for rel, data in new.items():
-            if data is not None:
-                staged.add(os.path.join(root, rel), data)
-        staged.add(ledger_path, (json.dumps(ledger, indent=2, sort_keys=True) + "\n").encode())
-        staged.sync()  # barrier 1
-        for path in first:
-            staged.rename(path)
-        synced: set[str] = set()
-        if new:  # barrier 2: the journal and the originals, before any target is touched
-            synced = {state, originals, *staged.new_dirs} | ({os.path.dirname(state)} if state_made else set())
-            _fsync_dirs(synced)
-        last = {state} | (staged.new_dirs - synced)
-        for rel, data in new.items():
-            path = os.path.join(root, rel)
-            if data is None:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-            else:
-                staged.rename(path)
-            last.add(os.path.dirname(path))
-            _drop_bytecode(path)
-        staged.rename(ledger_path)  # ledger last
-        _fsync_dirs(last)  # barrier 3: the targets and the ledger, while the journal covers them
-    finally:
-        staged.discard()
-    try:
-        os.unlink(journal_path)  # not fsynced: a lost unlink only makes the next run record it again
-    except FileNotFoundError:
-        pass
 
 
 def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
@@ -518,7 +294,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
 
         ledger = dict(led)
         ledger["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-        _transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made)
+        transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made)
     report = plan.get("report") or {}
     return {
         "plan": where,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from manager.errors import ProfileError, ReleaseError
-from manager.fits import CONSTRAINT_IDS, OverlayInfo, fits, kv_bytes, kv_cache_bytes, valid_tps
+from manager.fits import CONSTRAINT_IDS, OverlayIndex, OverlayInfo, fits, kv_bytes, kv_cache_bytes, valid_tps
+from manager.overlays.manifest import NeededWhen
 from tests.fits.overlay_index import fake_status, make_index
 
 
@@ -139,6 +140,30 @@ def test_dtype_bf16_on_sm70_warns_fp16(run):
     r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70")
     assert res(r, "dtype") == "warn" and "fp16" in r.constraint("dtype").message
     assert res(run(model="gemma-4-12b", hardware="a100-80gb"), "dtype") == "pass"
+
+
+def test_head_dim_512_kernel_overlay_named_from_the_shipped_catalog_when_the_catalog_lacks_it(P):
+    """fits names the missing kernel overlay from the shipped manifests (kernels: + needed_when),
+    not from a hard-coded id: an invalid or narrowed copy in the user's catalog is said as such."""
+    import dataclasses
+
+    base = make_index(drop=("sm70-d512-attention",))
+    kw = dict(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70")
+    msg = fits(P, overlay_index=base, **kw).constraint("head-dim").message
+    assert "needs the kernel overlay sm70-d512-attention (shipped with overlay-manager), not in the catalog" in msg
+    invalid = OverlayInfo("sm70-d512-attention", invalid="overlay.yaml: bad kernels")
+    idx = OverlayIndex({**base.overlays, "sm70-d512-attention": invalid}, status_fn=fake_status)
+    c = fits(P, overlay_index=idx, **kw).constraint("head-dim")
+    assert c.result == "fail" and "sm70-d512-attention is in the catalog but its manifest is invalid: overlay.yaml: bad kernels" in c.message
+    narrowed = OverlayInfo("sm70-d512-attention", needed_when=NeededWhen(max_sm=7.0, head_dims=[256]), kernel=True)
+    idx = OverlayIndex({**base.overlays, "sm70-d512-attention": narrowed}, status_fn=fake_status)
+    c = fits(P, overlay_index=idx, **kw).constraint("head-dim")
+    assert c.result == "fail" and "its needed_when does not cover this case" in c.message
+    # another kernel overlay that covers D=512 on sm 7.0 under any id is the one fits picks
+    other = dataclasses.replace(make_index().overlays["sm70-d512-attention"], id="my-d512-kernels")
+    idx = OverlayIndex({**base.overlays, "my-d512-kernels": other}, status_fn=fake_status)
+    c = fits(P, overlay_index=idx, **kw).constraint("head-dim")
+    assert c.result == "pass" and "D=512: kernel overlay my-d512-kernels" in c.message
 
 
 def test_kv_dtype_pass_and_fail(run):

@@ -26,9 +26,12 @@ SCALE = 1.0 / math.sqrt(512)
 
 @pytest.fixture(scope="module")
 def attn(tmp_path_factory):
-    from manager.kernels import builder, d512
+    from manager.kernels import builder
 
     from tests.helpers import SHIPPED_OVERLAYS
+    from tests.kernels.launcher import d512_launcher
+
+    d512 = d512_launcher()
 
     env = os.environ.get("OVERLAY_KERNEL_CACHE")
     if env and (Path(env) / "index" / "sm70-d512-attention.json").exists():

@@ -15,9 +15,11 @@ from manager.overlays import apply, load_overlays, revert, status, status_on_rel
 from tests.helpers import SHIPPED_OVERLAYS
 
 OID = "sm70-d512-attention"
+LAUNCHER = "vllm.v1.attention.backends.sm70_d512_kernels"
 RELEASES = ["0.19.0", "0.20.0", "0.22.0", "0.26.0", "0.30.0", "0.33.0"]
 TRITON = "vllm/v1/attention/backends/triton_attn.py"
 MODULE = "vllm/v1/attention/backends/sm70_d512_attn.py"
+LAUNCHER_FILE = "vllm/v1/attention/backends/sm70_d512_kernels.py"
 
 
 def _overlay():
@@ -51,10 +53,15 @@ def test_apply_routes_triton_forward_and_revert_restores(version, vllm_root):
     mod = (root / MODULE).read_text()
     assert mod.splitlines()[0].startswith(f"# overlay:{OID} v1 d512-module")
     compile(mod, MODULE, "exec")
+    assert "from vllm.v1.attention.backends import sm70_d512_kernels" in mod
+    launcher = (root / LAUNCHER_FILE).read_text()
+    assert launcher.splitlines()[0].startswith(f"# overlay:{OID} v1 d512-launcher")
+    assert "class D512Attention" in launcher
+    compile(launcher, LAUNCHER_FILE, "exec")
     apply(ovs, root)  # idempotent
     assert (root / TRITON).read_text() == text
     revert(ovs, ovs, root)
-    assert (root / TRITON).read_bytes() == before and not (root / MODULE).exists()
+    assert (root / TRITON).read_bytes() == before and not (root / MODULE).exists() and not (root / LAUNCHER_FILE).exists()
 
 
 # --- the runtime module inserted into vLLM, exercised with a stub vllm.logger ---------------------
@@ -62,12 +69,19 @@ def test_apply_routes_triton_forward_and_revert_restores(version, vllm_root):
 
 @pytest.fixture
 def route(monkeypatch):
+    """The routed module as vLLM imports it: its `vllm.v1.attention.backends.sm70_d512_kernels`
+    sibling is the overlay's real launcher (loaded from files/), vllm.logger a stub."""
     torch = pytest.importorskip("torch")
-    vllm = types.ModuleType("vllm")
+    from tests.kernels.launcher import d512_launcher
+
     vlog = types.ModuleType("vllm.logger")
     vlog.init_logger = lambda name: logging.getLogger(name)
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    for name in ("vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "vllm.logger", vlog)
+    launcher = d512_launcher()
+    monkeypatch.setitem(sys.modules, LAUNCHER, launcher)
+    monkeypatch.setattr(sys.modules["vllm.v1.attention.backends"], "sm70_d512_kernels", launcher, raising=False)
     spec = importlib.util.spec_from_file_location("sm70_d512_attn_under_test", SHIPPED_OVERLAYS / OID / "files" / "sm70_d512_attn.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -193,9 +207,8 @@ class _Loaded:
 
 @pytest.fixture
 def fake_loader(route, monkeypatch):
-    """manager.kernels.d512.load replaced by a recorder of its calls."""
-    from manager.kernels import d512
-
+    """The launcher's load() replaced by a recorder of its calls."""
+    d512 = sys.modules[LAUNCHER]
     loads = []
     kernels = _Loaded(splits=4)
 

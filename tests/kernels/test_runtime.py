@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import subprocess
 import sys
 
@@ -12,13 +13,17 @@ import pytest
 from manager.errors import BuildError
 from manager.kernels import runtime
 from manager.kernels.spec import EntryPoint
+from tests.helpers import REPO_ROOT
+from tests.kernels.launcher import d512_launcher
 
 
-def test_runtime_and_d512_import_without_torch_or_a_gpu():
+def test_runtime_and_the_d512_launcher_import_without_torch_or_a_gpu():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import manager.kernels.runtime, manager.kernels.d512, manager.kernels\n"
+            "import manager.kernels.runtime, manager.kernels\n"
+            "from tests.kernels.launcher import d512_launcher; d512_launcher()\n"
             "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -102,7 +107,7 @@ def test_launch_with_wrong_argument_count_is_refused():
 
 
 def _attn(slots_per_sm=1, sms=80):
-    from manager.kernels.d512 import D512Attention
+    D512Attention = d512_launcher().D512Attention
 
     return D512Attention({}, sms, slots_per_sm)
 
@@ -144,7 +149,7 @@ class _GridRecorder:
 def test_prefill_grid_counts_query_tiles_of_prefill_rows(rows, tiles):
     """32 rows per block (the committed kernel); a -DPREFILL_BM=16 build sets prefill_rows (kernel_variants.py)."""
     torch = pytest.importorskip("torch")
-    from manager.kernels.d512 import D512Attention
+    D512Attention = d512_launcher().D512Attention
 
     rec = _GridRecorder()
     a = D512Attention({"prefill_d512": rec}, 80)
@@ -160,7 +165,7 @@ def test_prefill_grid_counts_query_tiles_of_prefill_rows(rows, tiles):
 def test_prefill_refuses_caches_whose_in_block_offsets_need_64_bits():
     """The prefill computes slot * stride_token + head * stride_head in 32 bits (PREFILL_OFF32)."""
     torch = pytest.importorskip("torch")
-    from manager.kernels.d512 import D512Attention
+    D512Attention = d512_launcher().D512Attention
 
     rec = _GridRecorder()
     a = D512Attention({"prefill_d512": rec}, 80)

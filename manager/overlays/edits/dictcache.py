@@ -27,7 +27,7 @@ from .pycst import (
     remove_block,
     resolve_scope,
 )
-from .pycst import m  # libcst.matchers (imported there, without its signature docstrings)
+from . import matching as m  # libcst matchers, without building the generated package (matching.py)
 from .python import PythonEdit, _built, block_mismatch
 
 

@@ -10,45 +10,20 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-
-def _import_matchers():
-    """`libcst.matchers`, imported without a signature docstring for each of its classes.
-
-    The module is generated: ~460 matcher dataclasses whose fields are annotated with large typing
-    Unions. For a class without a docstring, `dataclasses` writes one from
-    `str(inspect.signature(cls))`, which formats every annotation; that was ~20% of this import
-    (~0.12-0.17 CPU-s on the 2-CPU box), the largest single import of a first `overlay apply`
-    without a prepared plan, and nothing ever reads those docstrings. For this one import
-    `inspect.signature` returns an empty signature, so each class's docstring is its name + "()".
-    (It must not raise: Python 3.11.2's dataclasses, Debian 12's python3, does not catch the error;
-    3.11.7 does.) The function is put back before the import returns. Already imported (a test
-    process, a caller that imported it first): nothing is patched."""
-    import sys
-
-    if "libcst.matchers" in sys.modules:
-        return sys.modules["libcst.matchers"]
-    import inspect
-
-    real = inspect.signature
-
-    def no_signature(*args, **kwargs):
-        return inspect.Signature()
-
-    inspect.signature = no_signature  # type: ignore[assignment]
-    try:
-        import libcst.matchers
-    finally:
-        inspect.signature = real
-    return libcst.matchers
-
-
-m = _import_matchers()  # the house rule: sentinels and decorator shapes are detected with libcst matchers
-
 from ..sentinel import Sentinel, parse_python, short_hash
+from . import matching as m  # the house rule: sentinels and decorator shapes are detected with libcst matchers
 from .base import EditFailed
 
-SENTINEL_COMMENT = m.Comment(m.MatchRegex(r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"))  # fullmatch
-SENTINEL_LINE = m.EmptyLine(comment=SENTINEL_COMMENT)
+SENTINEL_RE = r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"  # fullmatch
+_SENTINEL_LINE: list = []
+
+
+def sentinel_line_matcher():
+    """m.EmptyLine(comment=m.Comment(m.MatchRegex(SENTINEL_RE))), built on first use."""
+    if not _SENTINEL_LINE:
+        _SENTINEL_LINE.append(m.EmptyLine(comment=m.Comment(m.MatchRegex(SENTINEL_RE))))
+    return _SENTINEL_LINE[0]
+
 
 _COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef)
 
@@ -241,9 +216,10 @@ def mark_block(
 
 def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
     for line in getattr(stmt, "leading_lines", ()):
-        # the matcher decides; a line without a comment (most of them) cannot match it, and the
-        # generic matcher machinery is the largest cost of walking a module for sentinels
-        if line.comment is not None and m.matches(line, SENTINEL_LINE):
+        # the matcher decides; a line without a comment (most of them), or whose comment lacks the
+        # "overlay:" its pattern requires, cannot match it: the generic matcher machinery (and its
+        # import, on a file no overlay has touched) is the largest cost of walking for sentinels
+        if line.comment is not None and "overlay:" in line.comment.value and m.matches(line, sentinel_line_matcher()):
             return parse_python(line.comment.value)  # type: ignore[union-attr]
     return None
 

@@ -7,7 +7,8 @@ another GPU, fp8 KV cache, ALiBi, soft-cap, sinks, multimodal prefix ranges,
 or kernels that are not built/loadable (logged once).
 
 The kernels come from the `overlay build` cache ($OVERLAY_KERNEL_CACHE, the compose
-volume); the loader is the overlay-manager package (`manager.kernels.d512`), found on
+volume); the launcher is the overlay's sm70_d512_kernels module beside this one, on top
+of the overlay-manager package's kernel runtime (`manager.kernels.runtime`), found on
 sys.path or under $OVERLAY_MANAGER_HOME. OVERLAY_D512=off disables the route,
 OVERLAY_D512=force enables it on any GPU (a test switch; unset = auto = compute capability 7.0 only).
 The first decode, split decode, prefill and chunked prefill that run on the kernels are each logged
@@ -38,7 +39,7 @@ def _kernels():
             home = os.environ.get("OVERLAY_MANAGER_HOME")
             if home and home not in sys.path:
                 sys.path.append(home)
-            from manager.kernels import d512
+            from vllm.v1.attention.backends import sm70_d512_kernels as d512
 
             cache = os.environ.get("OVERLAY_KERNEL_CACHE")
             attn = d512.load(cache=cache or None)

@@ -727,8 +727,8 @@ def test_text_insert_sentinel_upgrade(tmp_path):
 _MATCHERS_PROBE = """
 import dataclasses, inspect
 src = inspect.getsource(dataclasses._process_class)
-from manager.overlays.edits import pycst
-import libcst.matchers as m
+from manager.overlays.edits import matching
+m = matching.full()
 assert m.Comment.__doc__ == 'Comment()', m.Comment.__doc__
 assert str(inspect.signature(m.Comment)).startswith('(')          # put back after the import
 print('catches' if 'except (TypeError, ValueError)' in src else 'propagates')
@@ -737,17 +737,117 @@ print('catches' if 'except (TypeError, ValueError)' in src else 'propagates')
 
 @pytest.mark.parametrize("python", [sys.executable, "/usr/bin/python3"])
 def test_the_lean_matchers_import_works_whether_or_not_dataclasses_catches_signature_errors(python):
-    """pycst imports libcst.matchers with inspect.signature stubbed out (no per-class signature docstrings).
-    The stub must not raise: Python 3.11.2's dataclasses (Debian 12's python3, the compose images' python)
-    lets the error out, 3.11.7's catches it; the compose e2e crashed on the first."""
+    """matching.full() imports libcst.matchers with inspect.signature stubbed out (no per-class signature
+    docstrings). The stub must not raise: Python 3.11.2's dataclasses (Debian 12's python3, the compose
+    images' python) lets the error out, 3.11.7's catches it; the compose e2e crashed on the first."""
     if not Path(python).is_file():
         pytest.skip(f"{python} is not installed")
+    proc = _run_under(python, _MATCHERS_PROBE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() in ("catches", "propagates")
+
+
+def _run_under(python, code):
     import subprocess
     import sysconfig
 
     site = sysconfig.get_paths()["purelib"]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), site]),
            "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([python, "-c", _MATCHERS_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_every_generated_matcher_class_is_its_node_s_public_fields_plus_metadata():
+    """The rule matching.derived() follows, checked against every class libcst generates: so a derived
+    matcher has exactly the generated one's fields, defaults DoNotCare."""
+    import dataclasses
+
+    import libcst.matchers as gen
+    from libcst.matchers._matcher_base import BaseMatcherNode, DoNotCareSentinel
+
+    from manager.overlays.edits import matching
+
+    checked = 0
+    for name in dir(gen):
+        cls = getattr(gen, name)
+        if not (isinstance(cls, type) and issubclass(cls, BaseMatcherNode) and hasattr(cst, name)):
+            continue
+        want = [(f.name, type(f.default)) for f in dataclasses.fields(cls)]
+        mine = matching.derived(name, matching._base())
+        assert [(f.name, type(f.default)) for f in dataclasses.fields(mine)] == want, name
+        assert all(t is DoNotCareSentinel for _, t in want), name
+        checked += 1
+    assert checked > 150
+
+
+_MATCH_CORPUS = '''"""doc"""
+import functools
+# overlay:dynamo-dict-caches v1 cache-a n=2 sha=0123456789abcdef
+x = 1  # overlay: not a sentinel
+# overlay:BAD v1 e n=1 sha=00
+#overlay:ok-id v12 e2 n=1 sha=ff
+@functools.lru_cache(maxsize=None)
+def f(): ...
+@lru_cache
+def g(): ...
+@functools.cache
+def h(): ...
+@other.lru_cache
+def i(): ...
+"text"
+'''
+
+
+def test_derived_matchers_decide_like_the_generated_ones():
+    """The engine's six matcher shapes give the same answer with libcst's generated classes and with
+    matching's derived ones, on sentinel-like comments, decorators and docstring statements."""
+    import libcst.matchers as gen
+
+    from manager.overlays.edits import matching
+    from manager.overlays.edits.pycst import SENTINEL_RE
+
+    base = matching._base()
+    lean = {c: matching.derived(c, base) for c in matching._CLASSES}
+    mod = cst.parse_module(_MATCH_CORPUS)
+    nodes = [n for s in mod.body for n in (*getattr(s, "leading_lines", ()), *getattr(s, "decorators", ()))]
+    nodes += [d.decorator for s in mod.body for d in getattr(s, "decorators", ())] + list(mod.body)
+    nodes += [s.body[0] for s in mod.body if isinstance(s, cst.SimpleStatementLine)]
+
+    def shapes(m, classes):
+        return [classes["EmptyLine"](comment=classes["Comment"](m.MatchRegex(SENTINEL_RE))),
+                classes["Name"](), classes["Attribute"](value=classes["Name"]("functools")),
+                classes["Expr"](classes["SimpleString"]())]
+
+    gen_classes = {c: getattr(gen, c) for c in matching._CLASSES}
+    answers = [[gen.matches(n, s) for s in shapes(gen, gen_classes)] for n in nodes]
+    assert answers == [[base.matches(n, s) for s in shapes(base, lean)] for n in nodes]
+    flat = [a for row in answers for a in row]
+    assert flat.count(True) >= 6 and flat.count(False) > 20   # both answers occur: the corpus discriminates
+
+
+_NO_GENERATED = """
+import sys
+import libcst as cst
+from manager.overlays.edits import pycst
+from manager.overlays.edits import dictcache
+mod = cst.parse_module("y = 0\\n# overlay:ov v1 e n=1 sha=0000000000000000\\nx = 1\\n")
+s = pycst.sentinel_of(mod.body[1])
+assert s is not None and s.overlay == "ov" and s.edit == "e", s
+assert pycst.sentinel_of(cst.parse_module("y = 0\\n# overlay: prose\\nx = 1\\n").body[1]) is None
+print("generated" if "libcst.matchers" in sys.modules else "lean")
+import libcst.matchers as gen       # imported later: the same machinery, one BaseMatcherNode
+from manager.overlays.edits import matching
+assert gen.BaseMatcherNode is matching._base().BaseMatcherNode
+assert gen.matches(mod.body[1].leading_lines[0], pycst.sentinel_line_matcher())
+"""
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/usr/bin/python3"])
+def test_sentinels_are_found_without_building_the_generated_matchers_package(python):
+    """A first apply never pays for libcst.matchers' ~175 generated classes; importing it afterwards
+    reuses the machinery already loaded. Under both Pythons (the compose images run Debian's)."""
+    if not Path(python).is_file():
+        pytest.skip(f"{python} is not installed")
+    proc = _run_under(python, _NO_GENERATED)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() in ("catches", "propagates")
+    assert proc.stdout.strip() == "lean"

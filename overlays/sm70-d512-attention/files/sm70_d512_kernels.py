@@ -1,6 +1,11 @@
 """Python entry points of the sm70-d512-attention kernels (head_dim 512, fp16, paged KV cache).
 
-    attn = d512.load()                       # built images from the kernel cache, current device
+The overlay writes this file beside its routed module (vllm/v1/attention/backends/
+sm70_d512_kernels.py); tests and benchmarks load it from the overlay's files/ by path. The
+generic part (NVRTC build, driver-API loading and launching) is overlay-manager's
+`manager.kernels.runtime`, which the serving process finds on sys.path or $OVERLAY_MANAGER_HOME.
+
+    attn = load()                       # built images from the kernel cache, current device
     attn.decode(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scale)
     attn.prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_query_len, scale)
 
@@ -16,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..errors import BuildError
-from .runtime import KernelSet, load_overlay_kernels
+from manager.errors import BuildError
+from manager.kernels.runtime import KernelSet, load_overlay_kernels
 
 OVERLAY_ID = "sm70-d512-attention"
 HEAD_DIM = 512
