@@ -86,11 +86,11 @@ def test_cli_profiles_validate_ok_and_broken(tmp_path):
 def test_cli_fits_json_shape_and_exit_codes():
     ok = invoke("fits", "--model", "gemma-4-12b", "--hardware", "h200", "--engine", "vllm-0.33.0", "--json")
     assert ok.exit_code == 0, ok.output
-    j = json.loads(ok.output)
+    j = json.loads(ok.stdout)
     assert j["verdict"] in ("fits", "tight") and "max_ctx" in j["memory"]
     bad = invoke("fits", "--model", "gemma-4-31b", "--hardware", "v100-sxm2-16gb", "--gpus", "2", "--json")
     assert bad.exit_code == 1
-    assert json.loads(bad.output)["verdict"] == "fails"
+    assert json.loads(bad.stdout)["verdict"] == "fails"
 
 
 def test_cli_fits_text_has_table_and_memory_bar():
