@@ -19,7 +19,7 @@ from ..errors import ProfileError
 from ..profiles.loader import Profiles
 from ..profiles.schema import Documented, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
 from . import memory as mem
-from .overlays import DeploymentFacts, OverlayIndex, index_for, shipped_overlays
+from .overlays import DeploymentFacts, OverlayIndex, index_for, shipped_overlays, sm_in_range
 
 if TYPE_CHECKING:
     from ..inspect import Inspection
@@ -247,9 +247,7 @@ def c_kv_dtype(c: _Ctx) -> Constraint:
 def _covers(info: OverlayInfo, d: int, sm: float) -> bool:
     """A kernel overlay whose needed_when names head_dim d and an SM range holding sm."""
     nw = info.needed_when
-    lo, hi = nw.min_sm, nw.max_sm
-    return (info.kernel and d in nw.head_dims and (lo is None or sm >= lo - 1e-9)
-            and (hi is None or sm <= hi + 1e-9))
+    return info.kernel and d in (nw.head_dims or ()) and sm_in_range(nw, sm)
 
 
 def _kernel_overlay_for(c: _Ctx, d: int) -> tuple[str | None, str]:

@@ -46,6 +46,11 @@ class DeploymentFacts:
     device: str = "cuda"  # "cpu": SM conditions (min_sm / max_sm) describe CUDA GPUs and never match
 
 
+def sm_in_range(nw: NeededWhen, sm: float) -> bool:
+    """needed_when's min_sm / max_sm (inclusive; either may be absent) hold compute capability sm."""
+    return (nw.min_sm is None or sm >= nw.min_sm - 1e-9) and (nw.max_sm is None or sm <= nw.max_sm + 1e-9)
+
+
 def matches(nw: NeededWhen, d: DeploymentFacts) -> bool:
     """All given conditions must hold (AND); none given never matches unless `always`."""
     if nw.always:
@@ -62,9 +67,7 @@ def matches(nw: NeededWhen, d: DeploymentFacts) -> bool:
         return False
     if (nw.min_sm is not None or nw.max_sm is not None) and d.device != "cuda":
         return False
-    if nw.min_sm is not None and d.sm < nw.min_sm - 1e-9:
-        return False
-    if nw.max_sm is not None and d.sm > nw.max_sm + 1e-9:
+    if not sm_in_range(nw, d.sm):
         return False
     if nw.head_dims is not None and not set(nw.head_dims) & set(d.head_dims):
         return False

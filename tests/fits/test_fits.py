@@ -164,6 +164,11 @@ def test_head_dim_512_kernel_overlay_named_from_the_shipped_catalog_when_the_cat
     idx = OverlayIndex({**base.overlays, "my-d512-kernels": other}, status_fn=fake_status)
     c = fits(P, overlay_index=idx, **kw).constraint("head-dim")
     assert c.result == "pass" and "D=512: kernel overlay my-d512-kernels" in c.message
+    # a kernel overlay whose needed_when names no head dims provides none: skipped, not an error
+    no_dims = OverlayInfo("sm70-other-kernels", needed_when=NeededWhen(max_sm=7.0), kernel=True)
+    idx = OverlayIndex({**base.overlays, "sm70-other-kernels": no_dims}, status_fn=fake_status)
+    c = fits(P, overlay_index=idx, **kw).constraint("head-dim")
+    assert c.result == "fail" and "needs the kernel overlay sm70-d512-attention" in c.message
 
 
 def test_kv_dtype_pass_and_fail(run):
