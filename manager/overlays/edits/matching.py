@@ -23,6 +23,7 @@ import os
 import sys
 
 _BASE = "libcst.matchers._matcher_base"
+_MACHINERY = ("matches", "MatchRegex", "DoNotCare")  # from _matcher_base itself
 _CLASSES = ("Attribute", "Comment", "EmptyLine", "Expr", "Name", "SimpleString")
 _cache: dict[str, object] = {}
 
@@ -90,17 +91,18 @@ def derived(name: str, base) -> type:
 
 def _lean() -> dict[str, object]:
     if not _cache:
-        names: dict[str, object] = {}
+        names = (*_MACHINERY, *_CLASSES)
         try:
-            if "libcst.matchers" in sys.modules:
-                raise ImportError("already imported")
-            base = _base()
-            names.update(matches=base.matches, MatchRegex=base.MatchRegex, DoNotCare=base.DoNotCare)
-            names.update({c: derived(c, base) for c in _CLASSES})
+            if "libcst.matchers" in sys.modules:  # already paid for: use it
+                _cache.update({n: getattr(sys.modules["libcst.matchers"], n) for n in names})
+            else:
+                base = _base()
+                _cache.update({n: getattr(base, n) for n in _MACHINERY})
+                _cache.update({c: derived(c, base) for c in _CLASSES})
         except (ImportError, AttributeError, TypeError, OSError):
+            _cache.clear()
             gen = full()
-            names = {n: getattr(gen, n) for n in ("matches", "MatchRegex", "DoNotCare", *_CLASSES)}
-        _cache.update(names)
+            _cache.update({n: getattr(gen, n) for n in names})
     return _cache
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import textwrap
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -15,14 +16,12 @@ from . import matching as m  # the house rule: sentinels and decorator shapes ar
 from .base import EditFailed
 
 SENTINEL_RE = r"#\s?overlay:[a-z0-9][a-z0-9._-]* v\d+ .*"  # fullmatch
-_SENTINEL_LINE: list = []
 
 
+@functools.cache
 def sentinel_line_matcher():
     """m.EmptyLine(comment=m.Comment(m.MatchRegex(SENTINEL_RE))), built on first use."""
-    if not _SENTINEL_LINE:
-        _SENTINEL_LINE.append(m.EmptyLine(comment=m.Comment(m.MatchRegex(SENTINEL_RE))))
-    return _SENTINEL_LINE[0]
+    return m.EmptyLine(comment=m.Comment(m.MatchRegex(SENTINEL_RE)))
 
 
 _COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar, cst.Match, cst.FunctionDef, cst.ClassDef)
