@@ -108,13 +108,20 @@ def encode_file(rel: str, text: str, enc: str) -> bytes:
 
 
 class Tree:
-    """Reads target files once per operation and keeps their parsed modules."""
+    """Reads target files once per operation and keeps their parsed modules.
 
-    def __init__(self, root: Path) -> None:
+    `names`: for a target whose Python edits all work inside named top-level definitions, those
+    names (manager.overlays.excerpt): `module()` then parses only them when that is safe, and
+    `excerpt()` says how to render the result back into the whole file."""
+
+    def __init__(self, root: Path, names: "dict[str, frozenset[str]] | None" = None) -> None:
         self.root = root
         self._bytes: dict[str, bytes | None] = {}
         self._modules: dict[str, object] = {}
         self._enc: dict[str, str] = {}
+        self._syntax: dict[str, object] = {}
+        self._names = names or {}
+        self._excerpts: dict[str, object] = {}
 
     def read(self, rel: str) -> bytes | None:
         if rel not in self._bytes:
@@ -136,16 +143,41 @@ class Tree:
             self.text(rel)
         return encode_file(rel, text, self._enc.get(rel, "utf-8"))
 
+    def syntax(self, rel: str):
+        """The file's `ast` module (None when it is missing or does not parse), parsed once."""
+        if rel not in self._syntax:
+            import ast
+
+            text = self.text(rel)
+            try:
+                self._syntax[rel] = ast.parse(text) if text is not None else None
+            except (SyntaxError, ValueError):
+                self._syntax[rel] = None
+        return self._syntax[rel]
+
     def module(self, rel: str):
+        """The file's libcst module: the excerpt of its named definitions when it has one."""
         if rel not in self._modules:
             import libcst as cst
 
             text = self.text(rel)
+            if text is not None and self._names.get(rel):
+                from .excerpt import excerpt
+
+                part = excerpt(text, self.syntax(rel), self._names[rel])
+                if part is not None:
+                    self._excerpts[rel] = part
+                    self._modules[rel] = part.module
+                    return part.module
             try:
                 self._modules[rel] = cst.parse_module(text) if text is not None else None
             except cst.ParserSyntaxError as exc:
                 raise OverlayError(f"{rel}: does not parse as Python: {exc.message}") from None
         return self._modules[rel]
+
+    def excerpt(self, rel: str):
+        """The `Excerpt` that `module(rel)` was parsed as, or None for a whole module."""
+        return self._excerpts.get(rel)
 
     def sha(self, rel: str) -> str:
         data = self.read(rel)
@@ -154,6 +186,8 @@ class Tree:
     def replace(self, rel: str, data: bytes | None, module: object | None) -> None:
         """Record bytes just written (and their module, when the plan built it)."""
         self._bytes[rel] = data
+        self._syntax.pop(rel, None)
+        self._excerpts.pop(rel, None)  # the module kept is only inspected from here on, never rendered
         if module is not None:
             self._modules[rel] = module
         else:

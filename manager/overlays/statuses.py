@@ -40,11 +40,8 @@ def _statements(node: ast.AST) -> list[ast.AST]:
 
 def _probe_matches(tree: Tree, probe) -> str | None:
     text = tree.text(probe.target)
-    if text is None:
-        return None
-    try:
-        mod = ast.parse(text)
-    except SyntaxError:
+    mod = tree.syntax(probe.target)
+    if text is None or mod is None:
         return None
     node: ast.AST = mod
     for part in [p for p in (probe.scope or "").split(".") if p]:

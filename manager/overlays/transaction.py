@@ -46,16 +46,23 @@ class _Plan:
     tree: "Tree | None" = None  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
     modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
+    excerpts: dict[str, object] = field(default_factory=dict)  # the Excerpt that module is of, if any
     overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, remove: bool = False):
+def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, excerpt=None, remove: bool = False):
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
-    and text edits on the text; returns (new text, its libcst module or None). Raises EditFailed."""
+    and text edits on the text; returns (new text, its libcst module or None, the excerpt that
+    module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
+    when it is one (manager.overlays.excerpt: its code is rendered back into the whole text).
+    Raises EditFailed."""
     import libcst as cst
 
     from .edits import EditFailed, PythonEdit
+
+    def render(mod) -> str:
+        return excerpt.render(mod) if excerpt is not None else mod.code
 
     module = None
     for e in edits:
@@ -67,22 +74,47 @@ def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *,
             module = e.remove(module) if remove else e.apply(module)
         else:
             if module is not None:
-                text, module = module.code, None
+                text, module = render(module), None
+            tree_module = excerpt = None  # the text changed: a later Python edit parses it again
             text = e.remove(text) if remove else e.apply(text)
     if module is not None:
-        text = module.code
-    return text, module
+        text = render(module)
+    return text, module, (excerpt if module is not None else None)
 
 
-def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None):
-    """Apply one overlay's edits for `rel` on `text`; returns (new text, its libcst module or None)."""
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None, excerpt=None):
+    """Apply one overlay's edits for `rel` on `text`; returns _run_edits' (text, module, excerpt)."""
     from .edits import EditFailed
 
     edits = overlay.make_edits(rel)
     try:
-        return _run_edits(edits, rel, text, tree_module)
+        return _run_edits(edits, rel, text, tree_module, excerpt=excerpt)
     except EditFailed as exc:
         raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+
+
+def _top_level_names(overlays: Sequence[Overlay]) -> dict[str, frozenset[str]]:
+    """Per target, the top-level definitions every Python edit of `overlays` works inside; a
+    target with an edit that may touch anything else (or none to name) is left out (whole module)."""
+    from .edits import PythonEdit
+
+    names: dict[str, set[str]] = {}
+    whole: set[str] = set()
+    for o in overlays:
+        for t in o.manifest.targets:
+            try:
+                edits = o.make_edits(t)
+            except Exception:  # noqa: BLE001 - the status reports it; this is only a parse hint
+                whole.add(t)
+                continue
+            for e in edits:
+                if isinstance(e, PythonEdit):
+                    top = e.top_level()
+                    if top is None:
+                        whole.add(t)
+                    else:
+                        names.setdefault(t, set()).add(top)
+    return {t: frozenset(n) for t, n in names.items() if t not in whole}
 
 
 def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
@@ -99,7 +131,7 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
 
 
 def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
-    tree = Tree(root)
+    tree = Tree(root, _top_level_names(overlays))
     version = package_version(root)
     edited = edited_since_apply(root, tree, version)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
@@ -122,7 +154,9 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
             else:
                 current = tree.text(t.path)
                 module = tree.module(t.path) if t.path.endswith(".py") and current is not None else None
-            plan.texts[t.path], plan.modules[t.path] = _apply_edits(o, t.path, current, module)
+                plan.excerpts[t.path] = tree.excerpt(t.path) if module is not None else None
+            plan.texts[t.path], plan.modules[t.path], plan.excerpts[t.path] = _apply_edits(
+                o, t.path, current, module, plan.excerpts[t.path])
             plan.overlays_by_file.setdefault(t.path, []).append(o.id)
     for rel, text in plan.texts.items():
         _check_compiles(rel, text, plan.overlays_by_file[rel])
@@ -369,7 +403,7 @@ def revert(
                     continue
                 if i not in by_id:
                     raise OverlayError(f"revert refused: {rel} also carries overlay {i!r}, which is not in the catalog")
-                text, _ = _apply_edits(by_id[i], rel, text)
+                text = _apply_edits(by_id[i], rel, text)[0]
             texts[rel] = text
             encodings[rel] = enc
             owners[rel] = mine
@@ -384,7 +418,7 @@ def revert(
                 from .edits import EditFailed
 
                 try:
-                    text, _ = _run_edits(o.make_edits(t), t, current, remove=True)
+                    text = _run_edits(o.make_edits(t), t, current, remove=True)[0]
                 except EditFailed as exc:  # a block that is not intact is never removed by count
                     raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
                 texts[t] = text

@@ -65,6 +65,11 @@ class PythonEdit:
     def name(self) -> str:
         return self.spec.name
 
+    def top_level(self) -> str | None:
+        """The top-level definition this edit works inside (the first part of its scope), or None
+        when it may read or change anything in the module (manager.overlays.excerpt)."""
+        return None
+
     def sentinel(self, *fields: tuple[str, str]) -> Sentinel:
         return Sentinel(self.ctx.overlay_id, self.ctx.version, self.spec.name, tuple(fields))
 
@@ -173,7 +178,14 @@ def sentinel_line(module: cst.Module, mb: MarkedBlock) -> int | str:
     return "?"
 
 
-class InsertStatements(PythonEdit):
+class _ScopedEdit(PythonEdit):
+    """An edit confined to its `scope` path (its anchor, assignment and blocks are all inside it)."""
+
+    def top_level(self) -> str | None:
+        return self.spec.scope.split(".")[0] or None
+
+
+class InsertStatements(_ScopedEdit):
     """Insert a snippet before/after an anchor statement inside a scope path."""
 
     def build(self, module: cst.Module) -> list[cst.BaseStatement]:
@@ -243,7 +255,7 @@ def _assignments(module: cst.Module, scope: cst.CSTNode, name: str):
     return out
 
 
-class _AssignmentEdit(PythonEdit):
+class _AssignmentEdit(_ScopedEdit):
     """Edits anchored on the unique assignment of one name inside a scope."""
 
     def _name(self) -> str:
