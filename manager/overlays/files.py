@@ -119,6 +119,7 @@ class Tree:
         self._bytes: dict[str, bytes | None] = {}
         self._modules: dict[str, object] = {}
         self._enc: dict[str, str] = {}
+        self._texts: dict[str, str | None] = {}
         self._syntax: dict[str, object] = {}
         self._names = names or {}
         self._excerpts: dict[str, object] = {}
@@ -129,11 +130,13 @@ class Tree:
         return self._bytes[rel]
 
     def text(self, rel: str) -> str | None:
-        data = self.read(rel)
-        if data is None:
-            return None
-        text, self._enc[rel] = decode_file(rel, data)
-        return text
+        """The file decoded in its own encoding (decoded once; None when it is missing)."""
+        if rel not in self._texts:
+            data = self.read(rel)
+            if data is None:
+                return None
+            self._texts[rel], self._enc[rel] = decode_file(rel, data)
+        return self._texts[rel]
 
     def encode(self, rel: str, text: str | None) -> bytes | None:
         """`text` as bytes in the file's own encoding (BOM and coding declaration kept)."""
@@ -186,6 +189,7 @@ class Tree:
     def replace(self, rel: str, data: bytes | None, module: object | None) -> None:
         """Record bytes just written (and their module, when the plan built it)."""
         self._bytes[rel] = data
+        self._texts.pop(rel, None)
         self._syntax.pop(rel, None)
         self._excerpts.pop(rel, None)  # the module kept is only inspected from here on, never rendered
         if module is not None:
