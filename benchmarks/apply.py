@@ -20,6 +20,13 @@ first apply with a prepared plan (`overlay apply --plans DIR`; the three overlay
 catalog), without one (the full engine: #40886 alone, the three, the whole catalog), and our warm
 no-op. `--before DIR` adds the same figures for another checkout (e.g. main) in the same rounds.
 Our package is byte-compiled first (as an installed wheel is), in both trees.
+The warm no-op pair (ours and the regex patcher's, with `python -c pass`) is also timed, in the same
+rounds, under two more interpreters, because the benchmark's own venv is an editable install whose
+`.pth` hook imports `re` (and pathlib, urllib...) into every process at start-up, the regex
+patcher's one import included: a plain venv of the same python (`python -m venv --without-pip`: no
+`.pth`, as a pipx/uv tool venv has none that imports `re`) and the system `python3` (Debian's, the
+compose image's interpreter) when it is another python >= 3.10. Our warm check is standard library
+only, so it runs from the checkout under either.
 
 Every figure is the median of --runs runs (>= 5). Targets (issue 2): cold apply of the
 whole set < 0.5 s and <= 3x the baseline; warm no-op <= 1.0x the baseline's no-op.
@@ -457,6 +464,23 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
     return 0
 
 
+def _other_pythons(work: Path) -> dict[str, str]:
+    """{"plainvenv": a venv of this python without pip or any .pth, "system": the system python3 when it
+    is another python >= 3.10}: the interpreters the warm no-op pair is also timed under."""
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    plain = work / "plain-venv"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(plain)], check=True)
+    out = {"plainvenv": str(plain / "bin" / "python")}
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system:
+        probe = subprocess.run([system, "-c", "import sys; print(sys.version_info >= (3, 10), sys.prefix)"],
+                               capture_output=True, text=True)
+        fields = probe.stdout.split()
+        if probe.returncode == 0 and fields[:1] == ["True"] and Path(fields[1]).resolve() != Path(sys.base_prefix).resolve():
+            out["system"] = system
+    return out
+
+
 def _compile_bytecode(tree: Path) -> None:
     """Byte-compile `tree`/manager into its __pycache__ directories, as `pip install` does for an
     installed wheel. Without it a checkout run with PYTHONDONTWRITEBYTECODE=1 (set on the shared
@@ -514,8 +538,13 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
     def fresh() -> Path:
         return copy_release(version, work / f"tree-{next(counter)}")
 
-    cli = [py, "-c", "import sys; from manager.fastpath import main; sys.argv[0] = 'overlay'; main()"]
-    base_cmd = [py, "-c", BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"]
+    cli_code = "import sys; from manager.fastpath import main; sys.argv[0] = 'overlay'; main()"
+    base_code = BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"
+    cli = [py, "-c", cli_code]
+    base_cmd = [py, "-c", base_code]
+    others = _other_pythons(work)
+    for other in others.values():  # our modules' bytecode for that python too (its own cache tag)
+        subprocess.run([other, "-m", "compileall", "-q", str(ROOT / "manager")], check=True)
     env_noplan = {"OVERLAY_PLANS": "", "OVERLAY_PLAN_CACHE": ""}
     import resource
 
@@ -584,6 +613,12 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
                   cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[""])],
                   {**env_noplan, **env_source}, source_tree)
             timed("proc_python_startup", [py, "-c", "pass"])
+            for tag, other in others.items():  # the warm no-op pair without the editable install's hooks
+                timed(f"proc_{tag}_python_startup", [other, "-c", "pass"])
+                timed(f"proc_{tag}_baseline_noop", [other, "-c", base_code, str(base_tree / GEMMA4), str(SNIPPET)])
+                timed(f"proc_{tag}_ours_warm_noop_apply",
+                      [other, "-c", cli_code, "--catalog", str(cats["three"]), "apply", "--root", str(applied[""])],
+                      env_noplan, ROOT)
         for tag, tree in trees.items():
             for key, cat in (("cold_apply_noplan_pr40886", "pr"), ("cold_apply_noplan", "three"),
                              ("cold_apply_noplan_all", "all")):
@@ -608,6 +643,9 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
         for key in ("cold_apply_noplan_pr40886", "cold_apply_noplan", "cold_apply_noplan_all"):
             ratios[f"proc_{tag}ours_{key}_in_python_startups"] = (fig[f"proc_{tag}ours_{key}_s"]
                                                                   / fig["proc_python_startup_s"])
+    for tag in others:
+        ratios[f"proc_{tag}_ours_warm_noop_vs_baseline_noop"] = (fig[f"proc_{tag}_ours_warm_noop_apply_s"]
+                                                                 / fig[f"proc_{tag}_baseline_noop_s"])
     ratios["proc_ours_warm_noop_from_source_vs_baseline_noop"] = (fig["proc_ours_warm_noop_apply_from_source_s"]
                                                                   / fig["proc_baseline_noop_s"])
     ratios["proc_ours_cold_apply_plan_from_source_vs_baseline_cold"] = (
@@ -625,6 +663,10 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
         "cold first apply without a plan < 0.8 s (the whole catalog)": fig["proc_ours_cold_apply_noplan_all_s"] < 0.8,
         "warm no-op <= 1.0x regex no-op (processes)": ratios["proc_ours_warm_noop_vs_baseline_noop"] <= 1.0,
     }
+    for tag, other in others.items():
+        where = "python -m venv --without-pip" if tag == "plainvenv" else other
+        targets[f"warm no-op <= 1.0x regex no-op (processes, {tag}: {where})"] = (
+            ratios[f"proc_{tag}_ours_warm_noop_vs_baseline_noop"] <= 1.0)
     load = os.getloadavg()
     print(f"vLLM {version}, prepared plans, {runs} interleaved rounds (short processes x{short}), median, "
           f"python {sys.version.split()[0]}, "
