@@ -144,7 +144,18 @@ def statement_key(module: cst.Module, stmt: cst.CSTNode) -> str:
         return code.strip()
 
 
-def anchor_key(anchor: str, config: cst.PartialParserConfig) -> str:
+def _shape(stmt: cst.CSTNode) -> object:
+    """What two statements with one `statement_key` always share, read without rendering them: the
+    node type (for a simple line, the types of its small statements). An ast key names its node
+    type and each small statement's, and libcst has one node type per ast statement type (async
+    forms share theirs), so `find_anchor` renders and parses only statements of the anchor's shape."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return tuple(type(small) for small in stmt.body)
+    return type(stmt)
+
+
+def _anchor(anchor: str, config: cst.PartialParserConfig) -> cst.Module:
+    """The anchor parsed as a module of exactly one statement (EditFailed otherwise)."""
     text = anchor.strip()
     if text.endswith(":"):
         text = text + "\n    pass\n"
@@ -156,7 +167,7 @@ def anchor_key(anchor: str, config: cst.PartialParserConfig) -> str:
         raise EditFailed(f"anchor {anchor!r} is not a Python statement: {exc.message}") from None
     if len(mod.body) != 1:
         raise EditFailed(f"anchor {anchor!r} must be exactly one statement")
-    return statement_key(mod, mod.body[0])
+    return mod
 
 
 @dataclass(frozen=True)
@@ -166,11 +177,12 @@ class Site:
 
 
 def find_anchor(module: cst.Module, scope: cst.CSTNode, anchor: str) -> list[Site]:
-    key = anchor_key(anchor, module.config_for_parsing)
+    want = _anchor(anchor, module.config_for_parsing)
+    shape, key = _shape(want.body[0]), statement_key(want, want.body[0])
     sites = []
     for block in statement_lists(scope):
         for i, stmt in enumerate(block.body):
-            if statement_key(module, stmt) == key:
+            if _shape(stmt) == shape and statement_key(module, stmt) == key:
                 sites.append(Site(block, i))
     return sites
 
