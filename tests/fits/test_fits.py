@@ -241,10 +241,10 @@ def test_overlays_a_catalog_lacks_come_from_the_shipped_manifests(P):
     from manager.fits.overlays import shipped_overlays
 
     shipped = shipped_overlays()
-    assert shipped["vllm-pr40886-gemma4-awq-moe-keys"].native_from == "0.22.0"
+    assert shipped["vllm-pr40886-gemma4-awq-moe-keys"].native_from == "0.21.0"
     assert shipped["vllm-pr40886-gemma4-awq-moe-keys"].needed_when.moe is True
     kw = dict(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2)
-    # native from 0.22.0 on (the manifest's native_from): not needed, so not missing
+    # native from 0.21.0 on (the manifest's native_from): not needed, so not missing
     later = fits(P, engine="vllm-0.27.1", overlay_index=make_index(drop=("vllm-pr40886-gemma4-awq-moe-keys",)), **kw)
     assert "vllm-pr40886-gemma4-awq-moe-keys" not in later.constraint("overlays").message
     # an index that says which overlays exist decides alone
@@ -281,7 +281,7 @@ def test_superseded_reads_native_from_of_the_manifest_or_the_shipped_one(P):
     old = idx.overlays["vllm-pr40886-gemma4-awq-moe-keys"]
     idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions)
     r = fits(P, model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, engine="vllm-0.33.0", overlay_index=idx)
-    assert "superseded; fix native since 0.22.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
+    assert "superseded; fix native since 0.21.0" in r.constraint("overlays").message and res(r, "overlays") == "pass"
     idx = make_index()
     idx.overlays[old.id] = OverlayInfo(old.id, needed_when=old.needed_when, versions=old.versions, native_from="0.40.0")
     idx.known = {}

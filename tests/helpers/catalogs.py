@@ -26,8 +26,9 @@ from manager.catalog import Catalog
 
 from . import SHIPPED_OVERLAYS
 
-# The releases the overlay tests cover (issue 2): every one is a real sdist from PyPI.
-RELEASES = ["0.19.0", "0.20.0", "0.26.0", "0.30.0", "0.31.0", "0.33.0"]
+# The releases the overlay tests cover (issue 2): every one is a real sdist from PyPI. 0.19.1 (issue 24):
+# the last vLLM on PyPI whose CUDA binaries carry sm_70 code, so the V100 engine's release.
+RELEASES = ["0.19.0", "0.19.1", "0.20.0", "0.26.0", "0.30.0", "0.31.0", "0.33.0"]
 
 PR40886 = "vllm-pr40886-gemma4-awq-moe-keys"
 CONVERTOR = "gemma4-convertor-per-layer"

@@ -1,7 +1,7 @@
 """gemma4-unified-port (issue 11, point 2): Gemma4UnifiedForConditionalGeneration on vLLM < 0.24.0.
 
 On the real release sdists: status per release (pending where the release lacks the model, `upstream`
-from 0.24.0); applied on 0.20.0 and 0.22.0 the copied module is byte-for-byte vLLM 0.24.0's file (sha256
+from 0.24.0); applied on 0.19.1, 0.20.0 and 0.22.0 the copied module is byte-for-byte vLLM 0.24.0's file (sha256
 pinned in the manifest, read through manager/releases.py), every `from vllm...` import it makes resolves
 to a definition in that older release, the registrations land once, revert restores every byte; a
 wrong pin refuses to apply and writes nothing. fits() passes engine-family through the port.
@@ -30,7 +30,7 @@ PORT = "gemma4-unified-port"
 MODEL_PY = "vllm/model_executor/models/gemma4_unified.py"
 TARGETS = (MODEL_PY, "vllm/model_executor/models/gemma4_mm.py", "vllm/model_executor/models/registry.py",
            "vllm/transformers_utils/model_arch_config_convertor.py", "vllm/model_executor/models/config.py")
-STATUS = {"0.20.0": "pending", "0.22.0": "pending", "0.24.0": "upstream", "0.27.1": "upstream", "0.28.0": "upstream"}
+STATUS = {"0.19.1": "pending", "0.20.0": "pending", "0.22.0": "pending", "0.24.0": "upstream", "0.27.1": "upstream", "0.28.0": "upstream"}
 PIN = yaml.safe_load((REPO_ROOT / "overlays" / PORT / "overlay.yaml").read_text())["edits"][0]
 
 
@@ -116,11 +116,11 @@ def unresolved_vllm_imports(root: Path, module_rel: str, fallback: Path | None =
     return out
 
 
-@pytest.mark.parametrize("version", ["0.20.0", "0.22.0"])
+@pytest.mark.parametrize("version", ["0.19.1", "0.20.0", "0.22.0"])
 def test_apply_on_an_older_release_ports_the_module_and_its_registrations(version, pristine_release, tmp_path):
     root = _root(pristine_release, version, tmp_path / "site")
     before = {rel: (root / rel).read_bytes() for rel in TARGETS[1:]}
-    if version == "0.20.0":  # the helper the module imports is what the port adds to gemma4_mm there
+    if version in ("0.19.1", "0.20.0"):  # the helper the module imports is what the port adds to gemma4_mm there
         assert unresolved_vllm_imports(pristine_release(version), "vllm/model_executor/models/gemma4_mm.py") == []
     fallback = pristine_release(version)
     overlays = load_overlays(shipped_catalog(tmp_path / "cat", ids=[PORT]))
@@ -253,9 +253,10 @@ def _import_deps() -> Path:
 
 
 @pytest.mark.network
-def test_ported_module_really_imports_on_vllm_0_20_0(pristine_release, tmp_path):
-    """A real `import` of the ported module on the full 0.20.0 package (CPU torch, the venv's transformers):
-    stock 0.20.0 plus the copied file alone fails on the names 0.20.0 lacks; with the overlay it imports."""
+@pytest.mark.parametrize("version", ["0.19.1", "0.20.0"])  # 0.19.1: the V100 engine (issue 24); the same deps suffice
+def test_ported_module_really_imports_on_an_older_release(version, pristine_release, tmp_path):
+    """A real `import` of the ported module on the full 0.19.1 / 0.20.0 package (CPU torch, the venv's
+    transformers): stock release plus the copied file alone fails on the names it lacks; with the overlay it imports."""
     import os
     import subprocess
     import sys
@@ -264,7 +265,7 @@ def test_ported_module_really_imports_on_vllm_0_20_0(pristine_release, tmp_path)
     from manager.releases import copy_release
 
     deps = _import_deps()
-    root = copy_release("0.20.0", tmp_path / "site")
+    root = copy_release(version, tmp_path / "site")
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{deps}", VLLM_TARGET_DEVICE="cpu")
 
     def run():

@@ -41,6 +41,7 @@ from tests.helpers.cli import overlay_process
 # Observed status of each overlay on each pristine release (the closing note's matrix).
 EXPECTED_BEFORE = {
     "0.19.0": {PR40886: "pending", CONVERTOR: "pending", DYNAMO: "pending"},
+    "0.19.1": {PR40886: "pending", CONVERTOR: "pending", DYNAMO: "pending"},
     "0.20.0": {PR40886: "pending", CONVERTOR: "pending", DYNAMO: "pending"},
     "0.26.0": {PR40886: "upstream", CONVERTOR: "pending", DYNAMO: "pending"},
     "0.30.0": {PR40886: "upstream", CONVERTOR: "upstream", DYNAMO: "pending"},

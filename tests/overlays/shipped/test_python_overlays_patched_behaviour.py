@@ -100,7 +100,7 @@ def _expected_names() -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["0.19.0", "0.20.0"])
+@pytest.fixture(scope="module", params=["0.19.0", "0.19.1", "0.20.0"])  # 0.19.1: the V100 engine (issue 24)
 def gemma4_sources(request, tmp_path_factory, pristine_release):
     v = request.param
     return {
@@ -178,7 +178,7 @@ def _config_26b_a4b():
     return hf_config, hf_config.get_text_config()
 
 
-@pytest.fixture(scope="module", params=["0.20.0", "0.26.0"])
+@pytest.fixture(scope="module", params=["0.19.1", "0.20.0", "0.26.0"])  # 0.19.1: the V100 engine (issue 24)
 def convertors(request, tmp_path_factory, pristine_release):
     v = request.param
     pristine = pristine_release(v)
