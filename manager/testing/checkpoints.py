@@ -110,7 +110,7 @@ class CheckpointInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """Greedy continuation of `prompt_ids` by transformers' own forward pass (float32, eager attention)."""
+    """Greedy continuation of `prompt_ids` by transformers' own forward pass (eager attention, in `dtype`)."""
 
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -119,6 +119,7 @@ class Reference:
     token_logprobs: tuple[float, ...]  # logprob of each greedy token
     transformers_version: str
     torch_version: str
+    dtype: str = "float32"  # the torch dtype the model ran in (the engine must serve the same one)
 
 
 Builder = Callable[..., CheckpointInfo]
@@ -561,8 +562,10 @@ KINDS = kinds()
 
 
 def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tuple[int, ...], n_tokens: int,
-              top_k: int = 5) -> Reference:
-    """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (float32, eager attention, no EOS stop).
+              top_k: int = 5, dtype: str = "float32") -> Reference:
+    """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (eager attention, no EOS stop) in `dtype`
+    ("float32", the default, or "float16" / "bfloat16": the weights are cast on load, as the engine casts them;
+    the logprobs are taken in float32 from the last position's logits).
 
     For a ct checkpoint directory, the float model in `<dir>/dequantized` is used (what the quantized engine
     computes). Works with a config.json in either form (flat released keys or per_layer_config).
@@ -575,7 +578,9 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
         raise CheckpointError(f"{checkpoint_dir}: no config.json")
     arch = (json.loads((path / "config.json").read_text()).get("architectures") or [""])[0]
     cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
-    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=torch.float32,
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise CheckpointError(f"reference dtype {dtype!r}: expected float32, float16 or bfloat16")
+    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=getattr(torch, dtype),
                                                                        attn_implementation="eager")
     model.eval()
     ids = list(prompt_ids)
@@ -593,7 +598,7 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
             tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals)))
             ids.append(nxt)
     return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
-                     torch.__version__)
+                     torch.__version__, dtype)
 
 
 def copy_checkpoint(src: Path, dest: Path) -> Path:

@@ -165,6 +165,24 @@ def test_reference_is_greedy_and_deterministic(built):
     assert min(t[0][1] - t[1][1] for t in ref.top_logprobs) > 1e-3
 
 
+def test_reference_in_float16_runs_the_model_in_half_precision(built):
+    """dtype="float16": the float32 checkpoint is cast on load (as an engine serving --dtype float16 casts it); the
+    result records its dtype, stays greedy, and its logprobs carry half-precision rounding (not the float32 ones)."""
+    fp32 = ck.reference(built["dense"].path, PROMPT, 6, top_k=4)
+    fp16 = ck.reference(built["dense"].path, PROMPT, 6, top_k=4, dtype="float16")
+    assert (fp32.dtype, fp16.dtype) == ("float32", "float16")
+    for tok, top, lp in zip(fp16.tokens, fp16.top_logprobs, fp16.token_logprobs):
+        assert top[0] == (tok, lp)
+    gaps = [abs(a - b) for ta, tb in zip(fp32.top_logprobs, fp16.top_logprobs)
+            for (ia, a), (ib, b) in zip(ta, tb) if ia == ib]
+    assert gaps and 0 < max(gaps) < 0.5, gaps
+
+
+def test_reference_refuses_an_unknown_dtype(built):
+    with pytest.raises(ck.CheckpointError, match="'float8': expected float32, float16 or bfloat16"):
+        ck.reference(built["dense"].path, PROMPT, 2, dtype="float8")
+
+
 def test_reference_of_ct_checkpoint_runs_the_dequantized_model(built):
     ref = ck.reference(built["ct-w4a16-moe-g16-shape"].path, PROMPT, 3)
     direct = ck.reference(built["ct-w4a16-moe-g16-shape"].reference_path, PROMPT, 3)
