@@ -50,7 +50,8 @@ LOGPROB_TOL = {"dense": 2e-3, "moe": 2e-2, "unified": 2e-3, "dense-d256": 2e-3}
 # float16 engine vs float16 transformers (both cast the float32 checkpoint on load): half precision keeps 10 mantissa
 # bits, so logits up to the soft-cap 30 round in steps of ~0.016 and the rounding of 6 layers adds up differently in
 # the two (vLLM's CPU kernels vs transformers' eager ops). Measured 2026-12-02 (docs/engine.md): 8.3e-02 on
-# dense-d256 (the same serve against the float32 reference: 4.2e-02); greedy margins there are >= 0.31.
+# dense-d256 (the same serve against the float32 reference: 4.2e-02; transformers' own float16 reference is up to
+# 9.7e-02 from its float32 one, so most of the gap is the reference's rounding); greedy margins there are >= 0.31.
 LOGPROB_TOL_FP16 = 0.2
 # The unified model serves text only here: with its multimodal limits left at their defaults the start-up profile
 # run stops in transformers' processor on vLLM's dummy video ("ValueError: Found 1 <|video|> tokens in the text but
@@ -489,9 +490,12 @@ def test_0_19_1_unified_port_ab(engines, roots, unified_ckpt_19, work, root_name
             with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
                            extra_args=TEXT_ONLY):
                 pass
-        err = eng.last_error(log.read_text(errors="replace"))
-        assert err and exc.value.returncode not in (None, 0), err
-        ROWS.append((V19, UNIFIED, TF_NEW, label, state, f"start fails: `{err[:200]}`"))
+        text = log.read_text(errors="replace")
+        err = eng.last_error(text)
+        assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}"
+                              ": 'head_dim' is a per-layer attribute"), err
+        assert "get_head_size" in text and exc.value.returncode not in (None, 0)
+        ROWS.append((V19, UNIFIED, TF_NEW, label, state, f"start fails: `{err[:160]}...` (in get_head_size)"))
         return
     ref = ck.reference(unified_ckpt_19.path, PROMPT, N_TOKENS, TOP_K, dtype=dtype)
     with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
