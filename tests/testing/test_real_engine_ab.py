@@ -237,8 +237,10 @@ def test_convertor_patched_serves_the_transformers_reference(engines, roots, che
     extra = ""
     if dtype != "float32":  # how far the same serve is from the float32 reference (information, not asserted)
         ref32 = references[kind, "float32"]
-        extra = (f" (vs the float32 reference: tokens {'equal' if ref32.tokens == got.tokens else 'differ'}, gap "
-                 f"{max(abs(dict(r)[t] - v) for s_, r in zip(got.top_logprobs, ref32.top_logprobs) for t, v in s_ if t in dict(r)):.1e})")
+        gap32 = max(abs(dict(r)[t] - v) for s_, r in zip(got.top_logprobs, ref32.top_logprobs)
+                    for t, v in s_ if t in dict(r))
+        extra = (f" (vs the float32 reference: tokens {'equal' if ref32.tokens == got.tokens else 'differ'}, "
+                 f"gap {gap32:.1e})")
     ROWS.append((vllm, CONVERTOR, TF_NEW, label, "patched",
                  f"{N_TOKENS}/{N_TOKENS} greedy tokens = transformers {ref.transformers_version} ({ref.dtype}); "
                  f"max top-{TOP_K} logprob gap {gap:.1e} (tol {tol:.0e}){extra}; start {start:.0f} s; "
@@ -322,7 +324,8 @@ def test_0_19_1_unpatched_serves_the_reference_on_transformers_5_8(engines, tf_o
     gap = eng.compare_to_reference(got, ref, tol)
     ROWS.append((V19, CONVERTOR, TF_OLD, _ckpt_label(kind, dtype), "unpatched",
                  f"serves; {N_TOKENS}/{N_TOKENS} greedy tokens = the transformers {ref.transformers_version} "
-                 f"({ref.dtype}) reference; max top-{TOP_K} logprob gap {gap:.1e} (tol {tol:.0e}); start {start:.0f} s"))
+                 f"({ref.dtype}) reference; max top-{TOP_K} logprob gap {gap:.1e} (tol {tol:.0e}); "
+                 f"start {start:.0f} s"))
 
 
 # ---------------------------------------------------------------------------- convertor harmless on 5.8.1
