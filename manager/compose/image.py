@@ -194,6 +194,9 @@ def wheel_set(recipe: Recipe, python: str, platform: str, root: Path | None = No
     a directory marked complete is reused as it is (pip checks each wheel's hash at install)."""
     from filelock import FileLock
 
+    from .bundle import _check_python
+
+    python = _check_python(python)
     root = Path(root) if root else default_wheel_root(recipe)
     d = root / f"py{python}-{platform}-{_wheel_key(recipe.requirements)}"
     marker = d / ".complete"
@@ -266,24 +269,29 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _recipe_plans(recipe: Recipe, catalog: Catalog, dest: Path) -> str:
-    """The prepared plan of the default entrypoint's `overlay apply` on the recipe's vLLM version;
-    refuses ids the catalog does not know or that do not apply there."""
+def check_recipe_ids(recipe: Recipe, catalog: Catalog) -> None:
+    """recipe.yaml's apply/build ids: in the catalog, and the build ids are kernel overlays."""
     from ..overlays import load_overlays
-    from ..overlays.prepare import prepare
 
-    every = load_overlays(catalog)
-    known = {o.id: o for o in every}
+    known = {o.id: o for o in load_overlays(catalog)}
     for oid in (*recipe.apply, *recipe.build):
         if oid not in known:
             raise ComposeError(f"{recipe.path / 'recipe.yaml'}: overlay {oid!r} is not in the catalog")
     for oid in recipe.build:
         if known[oid].manifest.kernels is None:
             raise ComposeError(f"{recipe.path / 'recipe.yaml'}: build: {oid!r} has no kernels: section")
+
+
+def _recipe_plans(recipe: Recipe, catalog: Catalog, dest: Path) -> str:
+    """The prepared plan of the default entrypoint's `overlay apply` on the recipe's vLLM version;
+    refuses ids that do not apply there."""
+    from ..overlays import load_overlays
+    from ..overlays.prepare import prepare
+
     if not recipe.apply:
         return f"{recipe.name}: vllm {recipe.vllm_version}: no default overlays"
     try:
-        (made,) = prepare(every, [recipe.vllm_version], list(recipe.apply), dest)
+        (made,) = prepare(load_overlays(catalog), [recipe.vllm_version], list(recipe.apply), dest)
     except ManagerError as exc:
         raise ComposeError(f"{recipe.path / 'recipe.yaml'}: apply {' '.join(recipe.apply)} on vllm "
                            f"{recipe.vllm_version}: {exc}") from None
@@ -298,6 +306,10 @@ def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, plat
     """The build context in `out` (created; must be new or empty)."""
     from .bundle import build_bundle
 
+    from .bundle import _check_python
+
+    python = _check_python(python)
+    check_recipe_ids(recipe, catalog)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ComposeError(f"-o {out}: exists and is not an empty directory")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from shlex import quote as _sq
 
 import pytest
@@ -20,8 +21,6 @@ import pytest
 from manager.catalog import Catalog
 from tests.helpers import REPO_ROOT
 from tests.helpers import containers
-
-pytestmark = pytest.mark.docker
 
 PINS = {"vllm": "0.19.1", "torch": "2.10.0", "torchvision": "0.25.0", "torchaudio": "2.10.0"}
 
@@ -87,6 +86,7 @@ def _statuses_on_sdist(catalog: Catalog, version: str) -> dict[str, str]:
     return {o.id: o.status for o in status_on_release(version, catalog).overlays}
 
 
+@pytest.mark.docker
 def test_the_image_holds_the_audited_wheel_set_and_the_bundle_with_plans_for_0_19_1(docker, v100) -> None:
     assert v100.tag == "overlay-manager/vllm-v100:0.19.1-cu128"
     assert v100.python == "3.11" and v100.size_bytes > 5e9
@@ -104,6 +104,7 @@ def test_the_image_holds_the_audited_wheel_set_and_the_bundle_with_plans_for_0_1
     assert any("vllm 0.19.1" in line and ": plan " in line for line in v100.context.plans), v100.context.plans
 
 
+@pytest.mark.docker
 def test_verify_reports_the_statuses_the_catalog_computes_on_the_0_19_1_sdist(
         docker, v100, catalog, cli_run) -> None:
     expected = _statuses_on_sdist(catalog, PINS["vllm"])
@@ -121,6 +122,7 @@ def test_verify_reports_the_statuses_the_catalog_computes_on_the_0_19_1_sdist(
     assert {o["id"]: o["status"] for o in inside["overlays"]} == expected
 
 
+@pytest.mark.docker
 def test_engine_audit_finds_every_component_a_gemma4_step_needs_runs_on_sm70(v100, cli_run) -> None:
     if importlib.util.find_spec("manager.engines") is None:
         pytest.skip("manager.engines (`overlay engine audit`, issue 24 point 1) is not in this tree yet")
@@ -133,6 +135,7 @@ def test_engine_audit_finds_every_component_a_gemma4_step_needs_runs_on_sm70(v10
     assert all(c.get("runs") for c in needed), [c for c in needed if not c.get("runs")]
 
 
+@pytest.mark.docker
 def test_overlay_build_inside_the_image_compiles_the_sm70_kernels_with_its_nvrtc_12(docker, v100, catalog) -> None:
     from manager.overlays import load_overlays
 
@@ -176,6 +179,7 @@ def _start(docker, image: str, start: str, overlays: tuple[str, ...], after: str
     return out
 
 
+@pytest.mark.docker
 def test_the_image_entrypoint_applies_its_overlays_builds_the_kernels_and_execs_vllm_serve(docker, v100, catalog) -> None:
     from manager.compose.image import load_recipe
 
@@ -189,6 +193,7 @@ def test_the_image_entrypoint_applies_its_overlays_builds_the_kernels_and_execs_
     assert {"sm_70", "compute_70"} <= set(json.dumps(index).replace('"', " ").split()), index
 
 
+@pytest.mark.docker
 def test_the_rendered_entrypoint_of_each_deployment_on_this_image_runs_in_it(docker, v100, catalog) -> None:
     from manager.compose.plan import plan_all
     from manager.compose.registry import load_registry
@@ -200,3 +205,131 @@ def test_the_rendered_entrypoint_of_each_deployment_on_this_image_runs_in_it(doc
     for plan in plans:
         _start(docker, v100.tag, f"/bin/sh -c {_sq(render_entrypoint(plan))} overlay-entrypoint",
                     plan.overlays + plan.kernel_overlays)
+
+
+# ----------------------------------------------------------------------------- without a Docker engine
+
+
+def _sdist_text(version: str, rel: str) -> str:
+    import tarfile
+
+    from manager import releases
+
+    with tarfile.open(releases.sdist(version)) as tar:
+        member = next(m for m in tar.getmembers() if m.name.split("/", 1)[-1] == rel)
+        return tar.extractfile(member).read().decode()
+
+
+def _requirement(text: str, name: str):
+    from packaging.requirements import Requirement
+
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            req = Requirement(line)
+            if req.name.lower() == name:
+                return req
+    raise AssertionError(f"{name} not in the requirements")
+
+
+def test_the_recipe_pins_satisfy_the_0_19_1_release_requirements(catalog) -> None:
+    from packaging.version import Version
+
+    from manager.compose.image import load_recipe
+
+    recipe = load_recipe(catalog, "vllm-v100")
+    assert recipe.tag == "overlay-manager/vllm-v100:0.19.1-cu128" and recipe.vllm_version == PINS["vllm"]
+    pins = {str(r).split("==")[0]: str(r).split("==")[1] for r in recipe.requirements}
+    assert {k: pins[k] for k in PINS} == PINS
+    common = _sdist_text(recipe.vllm_version, "requirements/common.txt")
+    cuda = _sdist_text(recipe.vllm_version, "requirements/cuda.txt")
+    assert Version(pins["transformers"]) in _requirement(common, "transformers").specifier
+    assert Version(pins["transformers"]) >= Version("5.5.1")
+    for name in ("torch", "torchvision", "torchaudio"):
+        assert Version(pins[name]) in _requirement(cuda, name).specifier, name
+
+
+def test_a_recipe_naming_an_unknown_overlay_is_refused_before_anything_is_written(catalog, tmp_path) -> None:
+    from manager.compose.image import load_recipe, write_context
+    from manager.errors import ComposeError
+
+    cat = tmp_path / "cat"
+    for part in ("overlays", "profiles", "compose"):
+        shutil.copytree(catalog.root / part, cat / part)
+    yml = cat / "compose" / "images" / "vllm-v100" / "recipe.yaml"
+    yml.write_text(yml.read_text().replace("apply: [dynamo-dict-caches", "apply: [no-such-overlay, dynamo-dict-caches"))
+    recipe = load_recipe(Catalog(cat), "vllm-v100")
+    with pytest.raises(ComposeError, match=r"recipe\.yaml: overlay 'no-such-overlay' is not in the catalog"):
+        write_context(recipe, Catalog(cat), tmp_path / "ctx", "3.12")
+    assert not (tmp_path / "ctx").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["image", "build", "no-such-recipe"], "no image recipe 'no-such-recipe'"),
+    (["image", "build", "../etc"], "expected a lower-case name"),
+    (["image", "wheels", "vllm-v100", "--python", "3"], "--python '3': expected a version like 3.12"),
+])
+def test_image_commands_refuse_bad_input_in_one_line(cli_run, args, message, tmp_path) -> None:
+    res = cli_run(*args, "--wheels", str(tmp_path / "w")) if args[1] == "wheels" else cli_run(*args)
+    assert res.exit_code == 1 and len(res.err_lines) == 1 and message in res.stderr, res.output
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_wheel_lock_pins_every_wheel_by_its_sha256(tmp_path) -> None:
+    import hashlib
+
+    from manager.compose.image import _write_lock
+    from manager.errors import ComposeError
+
+    (tmp_path / "torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"t")
+    (tmp_path / "nvidia_cuda_nvrtc_cu12-12.8.93-py3-none-manylinux2010_x86_64.whl").write_bytes(b"n")
+    lines = _write_lock(tmp_path).read_text().splitlines()[1:]
+    assert lines == [f"nvidia-cuda-nvrtc-cu12==12.8.93 --hash=sha256:{hashlib.sha256(b'n').hexdigest()}",
+                     f"torch==2.10.0 --hash=sha256:{hashlib.sha256(b't').hexdigest()}"]
+    (tmp_path / "not-a-wheel.whl").write_bytes(b"x")
+    with pytest.raises(ComposeError, match="not a wheel file name"):
+        _write_lock(tmp_path)
+
+
+def test_the_wheel_server_lists_and_serves_the_directory_on_loopback(tmp_path) -> None:
+    import urllib.request
+
+    from manager.compose.image import _WheelServer
+
+    (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
+    with _WheelServer(tmp_path, "0" * 64) as srv:
+        base = f"http://127.0.0.1:{srv.port}/"
+        assert srv.httpd.server_address[0] == "127.0.0.1"
+        assert 'href="a-1.0-py3-none-any.whl"' in urllib.request.urlopen(base, timeout=5).read().decode()
+        assert urllib.request.urlopen(base + "a-1.0-py3-none-any.whl", timeout=5).read() == b"wheel bytes"
+
+
+def test_the_image_entrypoint_runs_the_rendered_entrypoints_steps(catalog, tmp_path) -> None:
+    """recipe entrypoint.sh and the entrypoint `compose render` writes, run by sh with a recording
+    `overlay` and `vllm`: the same calls in the same order (apply IDS, build IDS --cache, exec vllm serve ARGS)."""
+    import os
+    import subprocess
+
+    from manager.compose.image import load_recipe
+    from manager.compose.render import ServicePlan, render_entrypoint
+
+    recipe = load_recipe(catalog, "vllm-v100")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("overlay", "vllm"):
+        (bindir / name).write_text(f'#!/bin/sh\necho "{name} $*" >>"$CALLS"\n')
+        (bindir / name).chmod(0o755)
+    plan = ServicePlan(slug="v100", image=recipe.tag, serve_args=(), overlays=recipe.apply, kernel_overlays=recipe.build)
+    scripts = {"recipe": (recipe.path / "entrypoint.sh").read_text(), "rendered": render_entrypoint(plan)}
+    calls = {}
+    for kind, script in scripts.items():
+        log = tmp_path / f"{kind}.calls"
+        env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", CALLS=str(log), OVERLAY_BIN=str(bindir / "overlay"),
+                   OVERLAY_APPLY=" ".join(recipe.apply), OVERLAY_BUILD=" ".join(recipe.build),
+                   OVERLAY_KERNEL_CACHE="/var/cache/overlay-kernels")
+        subprocess.run(["/bin/sh", "-c", script, "overlay-entrypoint", "/models/m", "--port", "8000"], env=env, check=True)
+        calls[kind] = log.read_text().splitlines()
+    assert calls["recipe"] == calls["rendered"]
+    assert calls["recipe"] == [f"overlay apply {' '.join(recipe.apply)}",
+                               f"overlay build {' '.join(recipe.build)} --cache /var/cache/overlay-kernels",
+                               "vllm serve /models/m --port 8000"]
