@@ -313,6 +313,7 @@ def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, plat
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ComposeError(f"-o {out}: exists and is not an empty directory")
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -325,7 +326,11 @@ def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, plat
         bundle = build_bundle(out / "overlay-bundle", python, platform, catalog)
         lines = (*bundle.plans, _recipe_plans(recipe, catalog, out / "overlay-bundle" / "plans"))
     except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:  # the empty directory given stays, emptied again
+            for child in out.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
         raise
     return ImageContext(out, python, _digest(out), lines, bundle.size_bytes)
 
