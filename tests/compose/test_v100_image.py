@@ -335,3 +335,12 @@ def test_the_image_entrypoint_runs_the_rendered_entrypoints_steps(catalog, tmp_p
     assert calls["recipe"] == [f"overlay apply {' '.join(recipe.apply)}",
                                f"overlay build {' '.join(recipe.build)} --cache /var/cache/overlay-kernels",
                                "vllm serve /models/m --port 8000"]
+
+
+@pytest.mark.docker
+def test_a_base_image_that_is_not_present_is_named_in_one_line_and_nothing_is_built(docker, cli_run) -> None:
+    base = "overlay-manager-test/no-such-base:0"
+    res = cli_run("image", "build", "vllm-v100", "--base", base, "--tag", "overlay-manager-test/never-built:0")
+    assert res.exit_code == 1 and len(res.err_lines) == 1, res.output
+    assert f"base image {base!r} is not present locally" in res.stderr
+    assert not docker.images.list(name="overlay-manager-test/never-built")
