@@ -372,7 +372,16 @@ def probe_base(client: Any, base: str) -> BaseInfo:
     return BaseInfo(base, parts[0], parts[1], parts[2])
 
 
-def _stream(chunks: Iterator[dict], on_log: Callable[[str], None] | None) -> None:
+def _stream(start: Callable[[], Iterator[dict]], on_log: Callable[[str], None] | None) -> None:
+    from docker.errors import DockerException
+
+    try:
+        _follow(start(), on_log)
+    except DockerException as exc:  # the engine refused the build (API error, lost connection)
+        raise ComposeError(f"docker build failed: {str(exc).splitlines()[0]}") from None
+
+
+def _follow(chunks: Iterator[dict], on_log: Callable[[str], None] | None) -> None:
     tail: list[str] = []
     for chunk in chunks:
         if "error" in chunk:
@@ -410,12 +419,12 @@ def build_image(name: str, catalog: Catalog, base: str | None = None, tag: str |
         kw: dict[str, Any] = dict(path=str(ctx.path), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
                                   labels={CONTEXT_LABEL: digest})
         if wset is None:
-            _stream(client.api.build(buildargs=args, **kw), on_log)
+            _stream(lambda: client.api.build(buildargs=args, **kw), on_log)
         else:
             with _WheelServer(wset.path, _sha256_file(wset.lock)) as srv:
                 args["PIP_INSTALL_ARGS"] = (f"--no-index --find-links http://127.0.0.1:{srv.port}/ "
                                             f"--trusted-host 127.0.0.1 --require-hashes -r /opt/{recipe.name}/{LOCK}")
-                _stream(client.api.build(buildargs=args, network_mode="host", **kw), on_log)
+                _stream(lambda: client.api.build(buildargs=args, network_mode="host", **kw), on_log)
         seconds = time.monotonic() - start
     img = _local_image(client, tag)
     if img is None:
