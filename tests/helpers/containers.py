@@ -12,6 +12,9 @@
 - `drift_image(version)`: the same with the `moe.gate_up_proj` anchor line of
   gemma4.py altered, so the PR #40886 overlay cannot apply (a drift fixture).
 - `bundle_dir()`: an overlay bundle for the image's python (3.11), built once per run.
+- `venv_base_image()`: the base + python3-venv (ensurepip), the base the vllm-v100 recipe is built
+  from in CI (its Dockerfile makes a venv); `v100_image()`: that build, once per run, from the
+  cached wheels (`overlay image build vllm-v100 --base <it> --wheels <cache>`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ REQUIRE_ENV = "OVERLAY_REQUIRE_DOCKER"
 BASE_TAG = "overlay-manager-test/bookworm-python3:1"
 ENGINE_RUNTIME_REPO = "overlay-manager-test/vllm-cpu-runtime"
 ENGINE_RUNTIME_PACKAGES = ("python3", "libnuma1", "g++", "libpython3.11-dev", "openssl")
+VENV_BASE_REPO = "overlay-manager-test/bookworm-python3-venv"
+VENV_BASE_PACKAGES = ("python3", "python3-venv")
 IMAGE_REPO = "overlay-manager-test/vllm-standin"
 SITE = "/usr/local/lib/python3.11/dist-packages"
 IMAGE_PYTHON = "3.11"
@@ -214,6 +219,31 @@ def engine_runtime_image(client) -> str:
     """
     tag = f"{ENGINE_RUNTIME_REPO}:{hashlib.sha256(' '.join(ENGINE_RUNTIME_PACKAGES).encode()).hexdigest()[:10]}"
     return debootstrap_image(client, tag, ENGINE_RUNTIME_PACKAGES)
+
+
+def venv_base_image(client) -> str:
+    """bookworm + python3 + python3-venv: Debian splits ensurepip out of python3, and the
+    vllm-v100 recipe installs the engine into a venv (the python:3.12-slim base has it built in)."""
+    tag = f"{VENV_BASE_REPO}:{hashlib.sha256(' '.join(VENV_BASE_PACKAGES).encode()).hexdigest()[:10]}"
+    return debootstrap_image(client, tag, VENV_BASE_PACKAGES)
+
+
+_V100 = None
+
+
+def v100_image(client, catalog):
+    """The vllm-v100 recipe built from venv_base_image with the cached wheels, once per process; an
+    image whose context label matches is reused (manager.compose.image), so later runs build nothing.
+    Returns manager.compose.image.ImageBuild."""
+    global _V100
+    if _V100 is None:
+        from manager.compose.image import build_image, default_wheel_root, load_recipe
+
+        base = venv_base_image(client)
+        with _lock("test-v100-image"):
+            _V100 = build_image("vllm-v100", catalog, base=base,
+                                wheels=default_wheel_root(load_recipe(catalog, "vllm-v100")))
+    return _V100
 
 
 def _transformers_files() -> Path:
