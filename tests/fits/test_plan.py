@@ -30,7 +30,7 @@ def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
 def test_plan_26b_on_two_v100_uses_the_fork_and_its_overlays(P):
     pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=make_index())
     assert pl.options
-    assert {r.deployment["engine"] for r in pl.options} == {"vllm-sm70"}
+    assert {r.deployment["engine"] for r in pl.options} == {"vllm-0.19.1-sm70"}
     assert all("dynamo-dict-caches" in r.overlays for r in pl.options)
     assert any("engine-sm" in " ".join(r.reasons) for r in pl.rejected)
 
@@ -64,7 +64,7 @@ def test_cli_profiles_list_json_and_kinds():
     assert r.exit_code == 0
     assert "v100-sxm2-16gb" in json.loads(r.output)["hardware"]
     r = invoke("profiles", "list")
-    assert "engines/vllm-sm70" in r.output and "models/gemma-4-26b-a4b" in r.output
+    assert "engines/vllm-0.19.1-sm70" in r.output and "models/gemma-4-26b-a4b" in r.output
 
 
 def test_cli_profiles_show_and_unknown_id():
