@@ -72,9 +72,11 @@ def test_v100_engine_is_stock_0_19_1_built_locally_and_fully_sourced(profiles):
 
 def test_no_profile_cites_a_machine_path(profiles):
     """Sources name a release file, a public URL or a shipped doc/test: never a path on some machine."""
-    for kind in ("engines", "hardware"):
+    for kind in ("engines", "hardware", "models", "drafters"):
         for pid, prof in getattr(profiles, kind).items():
             texts = [*prof.sources.values(), *(b.source for b in getattr(prof, "attention", []))]
+            for w in getattr(prof, "weights", {}).values():
+                texts += [*w.sources.values(), *(kb.source for kb in w.known_broken)]
             for t in texts:
                 assert "/work/" not in t and "shared/facts" not in t, (kind, pid, t)
 
