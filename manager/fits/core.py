@@ -67,7 +67,7 @@ class FitReport:
 
     @property
     def unverified(self) -> list[str]:
-        """Every unverified profile field this verdict rests on (`engines/vllm-sm70.image`, ...)."""
+        """Every unverified profile field this verdict rests on (`hardware/v100-sxm2-16gb.vram_bytes`, ...)."""
         return list(self.deployment.get("unverified", []))
 
     def to_json(self) -> dict[str, object]:

@@ -140,7 +140,7 @@ def test_report_json_format(catalog, gh, tmp_path):
 
 
 def test_probe_report_from_overlay_verify_output_is_evidence(catalog, gh, tmp_path):
-    verify = {"image": "ghcr.io/x/vllm-sm70:test", "vllm": "0.20.0", "overlays": {"fix-open": "upstream"},
+    verify = {"image": "example.invalid/vllm-fork:test", "vllm": "0.20.0", "overlays": {"fix-open": "upstream"},
               "status": {"root": "/usr/lib/python3/site-packages", "package_version": "0.20.0", "overlays": [
                   {"id": "fix-open", "status": "upstream", "targets": [
                       {"path": "vllm/model_executor/models/gemma4.py", "status": "upstream",
@@ -155,7 +155,7 @@ def test_probe_report_from_overlay_verify_output_is_evidence(catalog, gh, tmp_pa
     assert p.returncode == 0, p.stderr
     got = {r["overlay"]: r for r in json.loads(p.stdout)["results"]}
     assert got["fix-open"]["verdict"] == "drop" and got["fix-merged"]["verdict"] == "drift"
-    assert any("image ghcr.io/x/vllm-sm70:test (overlay verify output" in e and "native fix found" in e
+    assert any("image example.invalid/vllm-fork:test (overlay verify output" in e and "native fix found" in e
                for e in got["fix-open"]["evidence"])
     bad = overlay(catalog, "check", "--probe-report", "vllm-fork-test", "--offline", cache=tmp_path / "c")
     assert bad.returncode == 1 and "--probe-report 'vllm-fork-test': expected ENGINE=FILE" in bad.stderr
