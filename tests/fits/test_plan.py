@@ -28,7 +28,9 @@ def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
 
 
 def test_plan_26b_on_two_v100_uses_the_0_19_1_engine_and_its_overlays(P):
-    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=make_index())
+    from tests.fits.overlay_index import closed_index
+
+    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=closed_index())
     assert pl.options
     assert {r.deployment["engine"] for r in pl.options} == {"vllm-0.19.1-sm70"}
     assert all("dynamo-dict-caches" in r.overlays for r in pl.options)
