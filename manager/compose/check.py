@@ -70,6 +70,25 @@ def _service(path: Path, slug: str) -> dict | None:
         return None
 
 
+IMAGES_DIR = "images"  # compose/images/<recipe>/: the recipes of locally built images
+
+
+def _recipe_finding(registry: Registry, slug: str, pin: str, recipe: str) -> Finding:
+    """A locally built image: its recipe exists and names the pinned tag (nothing is pulled or looked up)."""
+    where = registry.path.parent / IMAGES_DIR / recipe
+    rel = f"{registry.path.parent.name}/{IMAGES_DIR}/{recipe}"
+    try:
+        data = yaml.safe_load((where / "recipe.yaml").read_text())
+    except FileNotFoundError:
+        return Finding(slug, "image-pin", True, f"{pin}: local build, but its recipe {rel}/recipe.yaml is missing", warn=True)
+    except yaml.YAMLError as exc:
+        return Finding(slug, "image-pin", False, f"{rel}/recipe.yaml: not YAML ({exc.__class__.__name__})")
+    tag = data.get("tag") if isinstance(data, dict) else None
+    if tag != pin:
+        return Finding(slug, "image-pin", False, f"{rel}/recipe.yaml: tag {tag!r} != engine pin {pin!r}")
+    return Finding(slug, "image-pin", True, f"{pin} (local build from {rel}: `overlay image build {recipe}`; no registry)")
+
+
 def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines: Mapping[str, EnginePin]) -> CheckReport:
     """Unique ports, image = engine pin, TP = device count, fits() or experimental-with-reason, files current."""
     out: list[Finding] = []
@@ -130,6 +149,8 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
             engine_unverified = engine.unverified if engine is not None else []
             if svc.get("image") != pin:
                 out.append(Finding(slug, "image-pin", False, f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
+            elif getattr(engine, "image_recipe", None):
+                out.append(_recipe_finding(registry, slug, str(pin), engine.image_recipe))
             elif "image" in engine_unverified:
                 out.append(Finding(slug, "image-pin", True, f"{pin}: unverified (engines/{dep.engine}: no such image was built or read)", warn=True))
             else:

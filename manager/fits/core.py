@@ -67,7 +67,7 @@ class FitReport:
 
     @property
     def unverified(self) -> list[str]:
-        """Every unverified profile field this verdict rests on (`engines/vllm-sm70.image`, ...)."""
+        """Every unverified profile field this verdict rests on (`hardware/v100-sxm2-16gb.vram_bytes`, ...)."""
         return list(self.deployment.get("unverified", []))
 
     def to_json(self) -> dict[str, object]:
@@ -188,6 +188,8 @@ def c_engine_family(c: _Ctx) -> Constraint:
 def _broken_applies(kb, c: _Ctx) -> bool:
     if kb.engines and c.e.id not in kb.engines:
         return False
+    if kb.formats and c.w.format not in kb.formats:
+        return False
     if kb.min_sm is not None and c.hw.sm < kb.min_sm - 1e-9:
         return False
     if kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-9:
@@ -195,13 +197,20 @@ def _broken_applies(kb, c: _Ctx) -> bool:
     return True
 
 
+def _broken_note(kb) -> str:
+    return f"{kb.reason} [{kb.source}]" + (f"; fix: {kb.fix}" if kb.fix else "")
+
+
 def c_weight_format(c: _Ctx) -> Constraint:
     w, e = c.w, c.e
+    broken = [kb for kb in list(w.known_broken) + list(e.known_broken)
+              if kb.constraint == "weight-format" and _broken_applies(kb, c)]
     if w.format not in e.weight_formats:
-        return Constraint("weight-format", "fail", f"{c.vid}: format {w.format} not loadable by {e.id}")
-    for kb in list(w.known_broken) + list(e.known_broken):
-        if _broken_applies(kb, c):
-            return Constraint("weight-format", kb.result, f"{c.vid} ({w.format}): {kb.reason} [{kb.source}]")
+        why = "".join(f"; {_broken_note(kb)}" for kb in broken if kb.formats)
+        return Constraint("weight-format", "fail", f"{c.vid}: format {w.format} not loadable by {e.id}{why}")
+    if broken:
+        result = "fail" if any(kb.result == "fail" for kb in broken) else "warn"
+        return Constraint("weight-format", result, f"{c.vid} ({w.format}): " + "; ".join(_broken_note(kb) for kb in broken))
     return Constraint("weight-format", "pass", f"{c.vid}: {w.format}" + (f" {w.bits}-bit g{w.group_size}" if w.bits else "") + f" loads in {e.id}")
 
 
@@ -211,8 +220,10 @@ def c_engine_sm(c: _Ctx) -> Constraint:
         return Constraint("engine-sm", "fail", f"{e.id} is a {e.device} build; {c.hw.id} is a {c.hw.device} device")
     if e.device == "cpu":
         return Constraint("engine-sm", "pass", f"{e.id} is vLLM's CPU build; {c.hw.id} is a CPU host")
-    if sm < e.min_sm - 1e-9:
-        return Constraint("engine-sm", "fail", f"{e.id} is built for sm >= {e.min_sm} ({e.cuda_version and 'CUDA ' + e.cuda_version}); {c.hw.id} is sm {sm}")
+    if sm < e.min_sm - 1e-9 or (e.cuda_arch_list and min(e.cuda_arch_list) > sm + 1e-9):
+        low = min(e.cuda_arch_list) if e.cuda_arch_list else e.min_sm
+        return Constraint("engine-sm", "fail", f"{e.id}'s binaries carry no code for sm {sm}: built for sm >= {max(e.min_sm, low)} "
+                          f"(cuda_arch_list {e.cuda_arch_list or '-'}, CUDA {e.cuda_version or '?'}); {c.hw.id} is sm {sm}")
     if e.cuda_arch_list and not any(int(a) == int(sm) and a <= sm + 1e-9 for a in e.cuda_arch_list):
         return Constraint("engine-sm", "warn", f"{e.id} has no sm{int(sm)}.x binaries in {e.cuda_arch_list}; relies on PTX JIT")
     return Constraint("engine-sm", "pass", f"{e.id} targets sm {sm} (min {e.min_sm})")
@@ -304,6 +315,18 @@ def c_head_dim(c: _Ctx) -> Constraint:
 
 
 def c_quant_kernel(c: _Ctx) -> Constraint:
+    """The kernel rules below, then every known_broken entry scoped to quant-kernel that applies
+    (the engine's missing sm70 kernels, each with its fix)."""
+    base = _quant_kernel(c)
+    notes = [kb for kb in list(c.w.known_broken) + list(c.e.known_broken)
+             if kb.constraint == "quant-kernel" and _broken_applies(kb, c)]
+    if not notes:
+        return base
+    result = max([base.result if base.result != "skip" else "pass", *(kb.result for kb in notes)], key=lambda r: RANK[r])
+    return Constraint("quant-kernel", result, "; ".join([base.message, *(_broken_note(kb) for kb in notes)]))
+
+
+def _quant_kernel(c: _Ctx) -> Constraint:
     w, e, hw, m, tp = c.w, c.e, c.hw, c.m, c.tp
     if w.format in ("bf16", "fp16"):
         return Constraint("quant-kernel", "skip", f"{c.vid}: unquantized")
@@ -340,6 +363,10 @@ def c_quant_kernel(c: _Ctx) -> Constraint:
             problems.append(f"per-rank expert K {m.moe.expert_intermediate_size}/TP {tp} = {k}, {k} % {need} = {k % need} != 0")
         if not problems:
             return Constraint("quant-kernel", "pass", f"MoE Marlin W{w.bits}A16: per-rank expert K {k} % {need} == 0, group {g}")
+        if problems == [f"no Marlin below sm {e.marlin_min_sm}"] and e.marlin_moe_ignores_sm and path == "compressed-tensors":
+            return Constraint("quant-kernel", "fail", f"per-rank expert K {k} % {need} == 0, group {g}: {e.id} picks the MoE Marlin "
+                              f"kernel on shape alone (no capability test), and Marlin has no sm {hw.sm} code (needs sm >= {e.marlin_min_sm}); "
+                              f"a TP whose per-rank K is not a multiple of {need} takes the WNA16 path instead")
         why = "; ".join(problems)
         if w.moe_fallback == "moe-wna16":
             return Constraint("quant-kernel", "warn", f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}" if hw.sm < e.marlin_min_sm
@@ -439,14 +466,14 @@ UNVERIFIED_RESTS_ON: dict[str, dict[str, tuple[str, ...]]] = {
         "hf_repo": ("weight-format",), "moe_fallback": ("quant-kernel",),
     },
     "engines": {
-        "image": ("engine-sm",), "vllm_version": ("overlays", "drafter"), "upstream_ref": ("overlays",),
+        "image": ("engine-sm",), "image_recipe": (), "vllm_version": ("overlays", "drafter"), "upstream_ref": ("overlays",),
         "device": ("engine-sm", "overlays"), "server": (),
         "transformers_version": ("engine-family", "overlays"), "cuda_version": ("engine-sm",),
-        "cuda_arch_list": ("engine-sm",), "min_sm": ("engine-sm",), "families": ("engine-family",),
+        "cuda_arch_list": ("engine-sm",), "min_sm": ("engine-sm",), "target_sm": (), "families": ("engine-family",),
         "weight_formats": ("weight-format",), "kv_dtypes": ("kv-dtype",), "attention": ("head-dim",),
         "forced_attention": ("head-dim",), "drafter_methods": ("drafter",), "drafter_model_types": ("drafter",),
         "k_eq_v_cache_copies": ("memory",), "marlin_moe_tile_padding": ("quant-kernel",),
-        "marlin_min_sm": ("quant-kernel",), "quant_min_sm": ("quant-kernel",),
+        "marlin_min_sm": ("quant-kernel",), "marlin_moe_ignores_sm": ("quant-kernel",), "quant_min_sm": ("quant-kernel",),
     },
     "drafters": {
         "size_gb": ("drafter", "memory"), "default_tokens": ("drafter",), "max_tokens": ("drafter",),

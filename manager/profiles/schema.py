@@ -115,7 +115,13 @@ class KnownBroken(_Strict):
     min_sm: float | None = None
     max_sm: float | None = None
     engines: list[str] = Field(default_factory=list)  # empty = every engine
+    # weight formats it concerns (empty = every format); on an engine this scopes an entry to the
+    # checkpoints of those formats (the missing sm70 NVFP4 / W4A16-MoE tensor-core kernels, ...)
+    formats: list[WeightFormat] = Field(default_factory=list)
     result: Literal["fail", "warn"] = "fail"
+    fix: str | None = None  # what would remove the limit (a kernel overlay's issue, an upstream PR)
+    # the fits() constraint that reports it: weight-format (loads or not) or quant-kernel (the kernel it runs on)
+    constraint: Literal["weight-format", "quant-kernel"] = "weight-format"
 
 
 class ModelProfile(_Documented):
@@ -201,6 +207,9 @@ class ForcedAttention(_Strict):
 class EngineProfile(_Documented):
     id: str
     image: str  # tag or digest
+    # The recipe (compose/images/<image_recipe>/) the image is built from on the user's host by
+    # `overlay image build <image_recipe>`: a local build, never pulled from a registry. None: a pulled image.
+    image_recipe: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     vllm_version: str
     upstream_repo: str = "vllm-project/vllm"
     upstream_ref: str  # v<version> for stock images, a commit sha for forks/nightlies
@@ -212,6 +221,9 @@ class EngineProfile(_Documented):
     cuda_version: str | None = None
     cuda_arch_list: list[float] = Field(default_factory=list)
     min_sm: float
+    # The GPU generation this build exists for (e.g. 7.0 for a V100 engine): its pin cannot move past the
+    # newest release with code for that SM (manager/upstream/ceilings.py). None: a general-purpose build.
+    target_sm: float | None = None
     families: list[str]
     weight_formats: list[WeightFormat]
     kv_dtypes: list[KvDtype]
@@ -224,6 +236,9 @@ class EngineProfile(_Documented):
     marlin_moe_tile_padding: list[str] = Field(default_factory=list)
     # Minimum SM of the Marlin weight-only kernels in this image.
     marlin_min_sm: float = 7.5
+    # True when the release picks the MoE Marlin kernel on shape alone, below marlin_min_sm too
+    # (its check_moe_marlin_supports_layer tests no device capability): such a MoE then fails on the GPU.
+    marlin_moe_ignores_sm: bool = False
     # Lowest SM each weight format loads on in this image (formats not listed: no limit
     # beyond min_sm; fp8/nvfp4 default to the Marlin weight-only floor, marlin_min_sm).
     quant_min_sm: dict[str, float] = Field(default_factory=dict)

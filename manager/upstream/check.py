@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion
+from packaging.version import InvalidVersion, Version
 
 from ..errors import UpstreamError
 from ..overlays.info import OverlayInfo
 from .ancestry import Ancestry, check_git_dir, compare_ancestry, git_ancestry, is_sha
 from .facts import PRFacts, PRUnavailable, pr_facts
 from .github import GitHubClient
+from .ceilings import PinCeiling, ceiling_for
 from .verdict import VERDICTS, ProbeFacts, Verdict, decide
 
 if TYPE_CHECKING:
@@ -35,6 +36,11 @@ class EngineInfo:
     upstream_ref: str
     upstream_repo: str | None = None
     image: str | None = None
+    target_sm: float | None = None  # the SM the engine is built for: its pin ceiling (ceilings.py)
+
+    @property
+    def ceiling(self) -> PinCeiling | None:
+        return ceiling_for(self.target_sm)
 
     @property
     def is_stock_release(self) -> bool:
@@ -176,7 +182,7 @@ def evaluate(
                 has_upstream=ov.has_upstream, pr=pr, ancestry=ancestry, probe=facts, manifest_state=ov.state,
                 in_versions=_in_versions(ov.versions, eng.vllm_version),
             )
-            evidence = v.evidence
+            evidence = _with_ceiling(v, eng, ov) if _in_versions(ov.versions, eng.vllm_version) is not False else v.evidence
             if probe.pin_commit and ancestry is not None and not _same_commit(probe.pin_commit, eng.upstream_ref):
                 evidence = (f"pin {eng.upstream_ref} = {probe.pin_commit} ({probe.pin_commit_source})", *evidence)
             results.append(PairResult(
@@ -184,6 +190,28 @@ def evaluate(
                 pr.state if isinstance(pr, PRFacts) else None,
             ))
     return CheckReport(tuple(results), tuple(rows), tuple(engines), client.offline, client.unreachable)
+
+
+def _with_ceiling(v: Verdict, eng: EngineInfo, ov: OverlayInfo) -> tuple[str, ...]:
+    """For an engine with a pin ceiling, a verdict that points past the pin says the pin cannot move
+    there: waiting (the fix merged after the pin), or keep/unknown for an overlay whose fix is native
+    only in a release above the ceiling (`native_from`)."""
+    ceiling = eng.ceiling
+    if ceiling is None:
+        return v.evidence
+    later_native = ov.native_from is not None and _later(ov.native_from, ceiling.newest)
+    waiting = v.verdict == "waiting" or v.provisional == "waiting"
+    if not (waiting or (later_native and v.verdict in ("keep", "unknown"))):
+        return v.evidence
+    *head, last = v.evidence
+    return (*head, ceiling.note(ov.native_from), f"{last}; {ceiling.drop_rule}")
+
+
+def _later(a: str, b: str) -> bool:
+    try:
+        return Version(a) > Version(b)
+    except InvalidVersion:
+        return False
 
 
 def _in_versions(spec: str, version: str) -> bool | None:
@@ -239,6 +267,7 @@ def engine_info(engine_id: str, engine: EngineProfile) -> EngineInfo:
         upstream_ref=ref,
         upstream_repo=_text(engine.upstream_repo) or None,
         image=_text(engine.image) or None,
+        target_sm=getattr(engine, "target_sm", None),
     )
 
 

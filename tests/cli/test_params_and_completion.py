@@ -73,7 +73,8 @@ def test_completion_of_commands() -> None:
 def test_completion_of_overlay_ids_slugs_and_profile_ids() -> None:
     assert _complete("overlay apply sm") == ["sm70-d512-attention"]
     assert set(_complete("overlay compose render gemma4-26b-a4b-awq")) == {
-        "gemma4-26b-a4b-awq-3090-tp1", "gemma4-26b-a4b-awq-3090-tp2", "gemma4-26b-a4b-awq-mtp-3090-tp2"}
+        "gemma4-26b-a4b-awq-3090-tp1", "gemma4-26b-a4b-awq-3090-tp2", "gemma4-26b-a4b-awq-mtp-3090-tp2",
+        "gemma4-26b-a4b-awq-v100-tp2"}
     assert "hardware/v100-sxm2-16gb" in _complete("overlay profiles show hardware/")
     assert "gemma-4-26b-a4b" in _complete("overlay fits --model gemma-4-2")
     assert "rtx-3090" in _complete("overlay plan --hardware rtx")

@@ -41,6 +41,10 @@ def manifest(oid: str, pr: int, state: str, merge: str | None = None) -> dict:
 def catalog(tmp_path_factory, upstream):
     root = tmp_path_factory.mktemp("catalog")
     shutil.copytree(REPO_ROOT / "profiles", root / "profiles")
+    # a commit-pinned engine (the shipped engines are all stock releases): stock 0.20.0 with its commit as the pin
+    fork = yaml.safe_load((REPO_ROOT / "profiles/engines/vllm-0.20.0.yaml").read_text())
+    fork.update(id="vllm-fork-test", fork=True, upstream_ref="b8160878f", image="example.invalid/vllm-fork:test")
+    (root / "profiles/engines/vllm-fork-test.yaml").write_text(yaml.safe_dump(fork, sort_keys=False))
     for m in (manifest("fix-open", 1, "open"), manifest("fix-merged", 3, "merged", upstream.merge)):
         d = root / "overlays" / m["id"]
         d.mkdir(parents=True)
@@ -136,7 +140,7 @@ def test_report_json_format(catalog, gh, tmp_path):
 
 
 def test_probe_report_from_overlay_verify_output_is_evidence(catalog, gh, tmp_path):
-    verify = {"image": "ghcr.io/x/vllm-sm70:test", "vllm": "0.20.0", "overlays": {"fix-open": "upstream"},
+    verify = {"image": "example.invalid/vllm-fork:test", "vllm": "0.20.0", "overlays": {"fix-open": "upstream"},
               "status": {"root": "/usr/lib/python3/site-packages", "package_version": "0.20.0", "overlays": [
                   {"id": "fix-open", "status": "upstream", "targets": [
                       {"path": "vllm/model_executor/models/gemma4.py", "status": "upstream",
@@ -146,12 +150,12 @@ def test_probe_report_from_overlay_verify_output_is_evidence(catalog, gh, tmp_pa
                        "detail": "anchor not found in Gemma4Model.load_weights"}]}]}}
     report = tmp_path / "verify.json"
     report.write_text(json.dumps(verify))
-    p = overlay(catalog, "check", "--engine", "vllm-sm70", "--probe-report", f"vllm-sm70={report}",
+    p = overlay(catalog, "check", "--engine", "vllm-fork-test", "--probe-report", f"vllm-fork-test={report}",
                 "--api-url", gh.url, "--json", cache=tmp_path / "c")
     assert p.returncode == 0, p.stderr
     got = {r["overlay"]: r for r in json.loads(p.stdout)["results"]}
     assert got["fix-open"]["verdict"] == "drop" and got["fix-merged"]["verdict"] == "drift"
-    assert any("image ghcr.io/x/vllm-sm70:test (overlay verify output" in e and "native fix found" in e
+    assert any("image example.invalid/vllm-fork:test (overlay verify output" in e and "native fix found" in e
                for e in got["fix-open"]["evidence"])
-    bad = overlay(catalog, "check", "--probe-report", "vllm-sm70", "--offline", cache=tmp_path / "c")
-    assert bad.returncode == 1 and "--probe-report 'vllm-sm70': expected ENGINE=FILE" in bad.stderr
+    bad = overlay(catalog, "check", "--probe-report", "vllm-fork-test", "--offline", cache=tmp_path / "c")
+    assert bad.returncode == 1 and "--probe-report 'vllm-fork-test': expected ENGINE=FILE" in bad.stderr

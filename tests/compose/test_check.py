@@ -152,3 +152,32 @@ def test_generated_header_names_failing_constraints_and_unverified_fields(tmp_pa
     import yaml
 
     assert yaml.safe_load(text)["services"]  # still valid YAML
+
+
+def _recipe_engine(tmp_path: Path, tag: str | None):
+    """An engine whose image is built locally from compose/images/r1 (recipe.yaml names `tag`; None: no recipe)."""
+    if tag is not None:
+        d = tmp_path / "compose" / "images" / "r1"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "recipe.yaml").write_text(f"tag: {tag}\n")
+    return {"e1": SimpleNamespace(image=ENGINES["e1"].image, unverified=[], image_recipe="r1")}
+
+
+def test_a_locally_built_image_passes_when_its_recipe_names_the_pin_without_any_registry(tmp_path: Path) -> None:
+    reg, plans = _setup(tmp_path, {"a": _entry(9001)})
+    report = check_registry(reg, plans, _recipe_engine(tmp_path, ENGINES["e1"].image))
+    pin = next(f for f in report.findings if f.check == "image-pin")
+    assert pin.ok and not pin.warn and "local build from compose/images/r1" in pin.message and "no registry" in pin.message
+
+
+def test_a_locally_built_image_fails_when_its_recipe_builds_another_tag(tmp_path: Path) -> None:
+    reg, plans = _setup(tmp_path, {"a": _entry(9001)})
+    report = check_registry(reg, plans, _recipe_engine(tmp_path, "other/image:1"))
+    assert ("a", "image-pin") in _failed(report)
+
+
+def test_a_locally_built_image_without_its_recipe_warns(tmp_path: Path) -> None:
+    reg, plans = _setup(tmp_path, {"a": _entry(9001)})
+    report = check_registry(reg, plans, _recipe_engine(tmp_path, None))
+    assert report.ok and any(f.check == "image-pin" and "recipe compose/images/r1/recipe.yaml is missing" in f.message
+                             for f in report.warnings)

@@ -73,7 +73,7 @@ def test_drafter_becomes_a_speculative_config_below_the_models_mount(ctx) -> Non
 def test_weights_without_a_repo_id_need_model_dir(ctx, tmp_path) -> None:
     catalog, _, profiles = ctx
     reg = parse_registry({"deployments": {"x": {
-        "model": "gemma-4-12b", "weights": "nvfp4", "engine": "vllm-sm70", "hardware": "v100-sxm2-16gb",
+        "model": "gemma-4-12b", "weights": "nvfp4", "engine": "vllm-0.19.1-sm70", "hardware": "v100-sxm2-16gb",
         "gpus": 2, "tp": 2, "ctx": 4096, "port": 9000}}}, tmp_path / "d.yaml")
     report = SimpleNamespace(verdict="fits", constraints=[], overlays=[])
     with pytest.raises(ComposeError, match="not a repo id or relative path; set model_dir"):

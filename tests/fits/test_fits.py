@@ -50,9 +50,24 @@ def test_seed_31b_dense_does_not_fit_two_16gb_cards(run):
 
 
 def test_seed_wna16_moe_on_sm70_routes_to_the_slow_generic_kernel(run):
-    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=1, engine="vllm-sm70")
+    # TP 2: per-rank expert K 352 is no multiple of 64, so 0.19.1 takes the WNA16 (moe_wna16 / Triton FMA) path
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70")
     c = r.constraint("quant-kernel")
     assert c.result == "warn" and "420x" in c.message
+    assert "issue 29" in c.message and "moe_wna16" in c.message and "FMA" in c.message
+
+
+def test_wna16_moe_on_sm70_at_tp1_fails_because_0_19_1_picks_marlin_on_shape_alone(run):
+    # TP 1: per-rank K 704 % 64 == 0, so check_moe_marlin_supports_layer passes and Marlin (no sm_70 code) is chosen
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=1, engine="vllm-0.19.1-sm70")
+    c = r.constraint("quant-kernel")
+    assert c.result == "fail" and "no capability test" in c.message and "704 % 64 == 0" in c.message
+    assert r.verdict == "fails"
+
+
+def test_marlin_on_shape_alone_is_an_engine_fact_other_engines_do_not_claim(P, run):
+    assert P.engines["vllm-0.19.1-sm70"].marlin_moe_ignores_sm
+    assert not any(e.marlin_moe_ignores_sm for eid, e in P.engines.items() if eid != "vllm-0.19.1-sm70")
 
 
 @pytest.mark.parametrize("model", ["gemma-4-e2b", "gemma-4-e4b"])
@@ -64,11 +79,24 @@ def test_seed_e2b_e4b_nvfp4_fails_to_load(run, model):
     assert run(model=model, weights="bf16", hardware="rtx-4090").constraint("weight-format").result == "pass"
 
 
-def test_26b_on_two_v100_with_the_fork_fits_with_its_overlays(run):
-    r = run(model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-sm70")
+def test_26b_on_two_v100_with_the_0_19_1_engine_fits_with_its_overlays(run):
+    from tests.fits.overlay_index import closed_index
+
+    r = run(model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70", overlay_index=closed_index())
     assert r.verdict == "tight", [c for c in r.constraints if c.result != "pass"]
-    assert set(r.overlays) == {"vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches", "sm70-d512-attention"}
+    # the catalog decides the rest of the list; these two the V100 needs on 0.19.1 whatever else it adds
+    assert {"vllm-pr40886-gemma4-awq-moe-keys", "sm70-d512-attention"} <= set(r.overlays)
     assert "sm70-d512-attention" in r.constraint("head-dim").message
+    # the tight verdict comes from named limits, not from memory or from unverified engine fields
+    assert res(r, "memory") == "pass"
+    warned = {c.id for c in r.constraints if c.result == "warn"}
+    assert warned == {"weight-format", "dtype", "quant-kernel", "unverified"}, warned
+    assert "engines/" not in r.constraint("unverified").message
+
+
+def test_sm70_attention_offers_no_fp8_kv_because_triton_lacks_e4m3_below_89(run):
+    r = run(model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70", kv_dtype="fp8")
+    assert res(r, "head-dim") == "fail" and "D=256: no attention kernel on sm 7.0" in r.constraint("head-dim").message
 
 
 def test_26b_awq_on_two_3090_fits_without_overlays_on_a_recent_engine(run):
@@ -107,17 +135,21 @@ def test_engine_family_needs_transformers_with_gemma4_configs(run):
 
 def test_engine_family_12b_unified_fails_on_engines_without_it_and_without_the_port(run):
     # issue 11 (1): the 12B is gemma4_unified; the make_index() catalog here has no port overlay
-    for engine in ("vllm-0.20.0", "vllm-0.22.0", "vllm-sm70"):
-        c = run(model="gemma-4-12b", hardware="rtx-4090" if engine != "vllm-sm70" else "v100-sxm2-32gb", engine=engine).constraint("engine-family")
+    for engine in ("vllm-0.20.0", "vllm-0.22.0", "vllm-0.19.1-sm70"):
+        c = run(model="gemma-4-12b", hardware="rtx-4090" if engine != "vllm-0.19.1-sm70" else "v100-sxm2-32gb", engine=engine).constraint("engine-family")
         assert c.result == "fail" and "gemma4_unified" in c.message and "Gemma4UnifiedForConditionalGeneration" in c.message
     assert res(run(model="gemma-4-12b", hardware="rtx-4090", engine="vllm-0.28.0"), "engine-family") == "pass"
 
 
 def test_weight_format_passes_for_formats_the_engine_loads(run):
-    # the sm70 engine loads the int4 formats; it has no nvfp4 (0.20.0's NVFP4 schemes need capability 75, no overlay adds one)
-    assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "weight-format") == "pass"
-    r = run(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-sm70")
+    # the sm70 engine loads compressed-tensors W4A16 (warned: the checkpoint's non-expert layers must be unquantized
+    # and symmetric on 0.19.1); it has no nvfp4 (0.19.1's NVFP4 schemes need capability 75; issue 29 names the fix)
+    c = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70").constraint("weight-format")
+    assert c.result == "warn" and "capability 75" in c.message and "symmetric" in c.message
+    assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", engine="vllm-0.19.1-sm70"), "weight-format") == "pass"
+    r = run(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70")
     assert res(r, "weight-format") == "fail" and res(r, "quant-kernel") == "fail" and "7.5" in r.constraint("quant-kernel").message
+    assert "issue 29" in r.constraint("weight-format").message
     assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", engine="vllm-0.33.0"), "weight-format") == "pass"
 
 
@@ -126,18 +158,18 @@ def test_weight_format_fails_when_engine_lacks_format(P):
 
     m = P.models["gemma-4-12b"]
     w = m.weights["bf16"].model_copy(update={"format": "fp8"})
-    c = _Ctx(P, m, "fp8", w, P.hardware["v100-sxm2-32gb"], P.engines["vllm-sm70"], None, 1, 1, None, "auto", None, None)
+    c = _Ctx(P, m, "fp8", w, P.hardware["v100-sxm2-32gb"], P.engines["vllm-0.19.1-sm70"], None, 1, 1, None, "auto", None, None)
     assert c_weight_format(c).result == "fail"
 
 
 def test_engine_sm_pass_and_fail(run):
     r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.33.0")
     assert res(r, "engine-sm") == "fail" and "sm >= 7.5" in r.constraint("engine-sm").message
-    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "engine-sm") == "pass"
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70"), "engine-sm") == "pass"
 
 
 def test_dtype_bf16_on_sm70_warns_fp16(run):
-    r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70")
+    r = run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70")
     assert res(r, "dtype") == "warn" and "fp16" in r.constraint("dtype").message
     assert res(run(model="gemma-4-12b", hardware="a100-80gb"), "dtype") == "pass"
 
@@ -148,7 +180,7 @@ def test_head_dim_512_kernel_overlay_named_from_the_shipped_catalog_when_the_cat
     import dataclasses
 
     base = make_index(drop=("sm70-d512-attention",))
-    kw = dict(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70")
+    kw = dict(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70")
     msg = fits(P, overlay_index=base, **kw).constraint("head-dim").message
     assert "needs the kernel overlay sm70-d512-attention (shipped with overlay-manager), not in the catalog" in msg
     invalid = OverlayInfo("sm70-d512-attention", invalid="overlay.yaml: bad kernels")
@@ -172,7 +204,7 @@ def test_head_dim_512_kernel_overlay_named_from_the_shipped_catalog_when_the_cat
 
 
 def test_kv_dtype_pass_and_fail(run):
-    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", kv_dtype="bfloat16"), "kv-dtype") == "fail"
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70", kv_dtype="bfloat16"), "kv-dtype") == "fail"
     r = run(model="gemma-4-12b", hardware="rtx-3090", kv_dtype="fp8")
     assert res(r, "kv-dtype") == "pass" and "storage only" in r.constraint("kv-dtype").message
     assert r.memory.kv_dtype == "fp8"
@@ -180,10 +212,10 @@ def test_kv_dtype_pass_and_fail(run):
 
 def test_head_dim_512_on_sm70_needs_the_kernel_overlay(P, run):
     no_kernel = make_index(drop=("sm70-d512-attention",))
-    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", overlay_index=no_kernel)
+    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70", overlay_index=no_kernel)
     c = r.constraint("head-dim")
     assert c.result == "fail" and "D=512" in c.message and "sm70-d512-attention" in c.message
-    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70"), "head-dim") == "pass"
+    assert res(run(model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70"), "head-dim") == "pass"
     assert res(run(model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.33.0"), "head-dim") == "pass"
 
 
@@ -266,7 +298,7 @@ def test_needed_when_moe_matches_only_mixture_of_experts_models():
 
 def test_overlays_drift_on_the_engine_release_fails(P):
     idx = make_index(status_fn=lambda v: {**fake_status(v), "dynamo-dict-caches": "drift"})
-    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-sm70", overlay_index=idx)
+    r = fits(P, model="gemma-4-12b", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70", overlay_index=idx)
     assert res(r, "overlays") == "fail" and "dynamo-dict-caches: needed but drift" in r.constraint("overlays").message
 
 
@@ -410,7 +442,7 @@ def test_unknown_ids_raise_profile_errors(run):
 
 
 def test_default_engine_prefers_one_that_serves_the_family(run):
-    assert run(model="gemma-4-26b-a4b", hardware="v100-sxm2-32gb").deployment["engine"] == "vllm-sm70"
+    assert run(model="gemma-4-26b-a4b", hardware="v100-sxm2-32gb").deployment["engine"] == "vllm-0.19.1-sm70"
     assert run(model="gemma-4-12b", hardware="rtx-3090").deployment["engine"] == "vllm-0.33.0"
 
 

@@ -27,12 +27,39 @@ def test_plan_26b_on_two_3090_best_first_and_rejections_explained(P):
     assert all(r.deployment["weights"] != "bf16" for r in pl.options)
 
 
-def test_plan_26b_on_two_v100_uses_the_fork_and_its_overlays(P):
-    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=make_index())
+def test_plan_26b_on_two_v100_uses_the_0_19_1_engine_and_its_overlays(P):
+    from tests.fits.overlay_index import closed_index
+
+    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=closed_index())
     assert pl.options
-    assert {r.deployment["engine"] for r in pl.options} == {"vllm-sm70"}
+    assert {r.deployment["engine"] for r in pl.options} == {"vllm-0.19.1-sm70"}
     assert all("dynamo-dict-caches" in r.overlays for r in pl.options)
+    # float16 KV only: 0.19.1's Triton attention has no fp8 cache on sm70
+    assert {r.deployment["kv_dtype"] for r in pl.options} == {"auto"}
     assert any("engine-sm" in " ".join(r.reasons) for r in pl.rejected)
+
+
+def test_plan_on_v100_never_proposes_an_engine_without_sm70_code(P):
+    """Engines whose cuda_arch_list/min_sm exclude 7.0 (the CUDA 13 builds) are rejected with that reason."""
+    no_sm70 = {eid for eid, e in P.engines.items() if e.device == "cuda" and min(e.cuda_arch_list) > 7.0}
+    assert {"vllm-0.20.0", "vllm-0.33.0"} <= no_sm70
+    pl = plan(P, model="gemma-4-26b-a4b", hardware="v100-sxm2-16gb", gpus=2, overlay_index=make_index())
+    assert not no_sm70 & {r.deployment["engine"] for r in pl.options}
+    for r in pl.rejected:
+        if r.deployment["engine"] in no_sm70:
+            assert any(x.startswith("engine-sm:") and "carry no code for sm 7.0" in x for x in r.reasons), r.reasons
+
+
+def test_cli_plan_on_two_v100_proposes_the_0_19_1_engine_with_its_overlays():
+    r = invoke("plan", "--hardware", "v100-sxm2-16gb", "--gpus", "2", "--model", "gemma-4-26b-a4b", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    best = data["options"][0]
+    assert (best["engine"], best["image"], best["tp"]) == ("vllm-0.19.1-sm70", "overlay-manager/vllm-v100:0.19.1-cu128", 2)
+    assert {"vllm-pr40886-gemma4-awq-moe-keys", "sm70-d512-attention"} <= set(best["overlays"])
+    # tight for named reasons only: the memory numbers fit
+    assert not any(w.startswith("memory:") for w in best["warnings"])
+    assert not any("engines/vllm-0.19.1-sm70" in w for w in best["warnings"])
 
 
 def test_plan_to_json_lists_options_and_rejections(P):
@@ -64,7 +91,7 @@ def test_cli_profiles_list_json_and_kinds():
     assert r.exit_code == 0
     assert "v100-sxm2-16gb" in json.loads(r.output)["hardware"]
     r = invoke("profiles", "list")
-    assert "engines/vllm-sm70" in r.output and "models/gemma-4-26b-a4b" in r.output
+    assert "engines/vllm-0.19.1-sm70" in r.output and "models/gemma-4-26b-a4b" in r.output
 
 
 def test_cli_profiles_show_and_unknown_id():

@@ -20,8 +20,8 @@ P = load_profiles(Catalog(REPO_ROOT))
 # the releases issue 11 names; each has an engine profile except 0.24.0 (read for the families only)
 RELEASES = ["0.20.0", "0.22.0", "0.24.0", "0.27.1", "0.28.0"]
 ENGINES = {v: P.engines[f"vllm-{v}"] for v in RELEASES if f"vllm-{v}" in P.engines}
-# the sm70 engine is stock 0.20.0 plus this catalog's overlays
-BASES = {**{f"vllm-{v}": v for v in ENGINES}, "vllm-sm70": "0.20.0"}
+# the sm70 engine is stock 0.19.1 (the newest vLLM whose PyPI binaries carry sm_70 code) plus this catalog's overlays
+BASES = {**{f"vllm-{v}": v for v in ENGINES}, "vllm-0.19.1-sm70": "0.19.1"}
 
 
 def _src(pristine_release, version: str, rel: str) -> str:
@@ -68,16 +68,75 @@ def test_flash_attn_head_size_ceiling_and_marlin_floor(pristine_release, engine)
     assert e.marlin_min_sm == floor / 10
 
 
-def test_sm70_engine_has_no_nvfp4_because_0_20_0_needs_capability_75(pristine_release):
+def test_sm70_engine_has_no_nvfp4_because_0_19_1_needs_capability_75(pristine_release):
     base = "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
     caps = []
     for f in ("compressed_tensors_w4a4_nvfp4.py", "compressed_tensors_w4a16_nvfp4.py"):
-        text = _src(pristine_release, "0.20.0", base + f)
+        text = _src(pristine_release, "0.19.1", base + f)
         caps.append(int(re.search(r"def get_min_capability.*?return (\d+)", text, re.S).group(1)))
-    e = P.engines["vllm-sm70"]
+    e = P.engines["vllm-0.19.1-sm70"]
     assert min(caps) / 10 == e.quant_min_sm["nvfp4"] > P.hardware["v100-sxm2-16gb"].sm
     assert "nvfp4" not in e.weight_formats
-    assert "image" in e.unverified  # a placeholder: nothing was built or pulled
+    assert e.unverified == [] and not e.fork
+
+
+def test_sm70_engine_facts_match_the_0_19_1_sources(pristine_release):
+    """Every sm70 limit the profile states, read from the 0.19.1 sdist."""
+    e = P.engines["vllm-0.19.1-sm70"]
+    src = lambda rel: _src(pristine_release, "0.19.1", rel)
+    # no bfloat16 below cc 8.0; V100 serves float16
+    cuda = src("vllm/platforms/cuda.py")
+    assert "Bfloat16 is only supported on GPUs" in cuda and re.search(r"if not cls.has_device_capability\(80\)", cuda)
+    assert "bfloat16" not in next(b for b in e.attention if b.max_sm == 7.0).kv_dtypes
+    # Gemma-4 is not refused in float16 (gemma2/gemma3 are): its float16 numerics are unverified, not forbidden
+    model = src("vllm/config/model.py")
+    table = re.search(r"_FLOAT16_NOT_SUPPORTED_MODELS = \{(.*?)\n\}", model, re.S).group(1)
+    assert '"gemma3"' in table and '"gemma4' not in table
+    assert "unverified" in e.sources["dtype"]
+    # attention: FLASH_ATTN >= 8.0, FLASHINFER >= 7.5, TRITON_ATTN any SM with head sizes >= 32
+    assert "capability >= DeviceCapability(8, 0)" in src("vllm/v1/attention/backends/flash_attn.py")
+    assert "capability >= DeviceCapability(7, 5)" in src("vllm/v1/attention/backends/flashinfer.py")
+    triton = src("vllm/v1/attention/backends/triton_attn.py")
+    assert re.search(r"def supports_compute_capability.*?return True", triton, re.S)
+    assert re.search(r"def supports_head_size.*?head_size >= 32", triton, re.S)
+    mins = {b.backend: b.min_sm for b in e.attention if b.backend != "TRITON_ATTN"}
+    assert mins == {"FLASH_ATTN": 8.0, "FLASHINFER": 7.5}
+    assert any(b.backend == "TRITON_ATTN" and b.runs_on(7.0) for b in e.attention)
+    # Marlin MoE chosen on shape alone: check_moe_marlin_supports_layer tests no capability
+    mu = src("vllm/model_executor/layers/quantization/utils/marlin_utils.py")
+    body = re.search(r"def check_moe_marlin_supports_layer.*?return [^\n]*", mu, re.S).group(0)
+    assert "capability" not in body and e.marlin_moe_ignores_sm
+    # compressed-tensors W4A16 Linear layers need cc 7.5 and the non-Marlin MoE path needs symmetric weights
+    wna16 = src("vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py")
+    assert int(re.search(r"def get_min_capability.*?return (\d+)", wna16, re.S).group(1)) == 75
+    moe = src("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe.py")
+    assert "Only symmetric quantization is supported for MoE" in moe and "CompressedTensorsWNA16MoEMethod(" in moe
+    assert "should_moe_wna16_use_cuda" in src("vllm/model_executor/layers/fused_moe/fused_moe.py")
+
+
+def test_sm70_engine_transformers_and_torch_pins_are_what_the_0_19_1_requirements_allow():
+    import tarfile
+
+    from packaging.requirements import Requirement
+
+    from manager import releases
+
+    with tarfile.open(releases.sdist("0.19.1")) as tar:
+        read = lambda rel: tar.extractfile(f"vllm-0.19.1/{rel}").read().decode()
+        common, cuda = read("requirements/common.txt"), read("requirements/cuda.txt")
+    reqs = {r.name: r for r in (Requirement(l.split("#")[0].strip()) for l in (common + cuda).splitlines()
+                                if l.split("#")[0].strip() and not l.startswith("-"))}
+    e = P.engines["vllm-0.19.1-sm70"]
+    assert reqs["transformers"].specifier.contains(e.transformers_version)
+    assert not reqs["transformers"].specifier.contains("5.5.0")  # 0.19.1 excludes it; Gemma-4 needs >= 5.5.0
+    assert str(reqs["torch"].specifier) == "==2.10.0" and "torch 2.10.0" in e.sources["cuda_version"]
+
+
+def test_sm70_engine_version_and_pin_match_the_0_19_1_sdist(pristine_release):
+    e = P.engines["vllm-0.19.1-sm70"]
+    version = _src(pristine_release, "0.19.1", "vllm/_version.py")
+    assert "__version__ = version = '0.19.1'" in version and "gb1388b1fb" in version
+    assert e.vllm_version == "0.19.1" and e.upstream_ref == "v0.19.1" and "gb1388b1fb" in e.sources["vllm_version/upstream_ref"]
 
 
 @pytest.mark.parametrize("engine", sorted(BASES))

@@ -44,7 +44,7 @@ def test_catalog_has_every_required_id(profiles):
         assert {"bf16", "nvfp4"} <= set(profiles.models[mid].weights)
     assert {"v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "rtx-3090", "rtx-4090", "rtx-5090",
             "a100-40gb", "a100-80gb", "h100-80gb", "h200"} <= set(profiles.hardware)
-    assert {f"vllm-{v}" for v in STOCK} | {"vllm-sm70"} <= set(profiles.engines)
+    assert {f"vllm-{v}" for v in STOCK} | {"vllm-0.19.1-sm70"} <= set(profiles.engines)
     assert {"gemma-4-26b-a4b-assistant", "gemma-4-31b-assistant"} <= set(profiles.drafters)
 
 
@@ -58,10 +58,27 @@ def test_stock_engine_image_and_ref_name_the_release(profiles, version):
     assert "transformers_version" in e.sources
 
 
-def test_fork_engine_records_a_sha_and_marks_its_base_unverified(profiles):
-    e = profiles.engines["vllm-sm70"]
-    assert e.fork and re.fullmatch(r"[0-9a-f]{7,40}", e.upstream_ref)
-    assert "vllm_version" in e.unverified and e.min_sm == 7.0
+def test_v100_engine_is_stock_0_19_1_built_locally_and_fully_sourced(profiles):
+    e = profiles.engines["vllm-0.19.1-sm70"]
+    assert not e.fork and e.upstream_ref == "v0.19.1" and e.min_sm == 7.0 == e.target_sm
+    assert e.image == "overlay-manager/vllm-v100:0.19.1-cu128" and e.image_recipe == "vllm-v100"
+    assert (e.python_version, e.cuda_version) == ("3.12", "12.8") and 7.0 in e.cuda_arch_list
+    assert e.unverified == []
+    assert "no registry" in e.sources["image"] or "not pushed" in e.sources["image"]
+    assert "docs/audit.md" in e.sources["cuda_arch_list/min_sm"]
+    for text in [*e.sources.values(), e.image]:
+        assert "PLACEHOLDER" not in text.upper()
+
+
+def test_no_profile_cites_a_machine_path(profiles):
+    """Sources name a release file, a public URL or a shipped doc/test: never a path on some machine."""
+    for kind in ("engines", "hardware", "models", "drafters"):
+        for pid, prof in getattr(profiles, kind).items():
+            texts = [*prof.sources.values(), *(b.source for b in getattr(prof, "attention", []))]
+            for w in getattr(prof, "weights", {}).values():
+                texts += [*w.sources.values(), *(kb.source for kb in w.known_broken)]
+            for t in texts:
+                assert "/work/" not in t and "shared/facts" not in t, (kind, pid, t)
 
 
 def test_seed_architecture_facts_of_26b_a4b(profiles):
@@ -83,7 +100,6 @@ def test_every_unverified_or_sourced_profile_carries_notes(profiles):
     # Facts we could not verify are marked; hardware records where its numbers come from.
     for hw in profiles.hardware.values():
         assert hw.sources, hw.id
-    assert "image" in profiles.engines["vllm-sm70"].unverified  # a placeholder: no such image was built
     assert "architecture" in profiles.models["gemma-4-e4b"].sources
 
 

@@ -210,3 +210,33 @@ def test_not_applicable_probe_drops_only_inside_the_overlay_versions(gh, upstrea
     v = verdicts(report)
     assert v[("old-only", "new")] == "keep"  # outside versions: says nothing about upstream
     assert v[("any", "new")] == "drop"  # in range and nothing left to do
+
+
+def test_a_waiting_verdict_on_an_engine_with_a_pin_ceiling_says_the_pin_cannot_move(gh, upstream, tmp_path):
+    """issue 24 (7): an sm70 engine pinned at its ceiling is not told to upgrade to a release it cannot run."""
+    client = GitHubClient(FactCache(tmp_path / "gh"), api_url=gh.url)
+    capped = EngineInfo("old-sm70", "1.0.0", "v1.0.0", REPO, target_sm=7.0)
+    plain = EngineInfo("old", "1.0.0", "v1.0.0", REPO)
+    report = evaluate(OVERLAYS, [capped, plain], client, prober=prober({}))
+    by = {(r.overlay, r.engine): r for r in report.results}
+    capped_r, plain_r = by[("fix-merged", "old-sm70")], by[("fix-merged", "old")]
+    assert capped_r.verdict == plain_r.verdict == "waiting"
+    assert any(e.startswith("pin ceiling: for sm 7.0 the newest usable release is vLLM 0.19.1 (docs/audit.md") for e in capped_r.evidence)
+    assert capped_r.evidence[-1].startswith("verdict waiting") and capped_r.evidence[-1].endswith(
+        "drop needs a Volta-capable build of a release containing the fix")
+    assert not any("pin ceiling" in e for e in plain_r.evidence)
+    # an open PR is no upgrade advice: no ceiling line there
+    assert not any("pin ceiling" in e for e in by[("fix-open", "old-sm70")].evidence)
+    assert "## Pin ceilings" in render_markdown(report) and "`old-sm70` (built for sm 7.0)" in render_markdown(report)
+
+
+def test_keep_on_a_capped_engine_names_the_ceiling_when_the_fix_is_native_only_later(gh, upstream, tmp_path):
+    client = GitHubClient(FactCache(tmp_path / "gh"), api_url=gh.url)
+    capped = EngineInfo("sm70", "0.19.1", "v0.19.1", REPO, target_sm=7.0)
+    later = [OverlayInfo("fix-closed-native-later", repo=REPO, pr=2, state="closed", native_from="0.22.0"),
+             OverlayInfo("fix-closed-native-before", repo=REPO, pr=2, state="closed", native_from="0.19.0")]
+    report = evaluate(later, [capped], client, prober=prober({}))
+    by = {r.overlay: r for r in report.results}
+    assert by["fix-closed-native-later"].verdict == "keep"
+    assert any("(the fix is native from 0.22.0)" in e for e in by["fix-closed-native-later"].evidence)
+    assert not any("pin ceiling" in e for e in by["fix-closed-native-before"].evidence)

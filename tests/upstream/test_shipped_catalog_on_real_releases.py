@@ -122,17 +122,52 @@ def test_docs_upstream_md_is_what_the_tool_generates(offline_report):
         assert rows(doc) == rows(fresh)
 
 
-def test_probe_root_reads_the_given_sources_for_a_commit_pinned_engine(catalog, stock_engines, tmp_path):
+@pytest.fixture(scope="module")
+def fork_catalog(tmp_path_factory):
+    """The shipped catalog plus a commit-pinned engine (the shipped engines are all stock releases now):
+    stock 0.20.0's profile with v0.20.0's commit as its pin, as a fork image built on it would record."""
+    import shutil
+
+    import yaml
+
+    root = tmp_path_factory.mktemp("fork-catalog")
+    for d in ("profiles", "overlays"):
+        shutil.copytree(REPO_ROOT / d, root / d)
+    data = yaml.safe_load((REPO_ROOT / "profiles/engines/vllm-0.20.0.yaml").read_text())
+    data.update(id="vllm-fork-test", fork=True, upstream_ref="b8160878f", image="example.invalid/vllm-fork:test")
+    (root / "profiles/engines/vllm-fork-test.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return Catalog(root)
+
+
+def test_probe_root_reads_the_given_sources_for_a_commit_pinned_engine(fork_catalog, stock_engines, tmp_path):
     root = releases.pristine_tree("0.22.0")  # stands in for sources copied out of a fork image
-    report = check(catalog, [AWQ], ["vllm-sm70"], offline=True, cache_dir=tmp_path / "gh",
-                   probe_roots={"vllm-sm70": root})
+    report = check(fork_catalog, [AWQ], ["vllm-fork-test"], offline=True, cache_dir=tmp_path / "gh",
+                   probe_roots={"vllm-fork-test": root})
     r = report.results[0]
     assert r.verdict == "drop"
-    assert any(e.startswith(f"probe: upstream at vllm-sm70 sources in {root}") for e in r.evidence)
+    assert any(e.startswith(f"probe: upstream at vllm-fork-test sources in {root}") for e in r.evidence)
 
 
-def test_commit_pin_equal_to_a_release_commit_is_probed_on_that_release(catalog, stock_engines, tmp_path):
-    report = check(catalog, [AWQ], ["vllm-sm70"], offline=True, cache_dir=tmp_path / "gh")
+def test_commit_pin_equal_to_a_release_commit_is_probed_on_that_release(fork_catalog, stock_engines, tmp_path):
+    report = check(fork_catalog, [AWQ], ["vllm-fork-test"], offline=True, cache_dir=tmp_path / "gh")
     r = report.results[0]
     assert any("vllm 0.20.0 release sources = pin b8160878f" in e for e in r.evidence)
     assert r.verdict == "unknown" and r.provisional == "keep"
+
+
+def test_sm70_engine_verdicts_say_the_pin_cannot_move_past_0_19_1(offline_report):
+    """issue 24 (7): for the V100 engine a fix native only in a later release is not an upgrade away."""
+    from manager.upstream.ceilings import CEILINGS
+
+    ceiling = CEILINGS[7.0]
+    assert ceiling.newest == "0.19.1" and "docs/audit.md" in ceiling.source
+    sm70 = [r for r in offline_report.results if r.engine == "vllm-0.19.1-sm70"]
+    capped = [r for r in sm70 if any(e.startswith("pin ceiling: for sm 7.0") for e in r.evidence)]
+    assert capped, [r.evidence for r in sm70]
+    for r in capped:
+        assert r.evidence[-1].startswith(f"verdict {r.verdict}")
+        assert r.evidence[-1].endswith("drop needs a Volta-capable build of a release containing the fix")
+    # engines without a ceiling never carry the note
+    assert not any("pin ceiling" in e for r in offline_report.results if r.engine != "vllm-0.19.1-sm70" for e in r.evidence)
+    doc = render_markdown(offline_report)
+    assert "## Pin ceilings" in doc and "`vllm-0.19.1-sm70` (built for sm 7.0): the newest usable release is vLLM 0.19.1" in doc
