@@ -149,6 +149,12 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
         for t in st.targets:
             if t.status not in ("pending", "partial"):
                 continue
+            if t.path in edited:  # recording the edit as overlay bytes would let a revert drop it
+                e = edited[t.path]
+                raise OverlayError(
+                    f"overlay {o.id}: {t.path}: changed since overlay apply of {', '.join(e['overlays'])} "
+                    f"(sha256 {e['now'][:12]} != recorded {e['post'][:12]}; a hand edit?); refused so the edit "
+                    "is not recorded as overlay bytes: revert those overlays or restore the file first")
             if t.path in plan.texts:
                 current, module = plan.texts[t.path], plan.modules.get(t.path)
             else:
@@ -178,12 +184,18 @@ def _drop_bytecode(root: Path, rel: str) -> None:
     if p.suffix != ".py":
         return
     cache = p.parent / "__pycache__"
-    if cache.is_dir():
+    try:
+        if not cache.is_dir():
+            return
         for pyc in cache.glob(f"{p.stem}.*.pyc"):
             try:
                 pyc.unlink()
-            except FileNotFoundError:
+            except OSError:
+                # a directory, an immutable or foreign-owned entry: left as it is; CPython checks a
+                # .pyc's recorded source mtime and size against the source, so a stale one is not run
                 pass
+    except OSError:
+        pass
 
 
 def _lock(root: Path, wait: float = 600.0, on_wait=None):
@@ -214,6 +226,17 @@ def _put(root: Path, rel: str, data: bytes | None) -> None:
     _drop_bytecode(root, rel)
 
 
+def _unchanged_since_read(root: Path, c: FileChange) -> None:
+    """A lost update is refused: the target must still hold the bytes this run read and computed
+    from (another process may have written it since), checked immediately before the replace."""
+    from .files import read_regular
+
+    now = read_regular(resolve_in_root(root, c.path), c.path)
+    if now != c.before:
+        raise OverlayError(f"{c.path}: changed on disk while this run computed its new bytes (another "
+                           "process wrote it); refused, run the command again")
+
+
 def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled: bool = False) -> None:
     """Write every change; when one fails, put back the ones already written (all or nothing).
 
@@ -224,6 +247,7 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
         for c in changes:
             for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
                 hook()
+            _unchanged_since_read(root, c)
             _put(root, c.path, c.after)
             done.append(c)
     except OverlayError as exc:
