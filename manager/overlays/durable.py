@@ -57,8 +57,8 @@ def _fsync_all(fds: list[int], strict: bool = True) -> None:
     def one(fd: int) -> None:
         try:
             os.fsync(fd)
-        except OSError as exc:
-            if strict:
+        except OSError as exc:  # a directory the filesystem cannot fsync (EINVAL, ...) is skipped; EIO is not
+            if strict or exc.errno not in (22, 95, 9, 30):  # EINVAL, ENOTSUP/EOPNOTSUPP, EBADF, EROFS
                 errors.append(exc)
 
     # _thread (built in) rather than threading, whose import is ~1 ms of a first container start:
@@ -181,7 +181,7 @@ def _drop_bytecode(path: str) -> None:
         if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
             try:
                 os.unlink(os.path.join(cache, n))
-            except FileNotFoundError:
+            except OSError:  # a directory, immutable, foreign-owned: left (CPython revalidates a .pyc)
                 pass
 
 

@@ -316,6 +316,16 @@ def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") 
     return report
 
 
+def _settle_journal(led: Ledger, version: str | None) -> None:
+    """One journal owner: a journal another run left (killed, or a plan replay that failed) is
+    folded into the ledger by `recover`; the ledger is saved and only then is that journal
+    removed, before this run writes a journal of its own. A roll-back of this run then removes
+    only its own journal, never the records of the earlier run."""
+    if led.has_journal():
+        led.save(version)
+        led.clear_journal()
+
+
 def apply(
     overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
     wait: float = 600.0, on_wait=None,
@@ -330,6 +340,7 @@ def apply(
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: Tree(root).sha(rel))
+        _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
             fast = ledger_fast_status(overlays, root, version)
@@ -360,7 +371,14 @@ def apply(
             for c in changes:  # the tree now holds what was written (no second read or parse)
                 tree.replace(c.path, c.after, plan.modules.get(c.path))
         report = _record(led, overlays, root, tree)
-        led.save(version)
+        try:
+            led.save(version)
+        except OverlayError as exc:
+            if not changes:
+                raise
+            raise OverlayError(
+                f"{exc}; the {len(changes)} target(s) are written and {led.journal_path} (kept) records them: "
+                "the next apply or revert completes from it") from None
         led.clear_journal()
         return ApplyResult(str(root), version, tuple(changes), report, tuple(plan.skipped), tuple(notes))
 
@@ -403,6 +421,7 @@ def revert(
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: Tree(root).sha(rel))
+        _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         tree = Tree(root)
         texts: dict[str, str | None] = {}
