@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -75,6 +76,11 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     fsync_dir(directory)
 
 
+# a filesystem that cannot fsync a directory says so with these: skipped. Anything else (EIO: the
+# device failed) is an error, never swallowed: the rename may not be on disk.
+DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EROFS})
+
+
 def fsync_dir(directory: Path) -> None:
     try:
         dfd = os.open(directory, os.O_RDONLY)
@@ -82,8 +88,9 @@ def fsync_dir(directory: Path) -> None:
         return
     try:
         os.fsync(dfd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(dfd)
 
