@@ -49,22 +49,29 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` to `path` atomically.
 
     Temp file in the same directory, fsync, os.replace, then fsync the directory.
-    The existing file's permission bits are kept (or `mode` when given / new file 0o644).
+    The existing file's permission bits are kept (or `mode` when given / new file 0o644), and
+    its owner and group where the runner may set them.
     """
     path = Path(path)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
+    try:
+        st: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        st = None
     if mode is None:
-        try:
-            mode = stat.S_IMODE(path.stat().st_mode)
-        except FileNotFoundError:
-            mode = 0o644
+        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TMP_MARK}", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                try:  # the replaced file's owner is kept (a root run on a 1000:1000 tree)
+                    os.fchown(fh.fileno(), st.st_uid, st.st_gid)
+                except OSError:
+                    pass  # only a privileged run can; then the owner is the runner's, as before
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

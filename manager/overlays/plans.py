@@ -341,6 +341,14 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
             if b"overlay:" + oid.encode() + b" v" not in data:
                 raise PlanRefused(f"{where}: the result for {rel} carries no block of {oid}")
         new[rel] = data
+    # where each write lands: through an in-root file symlink, as the engine writes (the link is kept)
+    paths = {}
+    for rel, data in new.items():
+        full = os.path.join(root, rel)
+        if os.path.islink(full):
+            if data is None:
+                return None  # the engine refuses to delete a symlink or its target, in one line
+            paths[rel] = os.path.realpath(full)
     state_made = not os.path.isdir(state)
     os.makedirs(state, exist_ok=True)
     from .lock import root_lock
@@ -363,7 +371,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
 
         ledger = dict(led)
         ledger["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-        transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made)
+        transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made, paths)
     # what is printed is what was written (never the plan's own report): one line per write
     order = [o["id"] for o in plan["overlays"]]
     changes = []

@@ -451,13 +451,15 @@ def revert(
             encodings[rel] = enc
             owners[rel] = mine
         # files not in the ledger that carry our sentinels
-        for o in overlays:
+        ledgerless: set[str] = set()
+        for o in reversed(list(overlays)):  # the last applied first: a later overlay's blocks come out first
             for t in o.manifest.targets:
-                if t in led.files or t in texts:
+                if t in led.files or (t in texts and t not in ledgerless):
                     continue
-                current = tree.text(t)
+                current = texts[t] if t in ledgerless else tree.text(t)  # several overlays on one file: each one's blocks
                 if current is None or f"overlay:{o.id} v" not in current:
                     continue
+                ledgerless.add(t)
                 from .edits import EditFailed
 
                 try:

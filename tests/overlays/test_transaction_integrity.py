@@ -109,3 +109,16 @@ def test_a_lock_wait_that_is_not_a_number_of_seconds_is_refused(tmp_path, bad):
     with pytest.raises(OverlayError, match="--wait"):
         with root_lock(tmp_path / ".overlay-manager", wait=bad):
             pass
+
+
+def test_ledgerless_revert_of_two_overlays_on_one_file_removes_both_blocks(vllm_root, catalog_dir):
+    root = vllm_root(VERSION)
+    every = _every(catalog_dir)
+    two = select(every, [CONVERTOR, MTP])
+    original = (root / CONVERTOR_PY).read_bytes()
+    apply(two, root, explicit=True)
+    assert (root / CONVERTOR_PY).read_bytes().count(b"# overlay:") > 1
+    (root / ".overlay-manager" / "ledger.json").unlink()
+    revert(two, every, root)
+    assert b"overlay:" not in (root / CONVERTOR_PY).read_bytes()
+    assert (root / CONVERTOR_PY).read_bytes() == original
