@@ -91,6 +91,13 @@ def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None,
         return _run_edits(edits, rel, text, tree_module, excerpt=excerpt)
     except EditFailed as exc:
         raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+    except RecursionError:
+        raise OverlayError(f"overlay {overlay.id}: {rel}: {TOO_DEEP}") from None
+
+
+# valid Python (CPython compiles it) that libcst's recursive visitors cannot walk: one line, nothing written
+TOO_DEEP = ("code nested too deeply for the Python syntax tree library (libcst: RecursionError, e.g. a very "
+            "long chained expression); refused, nothing written")
 
 
 def _top_level_names(overlays: Sequence[Overlay]) -> dict[str, frozenset[str]]:
@@ -124,6 +131,8 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
         raise OverlayError(f"overlay {', '.join(who)}: {rel}: line {nul_line(text)}: patched code contains a NUL byte")
     try:
         compile(text, rel, "exec", dont_inherit=True)
+    except RecursionError:
+        raise OverlayError(f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
     except SyntaxError as exc:
         raise OverlayError(
             f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
@@ -466,6 +475,8 @@ def revert(
                     text = _run_edits(o.make_edits(t), t, current, remove=True)[0]
                 except EditFailed as exc:  # a block that is not intact is never removed by count
                     raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
+                except RecursionError:
+                    raise OverlayError(f"revert refused: {t}: {TOO_DEEP}") from None
                 texts[t] = text
                 owners.setdefault(t, []).append(o.id)
                 notes.append(f"{t}: not in the ledger; removed sentinel-marked blocks of {o.id}")
