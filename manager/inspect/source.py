@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ class Source:
             raise InspectError(f"{self.where(name)}: not UTF-8 text ({exc.reason})") from exc
         except json.JSONDecodeError as exc:
             raise InspectError(f"{self.where(name)}: line {exc.lineno}: malformed JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise InspectError(f"{self.where(name)}: JSON nested too deeply to read") from None
+        except ValueError as exc:  # an integer longer than CPython converts (4300 digits)
+            raise InspectError(f"{self.where(name)}: unreadable JSON: {str(exc)[:80]}") from None
 
 
 def check_name(name: str, where: str) -> str:
@@ -58,6 +63,11 @@ def check_name(name: str, where: str) -> str:
             or re.match(r"^[A-Za-z]:", name):
         raise InspectError(f"{where}: {name!r}: file name outside the checkpoint directory")
     return name
+
+
+def _kind(mode: int) -> str:
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}.get(stat.S_IFMT(mode), "a special file")
 
 
 class LocalSource(Source):
@@ -91,12 +101,18 @@ class LocalSource(Source):
             raise InspectError(f"{self.where(name)}: cannot stat: {exc.strerror}") from exc
 
     def read(self, name: str, start: int, length: int) -> bytes:
-        try:
-            with open(self._path(name), "rb") as fh:
-                fh.seek(start)
-                data = fh.read(length)
+        try:  # non-blocking open + fstat: a FIFO or device named by an index never blocks the read
+            fd = os.open(self._path(name), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError as exc:
             raise InspectError(f"{self.where(name)}: cannot read: {exc.strerror}") from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InspectError(f"{self.where(name)}: {_kind(os.fstat(fd).st_mode)}, not a regular file; refused")
+            data = os.pread(fd, length, start)
+        except OSError as exc:
+            raise InspectError(f"{self.where(name)}: cannot read: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
         self.bytes_read += len(data)
         return data
 
