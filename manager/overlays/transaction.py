@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Sequence
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
+from .conflicts import check_conflicts
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
 from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
 from .loader import Overlay
@@ -173,6 +174,8 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
             plan.texts[t.path], plan.modules[t.path], plan.excerpts[t.path] = _apply_edits(
                 o, t.path, current, module, plan.excerpts[t.path])
             plan.overlays_by_file.setdefault(t.path, []).append(o.id)
+    writing = {i for ids in plan.overlays_by_file.values() for i in ids}
+    check_conflicts([o for o in overlays if o.id in writing])  # before anything is written
     for rel, text in plan.texts.items():
         _check_compiles(rel, text, plan.overlays_by_file[rel])
     return plan
