@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
-from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
+from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
 from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
@@ -328,6 +328,13 @@ def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") 
     return report
 
 
+def _writable(path: Path) -> bool:
+    """False on a read-only mount (access(2) says EROFS even to root) or a directory we may not write."""
+    import os
+
+    return os.access(path, os.W_OK)
+
+
 def _settle_journal(led: Ledger, version: str | None) -> None:
     """One journal owner: a journal another run left (killed, or a plan replay that failed) is
     folded into the ledger by `recover`; the ledger is saved and only then is that journal
@@ -349,6 +356,12 @@ def apply(
         plan = _plan(overlays, root, explicit)
         changes = _changes(plan, plan.tree.read)
         return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
+    if not _writable(state_dir(root) if state_dir(root).is_dir() else Path(root)):
+        # a read-only root (an image): no lock can be taken there, and none is needed when there is
+        # nothing to write and no journal to recover; otherwise the lock below says why it cannot
+        plan = _plan(overlays, root, explicit)
+        if not _changes(plan, plan.tree.read) and not (state_dir(root) / JOURNAL_FILE).exists():
+            return ApplyResult(str(root), version, (), plan.report, tuple(plan.skipped))
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: Tree(root).sha(rel))

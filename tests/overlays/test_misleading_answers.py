@@ -97,3 +97,25 @@ def test_eio_on_a_directory_fsync_is_an_error_while_einval_is_skipped(tmp_path, 
     with pytest.raises(OSError) as info:
         fsutil.atomic_write(tmp_path / "b", b"y")
     assert info.value.errno == errno.EIO
+
+
+def test_a_no_op_apply_on_a_read_only_applied_root_needs_no_lock(vllm_root, catalog_dir, monkeypatch):
+    """`apply A B C` where A, B are applied and C is not-applicable, on a read-only root: nothing
+    to write, so no lock is needed and the entrypoint goes on to start the server."""
+    from manager.overlays import transaction
+
+    root = vllm_root(VERSION)
+    every = load_overlays(Catalog(catalog_dir))
+    applied = select(every, list(OVERLAY_IDS))
+    apply(applied, root)
+    extra = shipped_catalog_dir(catalog_dir.parent / "with-mtp", ids=OVERLAY_IDS + ("gemma4-mtp-per-layer",))
+    wanted = select(load_overlays(Catalog(extra)), list(OVERLAY_IDS) + ["gemma4-mtp-per-layer"])
+
+    def read_only(*a, **k):
+        raise OverlayError(f"{root}/.overlay-manager/lock: cannot open the lock: Read-only file system")
+
+    monkeypatch.setattr(transaction, "_lock", read_only)
+    monkeypatch.setattr(transaction, "_writable", lambda path: False, raising=False)
+    result = apply(wanted, root, explicit=True)
+    assert not result.changes
+    assert {o.id: o.status for o in result.statuses.overlays}["gemma4-mtp-per-layer"] == "not-applicable"
