@@ -154,7 +154,9 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
         rec = records[oid]
         if rec.get("status") not in quiet or rec.get("digest") != overlay_digest(os.path.join(overlays_dir, oid)):
             return None
-        for t in rec.get("targets", []):
+        if not rec.get("targets"):  # a record vouching for no file is no proof of anything
+            return None
+        for t in rec["targets"]:
             want = observed.get(t["path"])
             if want is None or file_sha(os.path.join(root, t["path"])) != want:
                 return None

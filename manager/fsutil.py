@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -48,22 +49,29 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` to `path` atomically.
 
     Temp file in the same directory, fsync, os.replace, then fsync the directory.
-    The existing file's permission bits are kept (or `mode` when given / new file 0o644).
+    The existing file's permission bits are kept (or `mode` when given / new file 0o644), and
+    its owner and group where the runner may set them.
     """
     path = Path(path)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
+    try:
+        st: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        st = None
     if mode is None:
-        try:
-            mode = stat.S_IMODE(path.stat().st_mode)
-        except FileNotFoundError:
-            mode = 0o644
+        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TMP_MARK}", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                try:  # the replaced file's owner is kept (a root run on a 1000:1000 tree)
+                    os.fchown(fh.fileno(), st.st_uid, st.st_gid)
+                except OSError:
+                    pass  # only a privileged run can; then the owner is the runner's, as before
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -75,6 +83,11 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     fsync_dir(directory)
 
 
+# a filesystem that cannot fsync a directory says so with these: skipped. Anything else (EIO: the
+# device failed) is an error, never swallowed: the rename may not be on disk.
+DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EROFS})
+
+
 def fsync_dir(directory: Path) -> None:
     try:
         dfd = os.open(directory, os.O_RDONLY)
@@ -82,8 +95,9 @@ def fsync_dir(directory: Path) -> None:
         return
     try:
         os.fsync(dfd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(dfd)
 

@@ -1,6 +1,7 @@
 """YAML for the catalog's hand-written files (manifests, profiles, the deployment registry).
 
-`load(text)` is yaml.safe_load (libyaml when present) that refuses aliases: an anchor used twice
+`load(text)` is yaml.safe_load (libyaml when present) that refuses duplicate mapping keys (safe_load
+keeps the last value without a word) and aliases: an anchor used twice
 lets a few hundred bytes expand into gigabytes of lists ("billion laughs": > 60 s and 6 GB for a
 manifest before this), and the catalog's files never need them. An invalid date (`2026-02-30`)
 is a YAML error naming the value and its line instead of a bare ValueError. Errors are
@@ -44,7 +45,12 @@ def _refuse_aliases(root: yaml.Node) -> None:
             )
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
             for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if (k.tag, k.value) in keys:  # yaml.safe_load would keep the last value silently
+                        raise ConstructorError(None, None, f"duplicate key {k.value!r}", k.start_mark)
+                    keys.add((k.tag, k.value))
                 stack.extend((k, v))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)

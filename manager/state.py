@@ -42,18 +42,79 @@ SKIP_UNLESS_NAMED = frozenset({"superseded", "missing-target"})
 _VERSION_RE = r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]"""
 
 
+MAX_READ = 256 << 20  # the largest file any reader here takes whole (a target, a plan, a state file)
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+class UnreadableFile(OSError):
+    """A path that is not a regular file (FIFO, device, socket, directory) or is over a size bound.
+
+    An OSError, so every existing `except OSError` (a skipped plan, one error line) applies;
+    `str()` is the reason without the path."""
+
+    def __str__(self) -> str:
+        return self.strerror or "unreadable"
+
+
+def read_bounded(path: str, limit: int = MAX_READ) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, never blocking.
+
+    Opened non-blocking and fstat()ed before any read: a FIFO, a device (a `/dev/zero`
+    symlink), a socket or a directory raises UnreadableFile, as does a file over `limit` (also
+    one that grows past it while read). FileNotFoundError when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except IsADirectoryError:
+        raise UnreadableFile(21, "is a directory, not a regular file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+            raise UnreadableFile(22, f"is {kind}, not a regular file")
+        if st.st_size > limit:
+            raise UnreadableFile(27, f"is {st.st_size} bytes, over the {limit}-byte limit")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise UnreadableFile(27, f"grew past the {limit}-byte limit while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
-    """sha256 over an overlay directory: the manifest and every file it may read."""
+    """sha256 over an overlay directory: the manifest and every file it may read.
+
+    Only regular files inside the directory are read (bounded): a symlink is hashed as its link
+    text (never followed: one pointing outside is refused when an edit reads it), and a FIFO,
+    device or socket by its kind, so hashing can neither block nor read the host."""
     base = os.fspath(overlay_dir)
     files = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         files.extend(os.path.join(dirpath, f) for f in filenames)
+        files.extend(os.path.join(dirpath, d) for d in dirnames if os.path.islink(os.path.join(dirpath, d)))
     h = sha256()
     for path in sorted(files, key=lambda f: os.path.relpath(f, base).split(os.sep)):
         h.update(os.path.relpath(path, base).replace(os.sep, "/").encode() + b"\0")
-        with open(path, "rb") as fh:
-            h.update(fh.read() + b"\0")
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                data = b"symlink:" + os.fsencode(os.readlink(path))
+            elif stat.S_ISREG(st.st_mode):
+                data = read_bounded(path)
+            else:
+                data = b"special:" + _KINDS.get(stat.S_IFMT(st.st_mode), "special").encode()
+        except OSError as exc:
+            data = b"unreadable:" + str(exc).encode()
+        h.update(data + b"\0")
     return h.hexdigest()
 
 
@@ -86,15 +147,14 @@ def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> st
 
 
 def file_sha(path: str) -> str:
-    """sha256 of a regular file; ABSENT when missing, "not-a-regular-file" for anything else."""
-    try:  # non-blocking open + fstat: a FIFO or device in a target's place never blocks the read
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (FileNotFoundError, IsADirectoryError):
+    """sha256 of a regular file; ABSENT when missing, "not-a-regular-file" for anything else
+    (a FIFO, a device, a directory, a file over MAX_READ: never blocks, never reads unbounded)."""
+    try:
+        return sha256(read_bounded(path)).hexdigest()
+    except (FileNotFoundError, NotADirectoryError):
         return ABSENT
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not-a-regular-file"  # matches no recorded hash: the full CLI reports it
-        return sha256(fh.read()).hexdigest()
+    except UnreadableFile as exc:
+        return ABSENT if exc.errno == 21 else "not-a-regular-file"  # matches no recorded hash
 
 
 def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:

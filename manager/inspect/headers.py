@@ -71,6 +71,10 @@ def parse_header(file: str, raw: bytes, *, where: str, file_size: int | None = N
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InspectError(f"{where}: header: malformed JSON: {getattr(exc, 'msg', None) or exc}") from exc
+    except RecursionError:
+        raise InspectError(f"{where}: header: JSON nested too deeply to read") from None
+    except ValueError as exc:  # an integer longer than CPython converts (4300 digits)
+        raise InspectError(f"{where}: header: unreadable JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):
         raise InspectError(f"{where}: header: {type(obj).__name__}: must be a JSON object")
     meta = obj.pop("__metadata__", None) or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ class Source:
             raise InspectError(f"{self.where(name)}: not UTF-8 text ({exc.reason})") from exc
         except json.JSONDecodeError as exc:
             raise InspectError(f"{self.where(name)}: line {exc.lineno}: malformed JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise InspectError(f"{self.where(name)}: JSON nested too deeply to read") from None
+        except ValueError as exc:  # an integer longer than CPython converts (4300 digits)
+            raise InspectError(f"{self.where(name)}: unreadable JSON: {str(exc)[:80]}") from None
 
 
 def check_name(name: str, where: str) -> str:
@@ -58,6 +63,11 @@ def check_name(name: str, where: str) -> str:
             or re.match(r"^[A-Za-z]:", name):
         raise InspectError(f"{where}: {name!r}: file name outside the checkpoint directory")
     return name
+
+
+def _kind(mode: int) -> str:
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}.get(stat.S_IFMT(mode), "a special file")
 
 
 class LocalSource(Source):
@@ -91,12 +101,18 @@ class LocalSource(Source):
             raise InspectError(f"{self.where(name)}: cannot stat: {exc.strerror}") from exc
 
     def read(self, name: str, start: int, length: int) -> bytes:
-        try:
-            with open(self._path(name), "rb") as fh:
-                fh.seek(start)
-                data = fh.read(length)
+        try:  # non-blocking open + fstat: a FIFO or device named by an index never blocks the read
+            fd = os.open(self._path(name), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError as exc:
             raise InspectError(f"{self.where(name)}: cannot read: {exc.strerror}") from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InspectError(f"{self.where(name)}: {_kind(os.fstat(fd).st_mode)}, not a regular file; refused")
+            data = os.pread(fd, length, start)
+        except OSError as exc:
+            raise InspectError(f"{self.where(name)}: cannot read: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
         self.bytes_read += len(data)
         return data
 
@@ -111,9 +127,10 @@ class HttpSource(Source):
     endpoint from --endpoint or $HF_ENDPOINT). A token from $HF_TOKEN is sent when set.
     """
 
-    def __init__(self, base_url: str, *, label: str | None = None, timeout: float = 20.0):
+    def __init__(self, base_url: str, *, label: str | None = None, timeout: float = 20.0, deadline: float = 120.0):
         import httpx
 
+        self.deadline = deadline  # seconds for one request in all (httpx's timeout is per chunk)
         self.base = base_url.rstrip("/")
         self.label = label or self.base
         self.bytes_read = 0
@@ -131,36 +148,46 @@ class HttpSource(Source):
         return cls(f"{ep}/{repo}/resolve/{revision}", label=f"{repo}@{revision}")
 
     def _get(self, name: str, start: int, length: int):
+        """The answer to a Range GET, within the total deadline, holding at most `length` bytes
+        of the body (a 200 that ignores Range: the window [start, start + length) of it)."""
         import httpx
 
+        from ..boundedhttp import RemoteRefused, get
+
         url = f"{self.base}/{name}"
+        length = max(length, 1)
+
+        def window(status: int) -> tuple[int, int]:
+            return (start, start + length) if status == 200 else (0, length)
+
         try:
-            resp = self._client.get(url, headers={"Range": f"bytes={start}-{start + max(length, 1) - 1}"})
+            return get(self._client, url, headers={"Range": f"bytes={start}-{start + length - 1}"},
+                       deadline=self.deadline, window=window)
+        except RemoteRefused as exc:
+            raise InspectError(f"{url}: {exc}") from None
         except httpx.HTTPError as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise InspectError(f"{url}: cannot reach ({reason}); offline? inspect a local directory instead") from exc
-        return resp
 
     def _fetch(self, name: str, start: int, length: int) -> tuple[bytes, int | None]:
         resp = self._get(name, start, length)
         url = f"{self.base}/{name}"
-        if resp.status_code == 404:
+        if resp.status == 404:
             self._missing.add(name)
             raise InspectError(f"{url}: HTTP 404: no such file")
-        if resp.status_code == 416:
+        if resp.status == 416:
             return b"", self._sizes.get(name)
-        if resp.status_code not in (200, 206):
-            raise InspectError(f"{url}: HTTP {resp.status_code}")
+        if resp.status not in (200, 206):
+            raise InspectError(f"{url}: HTTP {resp.status}")
         total = None
         cr = resp.headers.get("content-range", "")
-        m = re.match(r"bytes \d+-\d+/(\d+)", cr)
+        m = re.match(r"bytes \d{1,19}-\d{1,19}/(\d{1,19})$", cr)
         if m:
             total = int(m.group(1))
-        data = resp.content
-        if resp.status_code == 200:  # the server ignored Range: keep only the part asked for
-            total = len(data)
-            data = data[start:start + length]
-        return data[:length], total
+        if resp.status == 200:  # the server ignored Range: its length, when it says it
+            declared = resp.headers.get("content-length", "")
+            total = int(declared) if declared.isdigit() and len(declared) < 20 else None
+        return resp.body[:length], total
 
     def exists(self, name: str) -> bool:
         if name in self._missing:

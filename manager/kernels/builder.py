@@ -20,6 +20,7 @@ The builder prints nothing: it returns BuildItem records, and tells an optional
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable, Protocol
+from typing import Callable, ContextManager, Iterable, Iterator, Protocol
 
 from filelock import FileLock
 from ..errors import BuildError
@@ -165,6 +166,17 @@ def _publish(cache: Path, key: str, arch: str, kind: str, image: bytes, meta_ext
     return obj / name
 
 
+@contextlib.contextmanager
+def _cache_write(cache: Path, what: str) -> Iterator[None]:
+    """A write into the kernel cache that the system refuses (full disk, read-only volume, a file
+    where a directory belongs) is one BuildError naming the cache, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        raise BuildError(f"kernel cache {cache}: cannot write {what}: {exc.strerror or exc}{where}") from None
+
+
 def _inside(overlay_dir: Path, rel: str) -> Path:
     """A kernel source/header: it must resolve (symlinks followed) inside the overlay directory."""
     base = Path(overlay_dir).resolve()
@@ -203,8 +215,9 @@ def build_overlay(
             image = _valid_object(obj)
             action = "cached"
             if image is None:
-                (cache / "locks").mkdir(parents=True, exist_ok=True)
-                with FileLock(str(cache / "locks" / f"{key}.lock")):
+                with _cache_write(cache, "a lock"):
+                    (cache / "locks").mkdir(parents=True, exist_ok=True)
+                with _cache_write(cache, "a lock"), FileLock(str(cache / "locks" / f"{key}.lock")):
                     image = _valid_object(obj)  # another process may have built it meanwhile
                     if image is None:
                         action = "rebuilt" if obj.exists() else "compiled"
@@ -213,10 +226,11 @@ def build_overlay(
                                 out = _nvrtc.compile_source(nv, text, Path(src.path).name, arch, spec.options, headers)
                         else:
                             out = _nvrtc.compile_source(nv, text, Path(src.path).name, arch, spec.options, headers)
-                        image = _publish(cache, key, arch, out.kind, out.image, {
-                            "overlay": overlay_id, "source": src.path, "compiler": compiler,
-                            "options": spec.options, "entries": [e.name for e in src.entries],
-                        })
+                        with _cache_write(cache, f"the object of {src.path} ({arch})"):
+                            image = _publish(cache, key, arch, out.kind, out.image, {
+                                "overlay": overlay_id, "source": src.path, "compiler": compiler,
+                                "options": spec.options, "entries": [e.name for e in src.entries],
+                            })
             seconds = time.monotonic() - started
             kind = "ptx" if arch.startswith("compute_") else "cubin"
             item = BuildItem(overlay_id, src.path, arch, kind, key, str(image), action, round(seconds, 3))
@@ -234,11 +248,12 @@ def build_overlay(
             for i in items
         ],
     }
-    (cache / "locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache / "locks" / f"index-{overlay_id}.lock")):  # its temp files: only ours to clean
-        for stale in (cache / "index").glob(f".{overlay_id}.json{TMP_MARK}*"):
-            stale.unlink(missing_ok=True)
-        write_if_changed(cache / "index" / f"{overlay_id}.json", (json.dumps(index, indent=2) + "\n").encode())
+    with _cache_write(cache, "the index"):
+        (cache / "locks").mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache / "locks" / f"index-{overlay_id}.lock")):  # its temp files: only ours to clean
+            for stale in (cache / "index").glob(f".{overlay_id}.json{TMP_MARK}*"):
+                stale.unlink(missing_ok=True)
+            write_if_changed(cache / "index" / f"{overlay_id}.json", (json.dumps(index, indent=2) + "\n").encode())
     return items
 
 

@@ -57,8 +57,8 @@ def _fsync_all(fds: list[int], strict: bool = True) -> None:
     def one(fd: int) -> None:
         try:
             os.fsync(fd)
-        except OSError as exc:
-            if strict:
+        except OSError as exc:  # a directory the filesystem cannot fsync (EINVAL, ...) is skipped; EIO is not
+            if strict or exc.errno not in (22, 95, 9, 30):  # EINVAL, ENOTSUP/EOPNOTSUPP, EBADF, EROFS
                 errors.append(exc)
 
     # _thread (built in) rather than threading, whose import is ~1 ms of a first container start:
@@ -115,6 +115,20 @@ def _makedirs(directory: str, changed: set[str]) -> None:
         changed.update(os.path.dirname(m) for m in missing)
 
 
+def keep_owner(fd: int, st: os.stat_result | None) -> None:
+    """Give the new file behind `fd` the owner (uid, gid) of the file it replaces, as the
+    engine's atomic_write does: a root run on a 1000:1000 tree leaves it 1000:1000. Only a
+    privileged run can; for any other the owner already is the runner's, and EPERM is ignored."""
+    if st is None:
+        return
+    mine = os.fstat(fd)
+    if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
+        try:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        except OSError:
+            pass
+
+
 class _Staged:
     """Temp files written next to their destinations (barrier 1), renamed in groups later."""
 
@@ -129,17 +143,19 @@ class _Staged:
         new file."""
         directory = os.path.dirname(path)
         _makedirs(directory, self.new_dirs)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
         if mode is None:
-            try:
-                mode = os.stat(path).st_mode & 0o7777
-            except FileNotFoundError:
-                mode = 0o644
+            mode = st.st_mode & 0o7777 if st is not None else 0o644
         tmp = os.path.join(directory, f".{os.path.basename(path)}{TMP_MARK}{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self.fds.append(fd)
         self.pending[path] = tmp
         with open(fd, "wb", closefd=False) as fh:
             fh.write(data)
+        keep_owner(fd, st)
         os.fchmod(fd, mode)
 
     def sync(self) -> None:
@@ -181,14 +197,17 @@ def _drop_bytecode(path: str) -> None:
         if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
             try:
                 os.unlink(os.path.join(cache, n))
-            except FileNotFoundError:
+            except OSError:  # a directory, immutable, foreign-owned: left (CPython revalidates a .pyc)
                 pass
 
 
 def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[str, bytes | None],
-                 inputs: dict[str, str], journal: dict, ledger: dict, state_made: bool) -> None:
+                 inputs: dict[str, str], journal: dict, ledger: dict, state_made: bool,
+                 paths: dict[str, str] | None = None) -> None:
     """The engine's apply transaction for the plan's writes, with the three durability barriers
-    described above. `new`: rel -> bytes to write (None: delete); `base`: rel -> bytes read."""
+    described above. `new`: rel -> bytes to write (None: delete); `base`: rel -> bytes read;
+    `paths`: rel -> the real path written (an in-root symlink is written through and kept)."""
+    paths = paths or {}
     staged = _Staged()
     ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
     originals = os.path.join(state, "originals")
@@ -205,7 +224,7 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
             first.append(journal_path)
         for rel, data in new.items():
             if data is not None:
-                staged.add(os.path.join(root, rel), data)
+                staged.add(paths.get(rel) or os.path.join(root, rel), data)
         staged.add(ledger_path, (json.dumps(ledger, indent=2, sort_keys=True) + "\n").encode())
         staged.sync()  # barrier 1
         for path in first:
@@ -216,7 +235,7 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
             _fsync_dirs(synced)
         last = {state} | (staged.new_dirs - synced)
         for rel, data in new.items():
-            path = os.path.join(root, rel)
+            path = paths.get(rel) or os.path.join(root, rel)
             if data is None:
                 try:
                     os.unlink(path)

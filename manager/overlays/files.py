@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import OverlayError
 from ..fsutil import sha256_bytes
-from ..state import ABSENT
+from ..state import ABSENT, MAX_READ
 from .ledger import check_rel_path
 
 
@@ -34,8 +34,13 @@ def read_regular(path: Path, rel: str) -> bytes | None:
             raise OverlayError(f"{rel}: is a directory, not a regular file")
         if not stat.S_ISREG(st.st_mode):
             raise OverlayError(f"{rel}: not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'special file')}); refused")
+        if st.st_size > MAX_READ:
+            raise OverlayError(f"{rel}: is {st.st_size} bytes, over the {MAX_READ}-byte limit for a target; refused")
         with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
+            data = fh.read(MAX_READ + 1)
+        if len(data) > MAX_READ:
+            raise OverlayError(f"{rel}: grew past the {MAX_READ}-byte limit for a target while read; refused")
+        return data
     except OSError as exc:
         raise OverlayError(f"{rel}: cannot read: {exc.strerror}") from None
     finally:

@@ -90,6 +90,8 @@ def validate_ledger(data: object) -> dict[str, Any]:
             isinstance(t, dict) and set(t) == {"path", "status", "detail"} for t in targets
         ):
             raise ValueError(f"overlays[{oid!r}]: needs 'status' and 'targets' [{{path, status, detail}}]")
+        if not targets:  # every manifest has a target: an empty list would vouch for files never checked
+            raise ValueError(f"overlays[{oid!r}]: targets is empty (every overlay record lists its targets)")
     observed = data.get("observed", {})
     if not isinstance(observed, dict):
         raise ValueError(f"observed: expected a mapping, got {type(observed).__name__}")

@@ -61,23 +61,33 @@ def load_overlays(catalog: Catalog) -> list[Overlay]:
 
 
 def _ordered(overlays: list[Overlay]) -> list[Overlay]:
-    """Dependencies (`requires`) first, otherwise by id."""
+    """Dependencies (`requires`) first, otherwise by id. Iterative (a depth-first walk with its
+    own stack): a `requires` chain of any length is ordered, never a RecursionError."""
     by_id = {o.id: o for o in overlays}
     out: list[Overlay] = []
     seen: set[str] = set()
-
-    def visit(o: Overlay, stack: tuple[str, ...]) -> None:
-        if o.id in seen:
-            return
-        if o.id in stack:
-            raise OverlayError(f"overlay requires cycle: {' -> '.join(stack + (o.id,))}")
-        for r in o.manifest.requires:
-            visit(by_id[r], stack + (o.id,))
-        seen.add(o.id)
-        out.append(o)
-
-    for o in sorted(overlays, key=lambda x: x.id):
-        visit(o, ())
+    for first in sorted(overlays, key=lambda x: x.id):
+        if first.id in seen:
+            continue
+        path: list[str] = [first.id]  # the chain being walked (a cycle shows up on it)
+        on_path = {first.id}
+        todo: list[list[str]] = [list(reversed(first.manifest.requires))]
+        while todo:
+            if todo[-1]:
+                r = todo[-1].pop()
+                if r in seen:
+                    continue
+                if r in on_path:
+                    raise OverlayError(f"overlay requires cycle: {' -> '.join(path[path.index(r):] + [r])}")
+                path.append(r)
+                on_path.add(r)
+                todo.append(list(reversed(by_id[r].manifest.requires)))
+                continue
+            todo.pop()
+            done = path.pop()
+            on_path.discard(done)
+            seen.add(done)
+            out.append(by_id[done])
     return out
 
 

@@ -74,6 +74,8 @@ def root_lock(state: str | os.PathLike[str], wait: float = 600.0,
               on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the lock of the state directory `state` (created when missing) for the block."""
     state = os.fspath(state)
+    if wait != wait:  # NaN: every comparison with a deadline is false, so it would never give up
+        raise OverlayError(f"--wait {wait}: not a number of seconds")
     created = not os.path.exists(state)
     try:
         os.mkdir(state)
@@ -115,8 +117,12 @@ def root_lock(state: str | os.PathLike[str], wait: float = 600.0,
             "pid": os.getpid(), "host": os.uname().nodename, "command": " ".join(sys.argv[:4]),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        try:  # the owner text only names the holder (the flock is the lock): a full disk is no failure
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(owner).encode(), 0)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         yield
         ok = True
     finally:

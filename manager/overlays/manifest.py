@@ -6,16 +6,19 @@ Every validation error names the file, the key path and the offending value.
 from __future__ import annotations
 
 import datetime as _dt
+import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
 from packaging.specifiers import SpecifierSet
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
-from ..state import overlay_digest
+from ..state import UnreadableFile, overlay_digest, read_bounded
+
+MANIFEST_MAX = 1 << 20  # a hand-written manifest is a few KiB
 from ..schema import Strict, check_specifier, check_version
 from ..kernels.spec import KernelsSpec
 
@@ -76,6 +79,9 @@ def _inside(what: str, v: str) -> str:
     """A path field must be relative and free of '..' (the engine also resolves symlinks)."""
     if not v or v.startswith("/") or "\\" in v or ".." in Path(v).parts or (len(v) > 1 and v[1] == ":"):
         raise ValueError(f"{what} {v!r} must be a relative path inside the {'package root' if what == 'target' else 'overlay directory'}")
+    if what == "target" and (posixpath.normpath(v) != v or v.startswith("./")):
+        # one spelling per file: `vllm/./x.py` and `vllm/x.py` would be two targets for one file
+        raise ValueError(f"target {v!r} is not in normal form (write {posixpath.normpath(v)!r})")
     return v
 
 
@@ -210,7 +216,7 @@ class Manifest(_Strict):
     # and for an overlay a deployment needs that its catalog lacks.
     native_from: str | None = None
     probes: list[Probe] = []
-    sentinel_version: int = Field(ge=1)
+    sentinel_version: StrictInt = Field(ge=1)  # `true` is not 1
     needed_when: NeededWhen = NeededWhen()
     # Model families (profile `family`, e.g. gemma4_unified) this overlay adds to releases that
     # lack them: fits() passes engine-family through it while its status there is pending.
@@ -242,6 +248,9 @@ class Manifest(_Strict):
     def _targets(cls, v: list[str]) -> list[str]:
         for t in v:
             _inside("target", t)
+        twice = sorted({t for t in v if v.count(t) > 1})
+        if twice:
+            raise ValueError(f"target {twice[0]!r} is listed twice")
         return v
 
     @model_validator(mode="after")
@@ -296,7 +305,9 @@ def read_manifest(path: Path) -> dict[str, object]:
     from .. import safeyaml
 
     try:
-        raw = safeyaml.load(path.read_text(encoding="utf-8"))
+        raw = safeyaml.load(read_bounded(str(path), MANIFEST_MAX).decode("utf-8"))
+    except UnreadableFile as exc:  # a FIFO, a device, a huge file: refused before any read can block
+        raise OverlayError(f"{path}: {exc}; not a manifest file") from None
     except FileNotFoundError:
         raise OverlayError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -32,13 +32,15 @@ import os
 import sys
 
 from .. import __version__
-from ..state import ABSENT, STATE_DIR, catalog_overlay_ids, overlay_digest, package_version
+from ..state import ABSENT, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version, read_bounded
 from ..state import sha256 as _sha256
 from .durable import transaction
+from .targets import manifest_targets
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
 ENV_CACHE = "OVERLAY_PLAN_CACHE"
+PLAN_MAX = 64 << 20  # a plan holds hunks of a few source files: far below this
 
 
 class PlanRefused(Exception):
@@ -175,17 +177,15 @@ def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | N
     sigs = []
     for rel, want in inputs.items():
         path = os.path.join(root, rel)
-        try:  # non-blocking open + fstat: a FIFO or device never blocks; anything but a file -> the engine
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-            with open(fd, "rb") as fh:
-                st = os.fstat(fd)
-                if (st.st_mode & 0o170000) != 0o100000:
-                    return None
-                data: bytes | None = fh.read()
+        try:  # non-blocking, fstat()ed, bounded: a FIFO, a device or a huge file -> the engine decides
+            data: bytes | None = read_bounded(path)
+            st = os.stat(path)
             sigs.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError):
             data = None
             sigs.append(None)
+        except OSError:  # UnreadableFile (not a regular file, too large) or any read error
+            return None
         if (ABSENT if data is None else _sha256(data).hexdigest()) != want:
             return None
         out[rel] = data
@@ -205,17 +205,19 @@ def _signatures(root: str, inputs: dict[str, str]) -> list:
 
 
 def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
-    """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON)."""
+    """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON, or
+    not a regular file of at most PLAN_MAX bytes: a FIFO there never blocks)."""
     for d in dirs:
         path = os.path.join(d, key + ".json")
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
+            raw = read_bounded(path, PLAN_MAX)
+        except UnreadableFile as exc:
+            raise PlanRefused(f"{path}: {exc}") from None
         except OSError:
             continue
         try:
             return path, json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise PlanRefused(f"{path}: not valid JSON") from None
     return None
 
@@ -256,6 +258,20 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
             return None  # a required overlay changed in this catalog: the engine decides
     if not explicit and sorted(o["id"] for o in plan["overlays"]) != sorted(requested):
         return None
+    led = plan["ledger"]
+    # scope: a plan writes only targets of the overlays it applies (their manifests, read from
+    # this catalog, whose digests matched), each recorded under overlays that list it
+    targets = {}
+    for o in plan["overlays"]:
+        t = manifest_targets(os.path.join(overlays_dir, o["id"]))
+        if t is None:
+            return None
+        targets[o["id"]] = t
+    for rel, rec in led.get("files", {}).items():
+        owners = list(rec["overlays"])
+        if not owners or any(rel not in targets.get(i, ()) for i in owners):
+            raise PlanRefused(f"{where}: writes {rel}, which is not a target of "
+                              f"{', '.join(owners) or 'any overlay it applies'}")
     for rel in plan["inputs"]:
         _inside(root, rel, where)
     read = _read_inputs(root, plan["inputs"])
@@ -271,7 +287,18 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         data = apply_hunks(base[rel] or b"", w["hunks"], where)
         if _sha256(data).hexdigest() != w["post_sha256"]:
             raise PlanRefused(f"{where}: result hash mismatch for {rel} (tampered or corrupt plan)")
+        for oid in led["files"][rel]["overlays"]:  # each overlay recorded on a file left its sentinel
+            if b"overlay:" + oid.encode() + b" v" not in data:
+                raise PlanRefused(f"{where}: the result for {rel} carries no block of {oid}")
         new[rel] = data
+    # where each write lands: through an in-root file symlink, as the engine writes (the link is kept)
+    paths = {}
+    for rel, data in new.items():
+        full = os.path.join(root, rel)
+        if os.path.islink(full):
+            if data is None:
+                return None  # the engine refuses to delete a symlink or its target, in one line
+            paths[rel] = os.path.realpath(full)
     state_made = not os.path.isdir(state)
     os.makedirs(state, exist_ok=True)
     from .lock import root_lock
@@ -294,13 +321,24 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
 
         ledger = dict(led)
         ledger["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-        transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made)
-    report = plan.get("report") or {}
+        transaction(root, state, new, base, plan["inputs"], journal, ledger, state_made, paths)
+    # what is printed is what was written (never the plan's own report): one line per write
+    order = [o["id"] for o in plan["overlays"]]
+    changes = []
+    for w in plan["writes"]:
+        rel = w["path"]
+        verb = "create" if w["pre_sha256"] == ABSENT else "delete" if w["post_sha256"] == ABSENT else "updated"
+        owners = led["files"][rel]["overlays"]
+        changes.append((verb, rel, [i for i in order if i in owners]))
+    report = plan.get("report") if isinstance(plan.get("report"), dict) else {}
+    written_by = {i for _, _, ids_ in changes for i in ids_}
+    skipped = [(s[0], s[1]) for s in report.get("skipped", []) if isinstance(s, list) and len(s) == 2
+               and isinstance(s[0], str) and isinstance(s[1], str) and s[0] in requested and s[0] not in written_by]
     return {
         "plan": where,
-        "changes": [tuple(c) for c in report.get("changes", [])],
-        "statuses": [(i, led["overlays"][i].get("status", "?")) for i in (o["id"] for o in plan["overlays"])],
-        "skipped": [tuple(s) for s in report.get("skipped", [])],
+        "changes": changes,
+        "statuses": [(i, led["overlays"][i].get("status", "?")) for i in order],
+        "skipped": skipped,
     }
 
 

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
-from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR
+from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, read_bounded
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
@@ -90,10 +90,14 @@ def input_paths(overlays: Sequence[Overlay]) -> list[str]:
 
 
 def _sha_or_absent(path: Path) -> str:
+    """The input hash the plan records; a FIFO, device or oversized file is never read (the
+    engine then refuses it with its own line)."""
     try:
-        return sha256_bytes(path.read_bytes())
-    except (FileNotFoundError, IsADirectoryError):
+        return sha256_bytes(read_bounded(str(path)))
+    except (FileNotFoundError, NotADirectoryError):
         return ABSENT
+    except OSError:
+        return "not-a-regular-file"
 
 
 def apply_and_record(

@@ -197,6 +197,8 @@ def overlay_status(
                 )
         except (EditFailed, OverlayError, UnicodeDecodeError) as exc:
             status, detail = "error", str(exc)
+        except RecursionError:  # valid Python libcst cannot walk (a 600-term sum): an error, not a crash
+            status, detail = "error", f"{t}: code nested too deeply for libcst (RecursionError); cannot be edited"
         targets.append(TargetStatus(t, status, detail))
     statuses = [x.status for x in targets]
     overall = worst(statuses)

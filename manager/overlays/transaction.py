@@ -19,7 +19,8 @@ from typing import Callable, Iterable, Sequence
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
-from ..state import APPLY_SKIPS, SKIP_UNLESS_NAMED
+from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
+from .conflicts import check_conflicts
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
 from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
 from .loader import Overlay
@@ -91,6 +92,13 @@ def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None,
         return _run_edits(edits, rel, text, tree_module, excerpt=excerpt)
     except EditFailed as exc:
         raise OverlayError(f"overlay {overlay.id}: {rel}: {exc}") from None
+    except RecursionError:
+        raise OverlayError(f"overlay {overlay.id}: {rel}: {TOO_DEEP}") from None
+
+
+# valid Python (CPython compiles it) that libcst's recursive visitors cannot walk: one line, nothing written
+TOO_DEEP = ("code nested too deeply for the Python syntax tree library (libcst: RecursionError, e.g. a very "
+            "long chained expression); refused, nothing written")
 
 
 def _top_level_names(overlays: Sequence[Overlay]) -> dict[str, frozenset[str]]:
@@ -124,6 +132,8 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
         raise OverlayError(f"overlay {', '.join(who)}: {rel}: line {nul_line(text)}: patched code contains a NUL byte")
     try:
         compile(text, rel, "exec", dont_inherit=True)
+    except RecursionError:
+        raise OverlayError(f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
     except SyntaxError as exc:
         raise OverlayError(
             f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
@@ -149,6 +159,12 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
         for t in st.targets:
             if t.status not in ("pending", "partial"):
                 continue
+            if t.path in edited:  # recording the edit as overlay bytes would let a revert drop it
+                e = edited[t.path]
+                raise OverlayError(
+                    f"overlay {o.id}: {t.path}: changed since overlay apply of {', '.join(e['overlays'])} "
+                    f"(sha256 {e['now'][:12]} != recorded {e['post'][:12]}; a hand edit?); refused so the edit "
+                    "is not recorded as overlay bytes: revert those overlays or restore the file first")
             if t.path in plan.texts:
                 current, module = plan.texts[t.path], plan.modules.get(t.path)
             else:
@@ -158,6 +174,8 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
             plan.texts[t.path], plan.modules[t.path], plan.excerpts[t.path] = _apply_edits(
                 o, t.path, current, module, plan.excerpts[t.path])
             plan.overlays_by_file.setdefault(t.path, []).append(o.id)
+    writing = {i for ids in plan.overlays_by_file.values() for i in ids}
+    check_conflicts([o for o in overlays if o.id in writing])  # before anything is written
     for rel, text in plan.texts.items():
         _check_compiles(rel, text, plan.overlays_by_file[rel])
     return plan
@@ -178,12 +196,18 @@ def _drop_bytecode(root: Path, rel: str) -> None:
     if p.suffix != ".py":
         return
     cache = p.parent / "__pycache__"
-    if cache.is_dir():
+    try:
+        if not cache.is_dir():
+            return
         for pyc in cache.glob(f"{p.stem}.*.pyc"):
             try:
                 pyc.unlink()
-            except FileNotFoundError:
+            except OSError:
+                # a directory, an immutable or foreign-owned entry: left as it is; CPython checks a
+                # .pyc's recorded source mtime and size against the source, so a stale one is not run
                 pass
+    except OSError:
+        pass
 
 
 def _lock(root: Path, wait: float = 600.0, on_wait=None):
@@ -214,6 +238,17 @@ def _put(root: Path, rel: str, data: bytes | None) -> None:
     _drop_bytecode(root, rel)
 
 
+def _unchanged_since_read(root: Path, c: FileChange) -> None:
+    """A lost update is refused: the target must still hold the bytes this run read and computed
+    from (another process may have written it since), checked immediately before the replace."""
+    from .files import read_regular
+
+    now = read_regular(resolve_in_root(root, c.path), c.path)
+    if now != c.before:
+        raise OverlayError(f"{c.path}: changed on disk while this run computed its new bytes (another "
+                           "process wrote it); refused, run the command again")
+
+
 def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled: bool = False) -> None:
     """Write every change; when one fails, put back the ones already written (all or nothing).
 
@@ -224,6 +259,7 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
         for c in changes:
             for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
                 hook()
+            _unchanged_since_read(root, c)
             _put(root, c.path, c.after)
             done.append(c)
     except OverlayError as exc:
@@ -292,6 +328,23 @@ def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") 
     return report
 
 
+def _writable(path: Path) -> bool:
+    """False on a read-only mount (access(2) says EROFS even to root) or a directory we may not write."""
+    import os
+
+    return os.access(path, os.W_OK)
+
+
+def _settle_journal(led: Ledger, version: str | None) -> None:
+    """One journal owner: a journal another run left (killed, or a plan replay that failed) is
+    folded into the ledger by `recover`; the ledger is saved and only then is that journal
+    removed, before this run writes a journal of its own. A roll-back of this run then removes
+    only its own journal, never the records of the earlier run."""
+    if led.has_journal():
+        led.save(version)
+        led.clear_journal()
+
+
 def apply(
     overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
     wait: float = 600.0, on_wait=None,
@@ -303,9 +356,16 @@ def apply(
         plan = _plan(overlays, root, explicit)
         changes = _changes(plan, plan.tree.read)
         return ApplyResult(str(root), version, tuple(changes), plan.report, tuple(plan.skipped), dry_run=True)
+    if not _writable(state_dir(root) if state_dir(root).is_dir() else Path(root)):
+        # a read-only root (an image): no lock can be taken there, and none is needed when there is
+        # nothing to write and no journal to recover; otherwise the lock below says why it cannot
+        plan = _plan(overlays, root, explicit)
+        if not _changes(plan, plan.tree.read) and not (state_dir(root) / JOURNAL_FILE).exists():
+            return ApplyResult(str(root), version, (), plan.report, tuple(plan.skipped))
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: Tree(root).sha(rel))
+        _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
             fast = ledger_fast_status(overlays, root, version)
@@ -336,7 +396,14 @@ def apply(
             for c in changes:  # the tree now holds what was written (no second read or parse)
                 tree.replace(c.path, c.after, plan.modules.get(c.path))
         report = _record(led, overlays, root, tree)
-        led.save(version)
+        try:
+            led.save(version)
+        except OverlayError as exc:
+            if not changes:
+                raise
+            raise OverlayError(
+                f"{exc}; the {len(changes)} target(s) are written and {led.journal_path} (kept) records them: "
+                "the next apply or revert completes from it") from None
         led.clear_journal()
         return ApplyResult(str(root), version, tuple(changes), report, tuple(plan.skipped), tuple(notes))
 
@@ -379,6 +446,7 @@ def revert(
     with _lock(root, wait, on_wait):
         led = Ledger.load(root)
         notes = led.recover(lambda rel: Tree(root).sha(rel))
+        _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         tree = Tree(root)
         texts: dict[str, str | None] = {}
@@ -408,19 +476,23 @@ def revert(
             encodings[rel] = enc
             owners[rel] = mine
         # files not in the ledger that carry our sentinels
-        for o in overlays:
+        ledgerless: set[str] = set()
+        for o in reversed(list(overlays)):  # the last applied first: a later overlay's blocks come out first
             for t in o.manifest.targets:
-                if t in led.files or t in texts:
+                if t in led.files or (t in texts and t not in ledgerless):
                     continue
-                current = tree.text(t)
+                current = texts[t] if t in ledgerless else tree.text(t)  # several overlays on one file: each one's blocks
                 if current is None or f"overlay:{o.id} v" not in current:
                     continue
+                ledgerless.add(t)
                 from .edits import EditFailed
 
                 try:
                     text = _run_edits(o.make_edits(t), t, current, remove=True)[0]
                 except EditFailed as exc:  # a block that is not intact is never removed by count
                     raise OverlayError(f"revert refused: {t}: {exc}; restore the file first") from None
+                except RecursionError:
+                    raise OverlayError(f"revert refused: {t}: {TOO_DEEP}") from None
                 texts[t] = text
                 owners.setdefault(t, []).append(o.id)
                 notes.append(f"{t}: not in the ledger; removed sentinel-marked blocks of {o.id}")

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import json
 import os
 import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..boundedhttp import Answer
 from ..errors import UpstreamError
 from .cache import CacheEntry, FactCache, utcnow
 
@@ -61,12 +63,14 @@ class Unavailable:
     reason: str
 
 
-def _slim(body: Any, keys: tuple[str, ...], extra: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+def _slim(body: Any, keys: tuple[str, ...], extra: Callable[[dict[str, Any]], dict[str, Any]],
+          types: dict[str, tuple[type, ...]] | None = None) -> Any:
+    """The kept fields of a documented JSON object; ValueError for an answer of another shape."""
     if not isinstance(body, dict):
-        return body
+        raise ValueError(f"an unexpected answer: a {type(body).__name__}, not an object")
     slim = {k: body.get(k) for k in keys if k in body}
     slim.update(extra(body))
-    return slim
+    return _shaped(slim, types) if types else slim
 
 
 def _pull_extra(body: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +101,7 @@ def _retry_after(headers: httpx.Headers, now: dt.datetime) -> dt.datetime | None
     raw = headers.get("retry-after")
     if raw:
         raw = raw.strip()
-        if raw.isdigit():
+        if raw.isdigit() and len(raw) <= 9:  # a 5000-digit value is no delay (int() refuses it)
             return now + dt.timedelta(seconds=int(raw))
         try:
             parsed = email.utils.parsedate_to_datetime(raw)
@@ -105,15 +109,18 @@ def _retry_after(headers: httpx.Headers, now: dt.datetime) -> dt.datetime | None
         except (TypeError, ValueError):
             pass
     reset = headers.get("x-ratelimit-reset")
-    if reset and reset.strip().isdigit():
-        return dt.datetime.fromtimestamp(int(reset), dt.timezone.utc)
+    if reset and reset.strip().isdigit() and len(reset.strip()) <= 11:
+        try:
+            return dt.datetime.fromtimestamp(int(reset), dt.timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
     return None
 
 
-def _is_rate_limited(resp: httpx.Response) -> bool:
-    if resp.status_code not in (403, 429):
+def _is_rate_limited(resp: Answer) -> bool:
+    if resp.status not in (403, 429):
         return False
-    if resp.status_code == 429 or resp.headers.get("retry-after"):
+    if resp.status == 429 or resp.headers.get("retry-after"):
         return True
     return resp.headers.get("x-ratelimit-remaining", "").strip() == "0"
 
@@ -131,6 +138,8 @@ class GitHubClient:
         now: Callable[[], dt.datetime] = utcnow,
         timeout: float = 15.0,
         transport: httpx.BaseTransport | None = None,
+        deadline: float = 60.0,
+        max_body: int = 8 << 20,
     ) -> None:
         self.cache = cache
         self.api_url = (api_url or DEFAULT_API_URL).rstrip("/")
@@ -140,6 +149,8 @@ class GitHubClient:
         self.offline = offline
         self.now = now
         self.timeout = timeout
+        self.deadline = deadline  # seconds for one request in all (httpx's timeout is per chunk)
+        self.max_body = max_body  # the slimmed answers are a few hundred bytes; a compare lists files
         self._transport = transport
         self._http: httpx.Client | None = None
         self._blocked: str | None = None  # set once GitHub rate-limits us (or is unreachable)
@@ -198,46 +209,53 @@ class GitHubClient:
             headers["If-None-Match"] = cached.etag
         elif cached is not None and cached.last_modified:
             headers["If-Modified-Since"] = cached.last_modified
+        from ..boundedhttp import RemoteRefused, get as bounded_get
+
         try:
             self.requests_made += 1
-            resp = self._client().get(url, headers=headers)
+            resp = bounded_get(self._client(), url, headers=headers, deadline=self.deadline, limit=self.max_body)
+        except RemoteRefused as exc:
+            if "deadline" in str(exc):  # the client stays with the stuck request: a fresh one next time
+                self._http = None
+                self._blocked = f"GitHub too slow ({exc})"
+            return self._from_cache(url, f"GitHub answer refused at {url}: {exc}")
         except _httpx().HTTPError as exc:
             self._blocked = f"GitHub unreachable ({type(exc).__name__})"
             self.unreachable = f"GitHub API {self.api_url} unreachable ({type(exc).__name__}: {str(exc)[:120]})"
             return self._from_cache(url, self._blocked)
         now = self.now()
 
-        if resp.status_code == 304 and cached is not None:
+        if resp.status == 304 and cached is not None:
             entry = CacheEntry(
                 url, cached.status, resp.headers.get("etag") or cached.etag, cached.last_modified,
                 cached.fetched_at, now, cached.body,
             )
             self.cache.put(entry)
             return Fetched(url, entry.status, entry.body, entry.fetched_at, now, "GitHub, 304")
-        if resp.status_code == 200:
+        if resp.status == 200:
             try:
-                body = slim(resp.json())
-            except ValueError:
-                return self._from_cache(url, f"GitHub answered 200 with no JSON at {url}")
+                body = slim(_json(resp.body))
+            except ValueError as exc:  # not JSON, nested too deeply, or not the documented shape
+                return self._from_cache(url, f"GitHub answered 200 with {exc} at {url}")
             entry = CacheEntry(
                 url, 200, resp.headers.get("etag"), resp.headers.get("last-modified"), now, now, body
             )
             self.cache.put(entry)
             return Fetched(url, 200, body, now, now, "GitHub")
-        if resp.status_code in (404, 422):
+        if resp.status in (404, 422):
             # A fact too: the PR / commit does not exist there. Cached so --offline can say so.
             message = _message(resp)
-            entry = CacheEntry(url, 404, None, None, now, now, {"message": message, "http_status": resp.status_code})
+            entry = CacheEntry(url, 404, None, None, now, now, {"message": message, "http_status": resp.status})
             self.cache.put(entry)
             return Fetched(url, 404, entry.body, now, now, "GitHub")
         if _is_rate_limited(resp):
             until = _retry_after(resp.headers, now) or now + dt.timedelta(minutes=1)
-            reason = f"GitHub rate limit (HTTP {resp.status_code}, resets {until:%Y-%m-%d %H:%M} UTC)"
+            reason = f"GitHub rate limit (HTTP {resp.status}, resets {until:%Y-%m-%d %H:%M} UTC)"
             self._blocked = reason
-            self.cache.block(until, f"GitHub rate limit (HTTP {resp.status_code})")
+            self.cache.block(until, f"GitHub rate limit (HTTP {resp.status})")
             return self._from_cache(url, reason)
-        reason = f"GitHub HTTP {resp.status_code}: {_message(resp)}"
-        if resp.status_code == 401:
+        reason = f"GitHub HTTP {resp.status}: {_message(resp)}"
+        if resp.status == 401:
             self._blocked = reason  # a bad token fails every request the same way
         return self._from_cache(url, reason)
 
@@ -246,7 +264,7 @@ class GitHubClient:
         _check_repo(repo)
         return self.get(
             f"/repos/{repo}/pulls/{int(number)}",
-            slim=lambda b: _slim(b, _PULL_KEYS, _pull_extra),
+            slim=lambda b: _slim(b, _PULL_KEYS, _pull_extra, _PULL_TYPES),
         )
 
     def compare(self, repo: str, base: str, head: str) -> Fetched | Unavailable:
@@ -256,7 +274,7 @@ class GitHubClient:
                 raise UpstreamError(f"compare {base}...{head}: {ref!r} is not a plain ref or sha")
         return self.get(
             f"/repos/{repo}/compare/{base}...{head}?per_page=1",
-            slim=lambda b: _slim(b, _COMPARE_KEYS, _compare_extra),
+            slim=lambda b: _slim(b, _COMPARE_KEYS, _compare_extra, _COMPARE_TYPES),
         )
 
 
@@ -265,11 +283,43 @@ def _check_repo(repo: str) -> None:
         raise UpstreamError(f"upstream repo {repo!r}: expected owner/name")
 
 
-def _message(resp: httpx.Response) -> str:
+def _message(resp: Answer) -> str:
     try:
-        body = resp.json()
+        body = _json(resp.body)
         if isinstance(body, dict) and body.get("message"):
             return str(body["message"]).splitlines()[0][:200]
     except ValueError:
         pass
-    return resp.reason_phrase or f"HTTP {resp.status_code}"
+    return resp.reason or f"HTTP {resp.status}"
+
+
+def _json(raw: bytes) -> Any:
+    """The answer's JSON; ValueError (with what is wrong) for anything else, including nesting
+    deeper than the parser's stack and integers longer than CPython converts."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"no valid JSON ({str(exc)[:100]})") from None
+
+
+# The documented types of the fields kept (None: absent or null is allowed for every one).
+_PULL_TYPES: dict[str, tuple[type, ...]] = {
+    "number": (int,), "state": (str,), "merged": (bool,), "merged_at": (str,), "closed_at": (str,),
+    "merge_commit_sha": (str,), "title": (str,), "html_url": (str,), "head_sha": (str,),
+}
+_COMPARE_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "ahead_by": (int,), "behind_by": (int,), "total_commits": (int,),
+    "merge_base_commit_sha": (str,), "base_commit_sha": (str,),
+}
+
+
+def _shaped(slim: dict[str, Any], types: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    """`slim` when every kept field has its documented type; ValueError naming the first that has not."""
+    for key, want in types.items():
+        v = slim.get(key)
+        if v is not None and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+            raise ValueError(f"an unexpected answer: {key!r} is {type(v).__name__} {str(v)[:40]!r}, "
+                             f"not {' or '.join(t.__name__ for t in want)}")
+    return slim
