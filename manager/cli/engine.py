@@ -57,8 +57,8 @@ def audit_cmd(target: str | None, image: str | None, sm: int, as_json: bool, tus
     else:
         print_data(render(report))
     if not report.ok:
-        err.print(f"sm_{sm}: {report.verdict}" + (": " + ", ".join(c.name for c in report.failing) if report.failing else ""),
-                  markup=False)
+        why = report.errors[0] if report.errors else ", ".join(c.name for c in report.failing)
+        err.print(f"error: sm_{sm}: {report.verdict}" + (f": {why}" if why else ""), markup=False)
         return 1
     return 0
 

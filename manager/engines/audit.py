@@ -102,9 +102,11 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
+        if self.errors:
+            return "unreadable"  # a binary could not be parsed: no answer for it
         if not self.components:
             return "no CUDA code"
-        return "does not run" if self.failing or self.errors else "runs"
+        return "does not run" if self.failing else "runs"
 
     @property
     def ok(self) -> bool:

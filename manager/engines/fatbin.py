@@ -208,8 +208,8 @@ def read(fh: BinaryIO, size: int, path: str, names: bool = True) -> Fatbin:
         fh.seek(pos)
         magic, _version, hsize, fsize = CONTAINER_HEADER.unpack(fh.read(CONTAINER_HEADER.size))
         if magic != MAGIC:
-            if magic == 0:  # alignment padding between containers
-                pos += 8 if pos % 8 == 0 else 8 - pos % 8
+            if magic == 0:  # zero padding between containers
+                pos += 8
                 continue
             raise FatbinError(f"{path}: bad fatbin container magic {magic:#010x} at offset {pos:#x}")
         if hsize < CONTAINER_HEADER.size or pos + hsize + fsize > end:
@@ -239,7 +239,7 @@ def read(fh: BinaryIO, size: int, path: str, names: bool = True) -> Fatbin:
         if e != cend and cend - e >= ENTRY_HEADER.size:
             raise FatbinError(f"{path}: fatbin container at offset {pos:#x} is inconsistent")
         containers.append(Container(len(containers), tu, tuple(entries)))
-        pos = cend
+        pos = (cend + 7) & ~7  # containers start 8-byte aligned
     return Fatbin(path, tuple(containers))
 
 
