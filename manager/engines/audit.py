@@ -9,6 +9,7 @@ code). Each ELF's `.nv_fatbin` is parsed by `fatbin`; each TU is matched to a co
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -320,24 +321,27 @@ def site_dirs(client: Any, image: str) -> list[str]:
     return [line.strip() for line in out.decode(errors="replace").splitlines() if line.strip().startswith("/")]
 
 
-class _ChunkStream:
-    """A file-like view of get_archive's chunk iterator, for tarfile's stream mode."""
+class _ChunkStream(io.RawIOBase):
+    """A raw stream over get_archive's chunk iterator (wrapped in a BufferedReader for tarfile)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
-        self._buf = b""
+        self._chunk = b""
+        self._pos = 0
 
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buf) < n:
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while self._pos >= len(self._chunk):
             try:
-                self._buf += next(self._chunks)
+                self._chunk, self._pos = next(self._chunks), 0
             except StopIteration:
-                break
-        if n < 0:
-            data, self._buf = self._buf, b""
-        else:
-            data, self._buf = self._buf[:n], self._buf[n:]
-        return data
+                return 0
+        n = min(len(b), len(self._chunk) - self._pos)
+        b[:n] = self._chunk[self._pos:self._pos + n]
+        self._pos += n
+        return n
 
 
 def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = None) -> AuditReport:
@@ -367,8 +371,10 @@ def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = No
                 except NotFound:
                     continue
                 base = site.rstrip("/").rsplit("/", 1)[-1]
-                with tarfile.open(fileobj=_ChunkStream(iter(chunks)), mode="r|") as tar:  # type: ignore[arg-type]
+                stream = io.BufferedReader(_ChunkStream(iter(chunks)), fatbin.CHUNK)
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
                     for member in tar:
+                        tar.members = []  # stream mode keeps every TarInfo otherwise (~100k files)
                         rel = member.name.split("/", 1)[1] if member.name.startswith(base + "/") else member.name
                         if not member.isfile() or not is_candidate(rel):
                             continue

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 from ..errors import ManagerError
 
@@ -39,6 +39,7 @@ FLAG_ARCH_SPECIFIC = 0x100000
 CONTAINER_HEADER = struct.Struct("<IHHQ")
 ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQQQ")
 SECTION = ".nv_fatbin"
+LARGE_DATA = (".ldata", ".lrodata")  # x86-64 large-model data sections, scanned for containers
 
 MAX_ENTRIES = 1_000_000  # a hostile file cannot make the reader loop for ever
 MAX_NAME_SCAN = 64 << 20  # bytes of one payload read to find its TU name
@@ -109,7 +110,8 @@ def runs_on(sass: tuple[int, ...] | list[int], ptx: tuple[int, ...] | list[int],
     return None
 
 
-def _section(fh: BinaryIO, size: int, name: str, path: str) -> tuple[int, int] | None:
+def _sections(fh: BinaryIO, size: int, path: str) -> dict[str, tuple[int, int]]:
+    """name -> (file offset, size) of every section with file contents."""
     head = fh.read(64)
     if len(head) < 64 or head[:4] != b"\x7fELF":
         raise FatbinError(f"{path}: not an ELF file")
@@ -118,7 +120,7 @@ def _section(fh: BinaryIO, size: int, name: str, path: str) -> tuple[int, int] |
     shoff, = struct.unpack_from("<Q", head, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
     if shnum == 0:
-        return None
+        return {}
     if shentsize < 64 or shstrndx >= shnum or shoff + shentsize * shnum > size:
         raise FatbinError(f"{path}: truncated or malformed ELF section table")
     fh.seek(shoff)
@@ -129,15 +131,16 @@ def _section(fh: BinaryIO, size: int, name: str, path: str) -> tuple[int, int] |
         raise FatbinError(f"{path}: truncated or malformed ELF section names")
     fh.seek(str_off)
     names = fh.read(str_size)
-    want = name.encode()
+    out: dict[str, tuple[int, int]] = {}
     for name_off, sh_type, _flags, _addr, off, sec_size in secs:
-        if names[name_off:name_off + len(want) + 1] == want + b"\0":
-            if sh_type == 8:  # SHT_NOBITS
-                return None
-            if off + sec_size > size:
-                raise FatbinError(f"{path}: section {name} runs past the end of the file")
-            return off, sec_size
-    return None
+        end = names.find(b"\0", name_off)
+        name = names[name_off:end if end >= 0 else None].decode("latin-1")
+        if sh_type == 8 or name in out:  # SHT_NOBITS: no bytes in the file
+            continue
+        if off + sec_size > size:
+            raise FatbinError(f"{path}: section {name} runs past the end of the file")
+        out[name] = (off, sec_size)
+    return out
 
 
 def _decompress(data: bytes, compression: str, expected: int) -> bytes | None:
@@ -190,56 +193,107 @@ def _tu_name(fh: BinaryIO, offset: int, size: int, compression: str, csize: int,
     return None
 
 
+def _container(fh: BinaryIO, pos: int, end: int, path: str, index: int, names: bool,
+               strict: bool) -> tuple[Container, int] | None:
+    """The container at `pos` and where it ends; None when `pos` holds none (not strict: a magic
+    number found by scanning data may be a coincidence, and is then skipped)."""
+    fh.seek(pos)
+    magic, version, hsize, fsize = CONTAINER_HEADER.unpack(fh.read(CONTAINER_HEADER.size))
+    if magic != MAGIC:
+        if strict:
+            raise FatbinError(f"{path}: bad fatbin container magic {magic:#010x} at offset {pos:#x}")
+        return None
+    if hsize < CONTAINER_HEADER.size or pos + hsize + fsize > end:
+        if strict:
+            raise FatbinError(f"{path}: fatbin container at offset {pos:#x} runs past its section")
+        return None
+    if not strict and (version != 1 or hsize != CONTAINER_HEADER.size or fsize < ENTRY_HEADER.size):
+        return None
+    entries: list[Entry] = []
+    tu: str | None = None
+    e = pos + hsize
+    cend = e + fsize
+    while e + ENTRY_HEADER.size <= cend:
+        if len(entries) >= MAX_ENTRIES:
+            raise FatbinError(f"{path}: more than {MAX_ENTRIES} fatbin entries in one container")
+        fh.seek(e)
+        (kind, _u, ehs, psize, csize, _opt, _minor, _major, sm, _noff, _nlen, flags, _z,
+         dsize) = ENTRY_HEADER.unpack(fh.read(ENTRY_HEADER.size))
+        bad = None
+        if ehs < ENTRY_HEADER.size or e + ehs + psize > cend:
+            bad = f"{path}: fatbin entry at offset {e:#x} runs past its container"
+        elif kind not in (KIND_PTX, KIND_SASS):
+            bad = f"{path}: unknown fatbin entry kind {kind} at offset {e:#x}"
+        if bad:
+            if strict:
+                raise FatbinError(bad)
+            return None
+        compression = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else "none"
+        entries.append(Entry("ptx" if kind == KIND_PTX else "sass", sm, bool(flags & FLAG_ARCH_SPECIFIC),
+                             compression, psize))
+        if names and tu is None and kind == KIND_SASS:
+            tu = _tu_name(fh, e + ehs, psize, compression, csize, dsize)
+        e += ehs + psize
+    if e != cend and cend - e >= ENTRY_HEADER.size:
+        if strict:
+            raise FatbinError(f"{path}: fatbin container at offset {pos:#x} is inconsistent")
+        return None
+    return Container(index, tu, tuple(entries)), cend
+
+
+def _scan(fh: BinaryIO, start: int, end: int) -> Iterator[int]:
+    """Offsets of the container magic in [start, end), read in chunks."""
+    needle = struct.pack("<I", MAGIC)
+    pos = start
+    while pos < end:
+        fh.seek(pos)
+        chunk = fh.read(min(CHUNK, end - pos))
+        if len(chunk) < 4:
+            return
+        i = chunk.find(needle)
+        if i < 0:
+            pos += len(chunk) - 3
+            continue
+        yield pos + i
+        pos += i + 4  # the caller may seek elsewhere; resume right after this hit
+
+
 def read(fh: BinaryIO, size: int, path: str, names: bool = True) -> Fatbin:
-    """Parse the `.nv_fatbin` section of an open ELF file of `size` bytes.
+    """Parse the `.nv_fatbin` section of an open ELF file of `size` bytes, and the fatbin
+    containers some libraries keep in their large-data sections (cuFFT: `.ldata`).
 
     `names`: also name each container's TU (reads one cubin per container). Raises FatbinError
-    (one line naming `path`) on a truncated or inconsistent structure."""
+    (one line naming `path`) on a truncated or inconsistent `.nv_fatbin`."""
     fh.seek(0)
-    found = _section(fh, size, SECTION, path)
-    if found is None:
-        return Fatbin(path)
-    start, length = found
-    end = start + length
-    pos = start
+    sections = _sections(fh, size, path)
     containers: list[Container] = []
-    count = 0
-    while pos + CONTAINER_HEADER.size <= end:
-        fh.seek(pos)
-        magic, _version, hsize, fsize = CONTAINER_HEADER.unpack(fh.read(CONTAINER_HEADER.size))
-        if magic != MAGIC:
-            if magic == 0:  # zero padding between containers
+    found = sections.get(SECTION)
+    if found is not None:
+        start, length = found
+        end = start + length
+        pos = start
+        while pos + CONTAINER_HEADER.size <= end:
+            fh.seek(pos)
+            if fh.read(4) == b"\0\0\0\0":  # zero padding between containers
                 pos += 8
                 continue
-            raise FatbinError(f"{path}: bad fatbin container magic {magic:#010x} at offset {pos:#x}")
-        if hsize < CONTAINER_HEADER.size or pos + hsize + fsize > end:
-            raise FatbinError(f"{path}: fatbin container at offset {pos:#x} runs past its section")
-        entries: list[Entry] = []
-        tu: str | None = None
-        e = pos + hsize
-        cend = e + fsize
-        while e + ENTRY_HEADER.size <= cend:
-            count += 1
-            if count > MAX_ENTRIES:
-                raise FatbinError(f"{path}: more than {MAX_ENTRIES} fatbin entries")
-            fh.seek(e)
-            (kind, _u, ehs, psize, csize, _opt, _minor, _major, sm, _noff, _nlen, flags, _z,
-             dsize) = ENTRY_HEADER.unpack(fh.read(ENTRY_HEADER.size))
-            if ehs < ENTRY_HEADER.size or e + ehs + psize > cend:
-                raise FatbinError(f"{path}: fatbin entry at offset {e:#x} runs past its container")
-            if kind not in (KIND_PTX, KIND_SASS):
-                raise FatbinError(f"{path}: unknown fatbin entry kind {kind} at offset {e:#x}")
-            compression = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else "none"
-            entry = Entry("ptx" if kind == KIND_PTX else "sass", sm, bool(flags & FLAG_ARCH_SPECIFIC),
-                          compression, psize)
-            entries.append(entry)
-            if names and tu is None and kind == KIND_SASS:
-                tu = _tu_name(fh, e + ehs, psize, compression, csize, dsize)
-            e += ehs + psize
-        if e != cend and cend - e >= ENTRY_HEADER.size:
-            raise FatbinError(f"{path}: fatbin container at offset {pos:#x} is inconsistent")
-        containers.append(Container(len(containers), tu, tuple(entries)))
-        pos = (cend + 7) & ~7  # containers start 8-byte aligned
+            got = _container(fh, pos, end, path, len(containers), names, strict=True)
+            assert got is not None
+            containers.append(got[0])
+            pos = (got[1] + 7) & ~7  # containers start 8-byte aligned
+    for name in LARGE_DATA:
+        if name not in sections:
+            continue
+        start, length = sections[name]
+        end = start + length
+        resume = start
+        for hit in _scan(fh, start, end):
+            if hit < resume:
+                continue
+            got = _container(fh, hit, end, path, len(containers), names, strict=False)
+            if got is not None:
+                containers.append(got[0])
+                resume = got[1]
     return Fatbin(path, tuple(containers))
 
 

@@ -108,3 +108,10 @@ def test_runs_on_follows_cudas_binary_compatibility(sass_sms, ptx_sms, sm, expec
 def test_a_missing_file_is_one_error():
     with pytest.raises(fatbin.FatbinError, match="cannot read"):
         fatbin.read_path("/nonexistent/x.so")
+
+
+def test_containers_in_a_large_data_section_are_found_and_coincidental_magics_skipped():
+    fake = struct.pack("<IHHQ", 0xBA55ED50, 7, 16, 5) + b"\x01" * 11  # a magic number in data, not a container
+    real = container([FakeEntry("sass", 70, payload=cubin("fft_kernels_cu")), FakeEntry("ptx", 50, payload=b"//")])
+    fb = parse(elf(b"\x13" * 37 + fake + real + b"\x00" * 9, name=".ldata"))
+    assert [(c.tu, c.sass(), c.ptx()) for c in fb.containers] == [("fft_kernels_cu", (70,), (50,))]
