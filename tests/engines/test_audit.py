@@ -111,3 +111,19 @@ def _zip(path):
 def _write(path, data):
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize("release, verdict", [("12.8", "runs"), ("13.0", "does not run")])
+def test_tritons_ptxas_of_cuda13_cannot_target_sm70(tmp_path, release, verdict):
+    site = tmp_path / "site"
+    tool = site / "triton" / "backends" / "nvidia" / "bin" / "ptxas"
+    tool.parent.mkdir(parents=True)
+    tool.write_bytes(b"\x7fELF" + b"\0" * 5000 + f"Cuda compilation tools, release {release}, V{release}.1".encode())
+    (comp,) = audit_dir(site, 70).components
+    assert (comp.name, comp.verdict, comp.tool_release) == ("triton ptxas", verdict, release)
+    assert audit_dir(site, 75).components[0].verdict == "runs"
+
+
+def test_cufftw_is_not_on_the_torch_path(tmp_path):
+    assert needs.rule_for("nvidia/cufft/lib/libcufftw.so.11", None).role == needs.OTHER
+    assert needs.rule_for("nvidia/cufft/lib/libcufft.so.11", None).role == needs.NEEDED
