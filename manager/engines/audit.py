@@ -29,6 +29,7 @@ PTXAS_RELEASE = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
 PTXAS_MIN_SM = {12: 50, 13: 75}
 TRITON_PTXAS = "triton/backends/nvidia/bin/ptxas"
 MAX_TOOL_SCAN = 256 << 20
+MAX_MEMBER = 16 << 30  # one extracted file (libtorch_cuda.so is ~1 GB); a larger one is refused
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,8 @@ def audit_wheel(path: Path, sm: int, progress: Callable[[str], None] | None = No
             for info in zf.infolist():
                 if info.is_dir() or not is_candidate(info.filename):
                     continue
+                if info.file_size > MAX_MEMBER:
+                    raise EngineError(f"{path}: member {info.filename} declares {info.file_size:,} bytes (over {MAX_MEMBER:,})")
                 if progress:
                     progress(info.filename)
                 _through_temp(col, info.filename, lambda: zf.open(info), Path(tmp))
@@ -378,6 +381,8 @@ def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = No
                         rel = member.name.split("/", 1)[1] if member.name.startswith(base + "/") else member.name
                         if not member.isfile() or not is_candidate(rel):
                             continue
+                        if member.size > MAX_MEMBER:
+                            raise EngineError(f"image {image!r}: {rel} has {member.size:,} bytes (over {MAX_MEMBER:,})")
                         if progress:
                             progress(rel)
                         _through_temp(col, rel, lambda m=member: tar.extractfile(m), Path(tmp))  # type: ignore[misc]

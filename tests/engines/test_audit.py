@@ -127,3 +127,13 @@ def test_tritons_ptxas_of_cuda13_cannot_target_sm70(tmp_path, release, verdict):
 def test_cufftw_is_not_on_the_torch_path(tmp_path):
     assert needs.rule_for("nvidia/cufft/lib/libcufftw.so.11", None).role == needs.OTHER
     assert needs.rule_for("nvidia/cufft/lib/libcufft.so.11", None).role == needs.NEEDED
+
+
+def test_a_wheel_member_declaring_an_absurd_size_is_refused_before_extraction(tmp_path, cli_run, monkeypatch):
+    from manager.engines import audit
+
+    w = wheel(tmp_path / "e.whl", {"vllm/_C.abi3.so": engine_so((70,))})
+    monkeypatch.setattr(audit, "MAX_MEMBER", 100)
+    res = cli_run("engine", "audit", str(w))
+    assert res.exit_code == 1 and "member vllm/_C.abi3.so declares" in res.stderr
+    assert list(tmp_path.iterdir()) == [w]
