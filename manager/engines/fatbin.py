@@ -43,7 +43,7 @@ LARGE_DATA = (".ldata", ".lrodata")  # x86-64 large-model data sections, scanned
 
 MAX_ENTRIES = 1_000_000  # a hostile file cannot make the reader loop for ever
 MAX_NAME_SCAN = 64 << 20  # bytes of one payload read to find its TU name
-MAX_DECOMPRESSED = 512 << 20
+MAX_DECOMPRESSED = 64 << 20  # a larger compressed cubin stays unnamed (memory bound)
 CHUNK = 1 << 20
 TU_SYMBOL = re.compile(rb"_INTERNAL_[0-9a-f]{8}_(\d{1,3})_")
 TU_CHARS = re.compile(rb"[A-Za-z0-9_]+")
