@@ -2,7 +2,8 @@
 
 `audited(project, filename)`: the wheel's URL and sha256 from PyPI's PEP 691 JSON index, the
 report cached under ~/.cache/overlay-manager/audits/<wheel sha256>-<auditor hash>.json (the
-auditor hash covers manager/engines/*.py, so a code change re-audits). A miss downloads the
+auditor hash covers manager/engines/*.py, so a code change re-audits, and the older reports of
+that wheel are deleted). A miss downloads the
 wheel into a temporary file (checked against the sha256), audits it on sm_70 and deletes it.
 `wheel_file(project, filename)`: a small wheel itself, kept in the same cache directory.
 """
@@ -32,6 +33,9 @@ def auditor_hash() -> str:
     return h.hexdigest()[:16]
 
 
+AUDITOR = auditor_hash()  # of the code this run imported, not of files edited while it runs
+
+
 def pypi_file(project: str, filename: str) -> tuple[str, str]:
     req = urllib.request.Request(INDEX.format(project=project),
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
@@ -58,7 +62,7 @@ def _download(url: str, sha256: str, dest: Path) -> None:
 def audited(project: str, filename: str) -> dict:
     url, sha = pypi_file(project, filename)
     CACHE.mkdir(parents=True, exist_ok=True)
-    report = CACHE / f"{sha}-{auditor_hash()}.json"
+    report = CACHE / f"{sha}-{AUDITOR}.json"
     if report.is_file():
         return json.loads(report.read_text())
     with tempfile.TemporaryDirectory(prefix="overlay-audit-wheel-", dir=CACHE) as tmp:
@@ -69,6 +73,9 @@ def audited(project: str, filename: str) -> dict:
     tmp_report = report.with_suffix(".tmp")
     tmp_report.write_text(json.dumps(data))
     tmp_report.replace(report)
+    for stale in CACHE.glob(f"{sha}-*.json"):  # reports of this wheel by an older auditor
+        if stale != report:
+            stale.unlink(missing_ok=True)
     return data
 
 
