@@ -137,3 +137,14 @@ def test_a_wheel_member_declaring_an_absurd_size_is_refused_before_extraction(tm
     res = cli_run("engine", "audit", str(w))
     assert res.exit_code == 1 and "member vllm/_C.abi3.so declares" in res.stderr
     assert list(tmp_path.iterdir()) == [w]
+
+
+def test_cli_tus_lists_each_translation_unit_with_its_code(tmp_path, cli_run):
+    w = wheel(tmp_path / "e.whl", {"vllm/_C.abi3.so": engine_so((70, 80))})
+    text = cli_run("engine", "audit", str(w), "--tus").stdout
+    assert "TU 2 marlin_cu: SASS sm_75,sm_80; PTX -; on sm_70: no code" in text
+    assert "TU 0 cache_kernels_cu: SASS sm_70,sm_80; PTX -; on sm_70: sass" in text
+    data = json.loads(cli_run("engine", "audit", str(w), "--json", "--tus").stdout)
+    tus = [t for c in data["components"] for t in c["tus"]]
+    assert sorted(t["name"] for t in tus) == ["cache_kernels_cu", "layernorm_kernels_cu", "marlin_cu",
+                                              "selective_scan_fwd_cu"]
