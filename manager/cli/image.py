@@ -74,7 +74,8 @@ def context_cmd(app, name: str, python: str, platform: str, output: Path) -> Non
 @click.pass_obj
 def wheels_cmd(app, name: str, python: str, platform: str, wheels: Path | None, as_json: bool) -> None:
     """Download (once) every wheel of recipe NAME for an image's python/platform, with a hash lock."""
-    from ..compose.image import load_recipe, wheel_set
+    from ..compose.image import load_recipe
+    from ..compose.wheels import wheel_set
 
     ws = wheel_set(load_recipe(app.catalog, name), python, platform, wheels)
     if as_json:

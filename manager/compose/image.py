@@ -22,13 +22,10 @@ context's digest is not rebuilt.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import re
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +33,12 @@ from typing import Any, Callable, Iterator
 
 from ..catalog import Catalog
 from ..errors import ComposeError, ManagerError
-from ..releases import cache_dir
-from .bundle import _pip, platform_tags
+from .wheels import LOCK, WheelServer, WheelSet, sha256_file, wheel_set
 
 RECIPE_FILES = ("Dockerfile", "requirements.txt", "entrypoint.sh")
 CONTEXT_LABEL = "io.overlay-manager.context"
-LOCK = "requirements.lock"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 
 
 @dataclass(frozen=True)
@@ -76,15 +70,6 @@ class BaseInfo:
         from .verify import platform_for_glibc
 
         return platform_for_glibc(self.glibc, self.machine)
-
-
-@dataclass(frozen=True)
-class WheelSet:
-    path: Path
-    lock: Path
-    count: int
-    size_bytes: int
-    cached: bool
 
 
 @dataclass(frozen=True)
@@ -154,106 +139,6 @@ def load_recipe(catalog: Catalog, name: str) -> Recipe:
     return Recipe(name, path, meta["tag"], meta["vllm_version"], ids["apply"], ids["build"], reqs)
 
 
-# ----------------------------------------------------------------------------- wheels
-
-
-def _wheel_key(reqs: tuple[str, ...]) -> str:
-    return hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
-
-
-def default_wheel_root(recipe: Recipe) -> Path:
-    return cache_dir() / "wheels" / recipe.name
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _write_lock(d: Path) -> Path:
-    lines = []
-    for wheel in sorted(d.glob("*.whl")):
-        m = _WHEEL_RE.match(wheel.name)
-        if not m:
-            raise ComposeError(f"{wheel}: not a wheel file name")
-        name = m.group("name").lower().replace("_", "-")
-        lines.append(f"{name}=={m.group('version')} --hash=sha256:{_sha256_file(wheel)}")
-    if not lines:
-        raise ComposeError(f"{d}: pip download left no wheels")
-    lock = d / LOCK
-    lock.write_text("# every wheel of this directory, hashed when downloaded (pip checked the index's hashes)\n"
-                    + "\n".join(lines) + "\n")
-    return lock
-
-
-def wheel_set(recipe: Recipe, python: str, platform: str, root: Path | None = None) -> WheelSet:
-    """Download (once) every wheel of the recipe for python/platform into `root`; idempotent:
-    a directory marked complete is reused as it is (pip checks each wheel's hash at install)."""
-    from filelock import FileLock
-
-    from .bundle import _check_python
-
-    python = _check_python(python)
-    root = Path(root) if root else default_wheel_root(recipe)
-    d = root / f"py{python}-{platform}-{_wheel_key(recipe.requirements)}"
-    marker = d / ".complete"
-    cached = marker.exists()
-    if not cached:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ComposeError(f"--wheels {root}: cannot create the directory: {exc.strerror}") from None
-        with FileLock(str(d) + ".lock"):
-            cached = marker.exists()
-            if not cached:
-                d.mkdir(parents=True, exist_ok=True)
-                plat_args = [a for t in platform_tags(platform) for a in ("--platform", t)]
-                _pip(["download", "-q", "--no-cache-dir", "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-                      *plat_args, "-d", str(d), *recipe.requirements],
-                     what=f"pip download of the {recipe.name} wheels for python {python} / {platform}")
-                _write_lock(d)
-                marker.write_text("\n".join(recipe.requirements) + "\n")
-    wheels = list(d.glob("*.whl"))
-    return WheelSet(d, d / LOCK, len(wheels), sum(w.stat().st_size for w in wheels), cached)
-
-
-@functools.lru_cache(maxsize=None)
-def _quiet_handler(directory: str) -> type:
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, directory=directory, **kw)
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    return Handler
-
-
-class _WheelServer:
-    """The wheel directory on http://127.0.0.1:PORT/ (read-only, for the build's pip); the port is
-    derived from the lock so that the install step's build argument, and its layer cache, stay the same."""
-
-    def __init__(self, d: Path, lock_sha: str) -> None:
-        preferred = 20000 + int(lock_sha[:8], 16) % 20000
-        try:
-            self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", preferred), _quiet_handler(str(d)))
-        except OSError:
-            self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _quiet_handler(str(d)))
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> "_WheelServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 # ----------------------------------------------------------------------------- context
 
 
@@ -265,7 +150,7 @@ def _digest(path: Path) -> str:
             if "__pycache__" in rel:  # bytecode follows the sources (and embeds their mtimes)
                 continue
             h.update(rel.encode() + b"\0" + format(p.stat().st_mode & 0o777, "o").encode() + b"\0")
-            h.update(_sha256_file(p).encode() + b"\n")
+            h.update(sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -421,7 +306,7 @@ def build_image(name: str, catalog: Catalog, base: str | None = None, tag: str |
         if wset is None:
             _stream(lambda: client.api.build(buildargs=args, **kw), on_log)
         else:
-            with _WheelServer(wset.path, _sha256_file(wset.lock)) as srv:
+            with WheelServer(wset.path, sha256_file(wset.lock)) as srv:
                 args["PIP_INSTALL_ARGS"] = (f"--no-index --find-links http://127.0.0.1:{srv.port}/ "
                                             f"--trusted-host 127.0.0.1 --require-hashes -r /opt/{recipe.name}/{LOCK}")
                 _stream(lambda: client.api.build(buildargs=args, network_mode="host", **kw), on_log)

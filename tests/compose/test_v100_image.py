@@ -281,7 +281,7 @@ def test_image_commands_refuse_bad_input_in_one_line(cli_run, args, message, tmp
 def test_the_wheel_lock_pins_every_wheel_by_its_sha256(tmp_path) -> None:
     import hashlib
 
-    from manager.compose.image import _write_lock
+    from manager.compose.wheels import _write_lock
     from manager.errors import ComposeError
 
     (tmp_path / "torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"t")
@@ -297,10 +297,10 @@ def test_the_wheel_lock_pins_every_wheel_by_its_sha256(tmp_path) -> None:
 def test_the_wheel_server_lists_and_serves_the_directory_on_loopback(tmp_path) -> None:
     import urllib.request
 
-    from manager.compose.image import _WheelServer
+    from manager.compose.wheels import WheelServer
 
     (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
-    with _WheelServer(tmp_path, "0" * 64) as srv:
+    with WheelServer(tmp_path, "0" * 64) as srv:
         base = f"http://127.0.0.1:{srv.port}/"
         assert srv.httpd.server_address[0] == "127.0.0.1"
         assert 'href="a-1.0-py3-none-any.whl"' in urllib.request.urlopen(base, timeout=5).read().decode()

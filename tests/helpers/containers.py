@@ -237,7 +237,8 @@ def v100_image(client, catalog):
     Returns manager.compose.image.ImageBuild."""
     global _V100
     if _V100 is None:
-        from manager.compose.image import build_image, default_wheel_root, load_recipe
+        from manager.compose.image import build_image, load_recipe
+        from manager.compose.wheels import default_wheel_root
 
         base = venv_base_image(client)
         with _lock("test-v100-image"):
