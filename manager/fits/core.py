@@ -85,12 +85,19 @@ def _gb(b: int | float) -> str:
     return f"{b / 1e9:.2f} GB"
 
 
+def _kv_heads_split(kv_heads: int, tp: int) -> bool:
+    """vLLM's rule for KV heads under TP (Gemma4Attention, vllm/model_executor/models/gemma4.py of 0.19.1
+    and later; QKVParallelLinear alike): at least TP heads must divide by TP; fewer must divide TP, and
+    each rank then holds a replica of one head (the KV bytes per rank grow: fits.memory._per_rank)."""
+    return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
+
+
 def _divisors_ok(model: ModelProfile) -> list[int]:
     out = []
     for tp in (1, 2, 4, 8, 16):
         if model.num_attention_heads % tp:
             continue
-        if all(g.kv_heads % tp == 0 for g in model.layer_groups if g.kind != "linear" and g.kv_heads):
+        if all(_kv_heads_split(g.kv_heads, tp) for g in model.layer_groups if g.kind != "linear" and g.kv_heads):
             out.append(tp)
     return out
 
@@ -139,17 +146,23 @@ def c_gpu_count(c: _Ctx) -> Constraint:
 
 def c_tp_heads(c: _Ctx) -> Constraint:
     m, tp = c.m, c.tp
-    bad = []
+    bad, replicated = [], []
     if m.num_attention_heads % tp:
         bad.append(f"attention heads {m.num_attention_heads}")
     for g in m.layer_groups:
-        if g.kind != "linear" and g.kv_heads and g.kv_heads % tp:
-            bad.append(f"{g.name} KV heads {g.kv_heads}")
+        if g.kind == "linear" or not g.kv_heads:
+            continue
+        if not _kv_heads_split(g.kv_heads, tp):
+            bad.append(f"{g.name} KV heads {g.kv_heads} (neither divides the other)")
+        elif g.kv_heads < tp:
+            replicated.append(f"{g.name} KV heads {g.kv_heads} replicated {tp // g.kv_heads}x")
     valid = _divisors_ok(m)
     if bad:
         return Constraint("tp-heads", "fail", f"TP {tp} does not divide {', '.join(bad)}; valid TP {valid}")
     kvs = "/".join(str(g.kv_heads) for g in m.layer_groups if g.kind != "linear")
-    return Constraint("tp-heads", "pass", f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}; valid TP {valid}")
+    rep = (f"; {', '.join(replicated)} (each rank holds a copy: vLLM gemma4.py Gemma4Attention, "
+           f"tp_size % num_kv_heads == 0)") if replicated else ""
+    return Constraint("tp-heads", "pass", f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}{rep}; valid TP {valid}")
 
 
 def _family_port(c: _Ctx) -> tuple[str | None, str]:

@@ -29,10 +29,16 @@ def res(report, cid):
 # ----------------------------------------------------------------------------- seed cases
 
 
-def test_seed_26b_a4b_valid_tp_is_one_and_two(P, run):
-    assert valid_tps(P.models["gemma-4-26b-a4b"]) == [1, 2]
+def test_seed_26b_a4b_valid_tp_follows_vllms_kv_head_rule(P, run):
+    """The seed said TP 1 and 2 (2 global KV heads). vLLM's own rule (Gemma4Attention in
+    vllm/model_executor/models/gemma4.py, 0.19.1 and later) also takes a TP that the KV heads divide,
+    replicating them: TP 4 gives each rank one replicated global KV head. What no TP can fix: a head
+    count TP does not divide (TP 3 of 16 query heads)."""
+    assert valid_tps(P.models["gemma-4-26b-a4b"]) == [1, 2, 4, 8, 16]
     r = run(model="gemma-4-26b-a4b", hardware="h100-80gb", gpus=4)
-    assert res(r, "tp-heads") == "fail" and "full KV heads 2" in r.constraint("tp-heads").message
+    assert res(r, "tp-heads") == "pass" and "full KV heads 2 replicated 2x" in r.constraint("tp-heads").message
+    r = run(model="gemma-4-26b-a4b", hardware="h100-80gb", gpus=3)
+    assert res(r, "tp-heads") == "fail" and "attention heads 16" in r.constraint("tp-heads").message
     assert r.verdict == "fails"
 
 
@@ -124,7 +130,10 @@ def test_gpu_count_pass_and_fail(run):
 
 def test_tp_heads_pass_and_fail(run):
     assert res(run(model="gemma-4-31b", hardware="h200", gpus=4), "tp-heads") == "pass"
-    assert res(run(model="gemma-4-31b", hardware="h200", gpus=8), "tp-heads") == "fail"
+    r = run(model="gemma-4-31b", hardware="h200", gpus=8)  # 4 global KV heads: replicated 2x per rank
+    assert res(r, "tp-heads") == "pass" and "replicated 2x" in r.constraint("tp-heads").message
+    r = run(model="gemma-4-31b", hardware="h200", gpus=3)
+    assert res(r, "tp-heads") == "fail" and "attention heads 32" in r.constraint("tp-heads").message
 
 
 def test_engine_family_needs_transformers_with_gemma4_configs(run):

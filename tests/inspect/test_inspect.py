@@ -148,7 +148,7 @@ def test_per_rank_bytes_equal_an_explicit_split_of_the_31b_header_set(sets):
     d, _ = sets["31b"]
     r = inspect_checkpoint(d)
     _, _, entries = _ranges(d)
-    assert r.weights.head_valid_tps == (1, 2, 4)
+    assert r.weights.head_valid_tps == (1, 2, 4, 8, 16)
     col = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
     for tp in (1, 2, 4):
         rank = 0
@@ -181,7 +181,7 @@ def test_sharding_rules_per_tensor_class(sets):
     assert rule["vision_tower"][0] == "replicated"
     # 26B: heads allow TP 1, 2 (2 global KV heads); per rank at TP 2 = sharded / 2 + replicated
     s2 = r.weights.split(2)
-    assert r.weights.head_valid_tps == (1, 2)
+    assert r.weights.head_valid_tps == (1, 2, 4, 8, 16)
     assert s2.ranks[0] == s2.sharded // 2 + s2.replicated and s2.sharded + s2.replicated == r.weights.total
     assert s2.k_eq_v_copy > 0  # 5 K=V layers: vLLM loads k_proj into the V slot too
 
@@ -271,7 +271,7 @@ def test_per_rank_bytes_equal_an_explicit_split_of_real_tensors(tmp_path, quant)
     t = _tiny_real(tmp_path / "ck", quant=quant)
     r = inspect_checkpoint(tmp_path / "ck")
     assert r.weights.total == sum(a.nbytes for a in t.values())
-    assert r.weights.head_valid_tps == (1, 2)
+    assert r.weights.head_valid_tps == (1, 2, 4)
     for tp in (1, 2):
         ranks = [0] * tp
         for name, arr in t.items():
@@ -334,7 +334,7 @@ def test_e2b_nvfp4_predicts_the_per_layer_embedding_keyerror_on_every_engine(set
     groups = {g["kind"]: g for g in r.profile["layer_groups"]}
     assert groups["full"]["kv_heads"] == 1 and groups["full"]["head_dim"] == 512
     assert groups["sliding"]["kv_shared"] + groups["full"]["kv_shared"] == 20
-    assert r.weights.head_valid_tps == (1,)
+    assert r.weights.head_valid_tps == (1, 2, 4, 8)
     f = next(f for f in r.findings if f.id == "quantized-per-layer-embedding")
     assert f.severity == "error"
     for e in r.engines:
@@ -350,7 +350,7 @@ def test_12b_unified_architecture_fails_before_0_24(sets, profiles, catalog):
     msg = eng["vllm-0.20.0"].failures[0].message
     assert msg.startswith("ValueError: Model architectures ['Gemma4UnifiedForConditionalGeneration'] are not supported for now.")
     assert eng["vllm-0.26.0"].result == "loads"
-    assert r.weights.head_valid_tps == (1,)  # one global KV head
+    assert r.weights.head_valid_tps == (1, 2, 4, 8, 16)  # one global KV head, replicated per rank above TP 1 (vLLM's rule)
 
 
 def test_31b_bf16_has_no_key_layout_findings(sets, profiles, catalog):
@@ -431,7 +431,7 @@ def test_cli_inspect_json_and_text_go_to_stdout(sets, cli_run):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["weights"]["total"] == info["total"]
-    assert [s["tp"] for s in data["weights"]["tp"]] == [1, 2]
+    assert [s["tp"] for s in data["weights"]["tp"]] == [1, 2, 4, 8, 16]
     res = cli_run("inspect", str(d))
     assert res.exit_code == 0
     assert "KeyError: 'layers.0.moe.experts.0.down_proj_packed'" in res.stdout
