@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..catalog import Catalog
+from ..dockerclient import docker_client
 from ..errors import ComposeError, ManagerError
 from .wheels import LOCK, WheelServer, WheelSet, sha256_file, wheel_set
 
@@ -224,12 +225,7 @@ def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, plat
 
 
 def _client() -> Any:
-    from .verify import _client as verify_client
-
-    verify_client()  # the [verify] extra and a live engine, or one line saying which is missing
-    import docker
-
-    return docker.from_env(timeout=3600)
+    return docker_client("overlay image build", ComposeError, timeout=3600)
 
 
 def _local_image(client: Any, image: str) -> Any:

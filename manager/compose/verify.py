@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
+from ..dockerclient import docker_client
 from ..errors import ComposeError
 from .render import BUNDLE_MOUNT
 
@@ -71,17 +72,7 @@ class VerifyReport:
 
 
 def _client() -> Any:
-    try:
-        import docker
-        from docker.errors import DockerException
-    except ImportError:
-        raise ComposeError("overlay verify needs the docker SDK: pip install 'overlay-manager[verify]'") from None
-    try:
-        client = docker.from_env()
-        client.ping()
-    except DockerException as exc:
-        raise ComposeError(f"no Docker engine answers: {str(exc).splitlines()[0]}") from None
-    return client
+    return docker_client("overlay verify", ComposeError)
 
 
 def _run(client: Any, image: str, script: str, bundle: Path | None, timeout: int) -> tuple[int, str, str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
+from ..dockerclient import docker_client
 from ..errors import EngineError
 from . import fatbin, needs
 
@@ -304,17 +305,7 @@ SITE_PROBE = "import site, sys; print('\\n'.join(p for p in site.getsitepackages
 
 
 def _docker() -> Any:
-    try:
-        import docker
-        from docker.errors import DockerException
-    except ImportError:
-        raise EngineError("overlay engine audit --image needs the docker SDK: pip install 'overlay-manager[verify]'") from None
-    try:
-        client = docker.from_env()
-        client.ping()
-    except DockerException as exc:
-        raise EngineError(f"no Docker engine answers: {str(exc).splitlines()[0]}") from None
-    return client
+    return docker_client("overlay engine audit --image", EngineError)
 
 
 def site_dirs(client: Any, image: str) -> list[str]:
