@@ -430,7 +430,7 @@ class EngineStartFailed(EngineError):
 def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: str | os.PathLike[str], *,
           transformers_target: Path | None = None, dtype: str = "float32", max_model_len: int = 256,
           timeout: float | None = None, extra_args: tuple[str, ...] = (),
-          fill_uninitialized: bool = False) -> Iterator[Server]:
+          fill_uninitialized: bool = False, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
     """Start `python -m vllm.entrypoints.openai.api_server` on `model` with `root` first on PYTHONPATH.
 
     Waits for /health (raises EngineStartFailed with the log's last error line if the process exits first or the
@@ -438,6 +438,7 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
     `fill_uninitialized`: every engine process fills uninitialised tensors (`torch.empty`) with NaN (PyTorch's
     `torch.utils.deterministic.fill_uninitialized_memory`, through a `sitecustomize` first on PYTHONPATH), so a
     read of memory nobody wrote shows up every time instead of by chance.
+    `extra_env`: added to the engine's environment last (e.g. TP2_ENV for `--tensor-parallel-size 2`).
     """
     if timeout is None:  # 35-50 s on an idle 2-core machine; several minutes when it is shared
         timeout = float(os.environ.get("OVERLAY_ENGINE_START_TIMEOUT", "900"))
@@ -447,7 +448,7 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-seqs", "4",
            "--max-logprobs", "20", "--seed", "0", *extra_args]
-    environ = engine_environ(env, root, transformers_target=transformers_target)
+    environ = engine_environ(env, root, transformers_target=transformers_target, extra=extra_env)
     if fill_uninitialized:
         environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_fill_uninitialized_dir(log_path.parent)), environ.get("PYTHONPATH")) if p)
