@@ -417,6 +417,14 @@ def engine_environ(env: EngineEnv, root: Path | None, *, transformers_target: Pa
     return e
 
 
+# Two tensor-parallel ranks on the CPU build (issue 30; docs/engine.md "TP=2"): `--tensor-parallel-size 2` with each
+# rank's OpenMP threads bound to its own core. vLLM's CPU platform runs TP through its multiprocessing executor (the
+# "uni" backend is rewritten to "mp": vllm/platforms/cpu.py) with a gloo group; VLLM_CPU_KVCACHE_SPACE (1 GiB,
+# engine_environ) is per rank. "0|1" names cores 0 and 1, which every machine with >= 2 CPUs has.
+TP2_ARGS = ("--tensor-parallel-size", "2")
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
 class EngineStartFailed(EngineError):
     """The server process exited before /health answered (its log holds the reason)."""
 
@@ -537,8 +545,23 @@ def run_engine_python(env: EngineEnv, root: Path | None, code: str, *, transform
 LOADER_SCRIPT = r'''
 import glob, json, os, socket, sys, traceback
 
-def main(ckpt):
-    out = {"stage": "import"}
+def expected_slice(t, proj, suffix, rank, world):
+    """The part of a fused checkpoint expert tensor ([E, out, in]) rank `rank` of `world` holds: FusedMoE shards the
+    intermediate dim (gate_up: the gate and the up half each split in `world` rows; down: its input columns, which
+    packed int4 / group scales split the same way)."""
+    import torch
+    if world == 1:
+        return t
+    if proj == "gate_up_proj":
+        inter = t.shape[1] // 2
+        n = inter // world
+        gate, up = t[:, :inter], t[:, inter:]
+        return torch.cat([gate[:, rank * n:(rank + 1) * n], up[:, rank * n:(rank + 1) * n]], dim=1)
+    n = t.shape[2] // world
+    return t[:, :, rank * n:(rank + 1) * n]
+
+def main(ckpt, rank=0, world=1, port=0):
+    out = {"stage": "import", "rank": rank, "world": world, "pid": os.getpid()}
     try:
         import torch
         from safetensors import safe_open
@@ -549,11 +572,12 @@ def main(ckpt):
         from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
         out["stage"] = "config"
         cfg = EngineArgs(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256,
-                         seed=0).create_engine_config()
+                         tensor_parallel_size=world, seed=0).create_engine_config()
         with set_current_vllm_config(cfg):
-            s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-            init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
-            initialize_model_parallel(1, 1)
+            if not port:
+                s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+            init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
+            initialize_model_parallel(world, 1)
             out["stage"] = "init"
             model = initialize_model(vllm_config=cfg)
             out["model_class"] = type(model).__name__
@@ -581,16 +605,25 @@ def main(ckpt):
             if p is None:
                 bad.append(f"{k}: no parameter {pname}")
                 continue
+            part = expected_slice(t, proj, suffix, rank, world)
             for e in range(t.shape[0]):
                 compared += 1
                 got = p.data[e]
                 if getattr(p, "is_transposed", False):
                     got = got.t()
-                exp = t[e]
+                exp = part[e]
                 if tuple(got.shape) == tuple(exp.shape) and torch.equal(got.to(torch.float64), exp.to(torch.float64)):
                     equal += 1
                 else:
                     bad.append(f"{pname}[{e}] shape {tuple(got.shape)} vs checkpoint {k}[{e}] {tuple(exp.shape)}")
+        import hashlib
+        experts = {n: q for n, q in sorted(params.items()) if ".moe.experts." in n}
+        out["layer0_shapes"] = {n.rsplit(".", 1)[1]: list(q.shape) for n, q in experts.items()
+                                if ".layers.0." in n}
+        digest = hashlib.sha256()
+        for q in experts.values():
+            digest.update(q.data.contiguous().view(torch.uint8).numpy().tobytes())
+        out["experts_sha256"] = digest.hexdigest()
         out.update(ok=True, stage="done", compared=compared, equal=equal, mismatches=bad[:10],
                    quant_method=type(model.model.layers[0].moe.experts.quant_method).__name__)
     except BaseException as exc:
@@ -599,7 +632,7 @@ def main(ckpt):
     print("LOADER-RESULT " + json.dumps(out), flush=True)
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:5]))
 '''
 
 
@@ -614,6 +647,11 @@ class LoadResult:
     mismatches: tuple[str, ...]
     quant_method: str | None
     stderr: str          # the process's stderr (vLLM logs, overlay-trace lines)
+    rank: int = 0        # tensor-parallel rank of the process (load_with_vllm_tp), 0 of world 1 otherwise
+    world: int = 1
+    pid: int | None = None
+    layer0_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # layer 0's expert parameters as this rank holds them
+    experts_sha256: str | None = None  # of every expert parameter this rank holds (ranks' shards differ)
 
 
 def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
@@ -628,6 +666,45 @@ def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str
     if line is None:
         raise EngineError(f"vLLM loader check printed no result (exit {proc.returncode}): "
                           f"{last_error(proc.stderr) or proc.stderr[-500:]}")
+    return _load_result(line, proc.stderr)
+
+
+def _load_result(line: str, stderr: str) -> LoadResult:
     d = json.loads(line.split(" ", 1)[1])
     return LoadResult(d["ok"], d["stage"], d.get("error_type"), d.get("error"), d.get("compared", 0),
-                      d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), proc.stderr)
+                      d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), stderr,
+                      d.get("rank", 0), d.get("world", 1), d.get("pid"),
+                      tuple((k, tuple(v)) for k, v in sorted(d.get("layer0_shapes", {}).items())),
+                      d.get("experts_sha256"))
+
+
+def load_with_vllm_tp(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
+                      world: int = 2, transformers_target: Path | None = None,
+                      timeout: float = 600) -> tuple[LoadResult, ...]:
+    """`load_with_vllm` at tensor parallelism `world`: one process per rank (gloo, one OpenMP thread each), each
+    comparing the expert parameters it holds with its slice of the checkpoint's fused tensors. One result per rank."""
+    script = Path(workdir) / "vllm_load_check.py"
+    script.write_text(LOADER_SCRIPT)
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env_vars = engine_environ(env, root, transformers_target=transformers_target,
+                                  # VLLM_DIST_IDENT: the CPU communicator's shared-memory group name, which
+                                  # vLLM's CPU worker sets from the init port (v1/worker/cpu_worker.py)
+                                  extra={"OMP_NUM_THREADS": "1", "VLLM_DIST_IDENT": str(port)})
+        procs.append(subprocess.Popen([str(env.python), str(script), str(checkpoint), str(rank), str(world),
+                                       str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env_vars, cwd=str(workdir), start_new_session=True))
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=timeout)
+            line = next((ln for ln in out.splitlines() if ln.startswith("LOADER-RESULT ")), None)
+            if line is None:
+                raise EngineError(f"vLLM loader check, rank {rank} of {world}, printed no result (exit "
+                                  f"{proc.returncode}): {last_error(err) or err[-500:]}")
+            results.append(_load_result(line, err))
+    finally:
+        for proc in procs:
+            stop(proc)
+    return tuple(results)
