@@ -539,9 +539,12 @@ def run_engine_python(env: EngineEnv, root: Path | None, code: str, *, transform
 # ------------------------------------------------------------------------------- vLLM's loader, in-process
 
 # Runs in the engine venv (it does not import `manager`): builds the real model class of a checkpoint from vLLM's
-# own config, drives its load_weights over the checkpoint's safetensors (vLLM's iterator), and compares every
-# loaded fused-MoE expert parameter with the checkpoint's fused 3-D tensor. It stops before
+# own config, drives its load_weights over the checkpoint's safetensors (vLLM's iterator) with the model dtype as
+# torch's default (as vLLM's loader), and compares every loaded fused-MoE expert parameter with the checkpoint's
+# fused 3-D tensor (at TP > 1: with this rank's slice of it); it also reports the parameter bytes the rank holds
+# and each attention layer's KV bytes per token (its KV-cache spec). It stops before
 # process_weights_after_loading (the CUDA/Triton-only repack step on CPU builds). Prints one JSON object.
+# argv: checkpoint [rank world port] (load_with_vllm_tp runs one process per rank).
 LOADER_SCRIPT = r'''
 import glob, json, os, socket, sys, traceback
 
@@ -579,12 +582,25 @@ def main(ckpt, rank=0, world=1, port=0):
             init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
             initialize_model_parallel(world, 1)
             out["stage"] = "init"
-            model = initialize_model(vllm_config=cfg)
-            out["model_class"] = type(model).__name__
-            files = sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
-            out["stage"] = "load_weights"
-            loaded = model.load_weights(safetensors_weights_iterator(files, False))
+            from vllm.utils.torch_utils import set_default_torch_dtype
+            # the model's dtype as default while building and loading, as vLLM's model loader does
+            # (model_loader/base_loader.py): parameters in the served dtype, not float32
+            with set_default_torch_dtype(cfg.model_config.dtype):
+                model = initialize_model(vllm_config=cfg)
+                out["model_class"] = type(model).__name__
+                files = sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
+                out["stage"] = "load_weights"
+                loaded = model.load_weights(safetensors_weights_iterator(files, False))
             out["loaded"] = len(loaded)
+            # what this rank holds: parameter bytes, and each attention layer's KV bytes per token (its KV-cache
+            # spec's page size / block size) with its sliding window (None: full attention)
+            out["param_bytes"] = sum(q.numel() * q.element_size() for q in model.parameters())
+            kv = {}
+            for lname, layer in cfg.compilation_config.static_forward_context.items():
+                spec = layer.get_kv_cache_spec(cfg) if hasattr(layer, "get_kv_cache_spec") else None
+                if spec is not None:
+                    kv[lname] = [spec.page_size_bytes // spec.block_size, getattr(spec, "sliding_window", None)]
+            out["kv_per_token"] = kv
         out["stage"] = "compare"
         ck = {}
         for f in files:
@@ -652,6 +668,9 @@ class LoadResult:
     pid: int | None = None
     layer0_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # layer 0's expert parameters as this rank holds them
     experts_sha256: str | None = None  # of every expert parameter this rank holds (ranks' shards differ)
+    param_bytes: int | None = None     # bytes of every parameter this rank holds after load_weights
+    # attention layer -> (KV bytes per token on this rank, sliding window or None), from vLLM's KV-cache specs
+    kv_per_token: tuple[tuple[str, int, int | None], ...] = ()
 
 
 def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
@@ -675,7 +694,8 @@ def _load_result(line: str, stderr: str) -> LoadResult:
                       d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), stderr,
                       d.get("rank", 0), d.get("world", 1), d.get("pid"),
                       tuple((k, tuple(v)) for k, v in sorted(d.get("layer0_shapes", {}).items())),
-                      d.get("experts_sha256"))
+                      d.get("experts_sha256"), d.get("param_bytes"),
+                      tuple((k, v[0], v[1]) for k, v in sorted(d.get("kv_per_token", {}).items())))
 
 
 def load_with_vllm_tp(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
