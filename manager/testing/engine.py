@@ -25,6 +25,9 @@ Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` pa
 `dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
 `os.replace` (a new inode), so the venv's files are never modified (tests check it).
 
+Tensor parallelism on CPU (issue 30): `serve(..., extra_args=TP2_ARGS, extra_env=TP2_ENV)` starts two ranks, each
+bound to its own core; `load_with_vllm_tp` runs vLLM's loader as `world` rank processes (gloo).
+
 Size: over 400 lines: test support, not library code the CLI runs; the venv recipe, its cache
 and locks, the isolated roots and the server each rely on the same cache layout above.
 """
