@@ -322,7 +322,9 @@ def engine_flags(kw: dict) -> list[str]:
         flag = "--" + k.replace("_", "-")
         if v is True:
             out.append(flag)
-        elif v is False:
+        elif v is False:   # enable_prefix_caching=False -> --no-enable-prefix-caching; others are off by default
+            if k.startswith("enable_"):
+                out.append("--no-" + k.replace("_", "-"))
             continue
         else:
             out += [flag, json.dumps(v) if isinstance(v, (dict, list)) else str(v)]

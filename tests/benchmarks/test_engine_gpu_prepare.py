@@ -401,6 +401,7 @@ def test_tp1_plan_has_no_twins_and_runs_at_tensor_parallel_size_1_on_the_tp1_kin
     assert {Path(s["model"]).relative_to(tmp_path / "ckpt").parts[0] for s in specs} == set(prep.CHECKPOINT_KINDS)
     flags = egpu.engine_flags(egpu.llm_kwargs(next(s for s in specs if s["name"] == "b-dense-off")))
     assert flags[flags.index("--tensor-parallel-size") + 1] == "1" and "--enforce-eager" not in flags
+    assert "--no-enable-prefix-caching" in flags and "--enable-prefix-caching" not in flags
 
 
 @pytest.mark.parametrize("smi, cvd, n", [
