@@ -3,7 +3,7 @@
 Runs on the GPU machine from what benchmarks/engine_gpu_prepare.py staged (driver: engine_gpu.sh):
 
     engine_gpu.py receive --manifest M --work W DIR     keep this call's pieces (sha256-checked) in W/in
-    engine_gpu.py run --manifest M --work W --out OUT [--phases install,a,b,c] [--budget-s 540] [--dry-run]
+    engine_gpu.py run --manifest M --work W --out OUT [--phases install,a,b,c] [--budget-s 540] [--tp N] [--dry-run]
 
 `run` first installs what has arrived (once: join the parts, unpack vLLM without FA2, `pip install
 --no-deps --target W/site` the dependency wheels, unpack the kernel cache, checkpoints and project),
@@ -23,8 +23,18 @@ b. D=512 route A/B with CUDA graphs (no enforce_eager) on the full root: OVERLAY
 c. throughput, route off vs on (dense): prefill tokens/s, decode tokens/s (short and long context),
    medians of 3.
 
+`--tp N` (default 1) starts every vLLM engine with `--tensor-parallel-size N` (LLM(tensor_parallel_size=N))
+on the checkpoint kinds whose shapes divide by N (TP_CHECKPOINTS; stage them with engine_gpu_prepare.py
+--tp N), and needs N visible GPUs: a wrong N, too few GPUs or a staging for another N is one line on
+stderr and exit 1 before anything is installed. At N > 1 every served engine run also has a TP=1 twin on
+the same checkpoint (`<name>-tp1`, greedy tokens only; the summary's `<name>-vs-tp1`), the references
+score the TP=N runs as at TP=1, and the runs where #40886 loads the W4A16 experts must show its
+`OVERLAY_TRACE=1` line (manager/overlays/trace.py) from every rank's pid (`<name>-trace`). The TP=2
+path has not run on GPUs yet (issue 31 will run it on two H200s).
+
 Writes OUT/results.json, OUT/results.md and OUT/logs.txt. `--dry-run` does the install (without
-pip), the overlay applies and prints the planned engine runs, with no GPU and no engine.
+pip), the overlay applies and prints the planned engine runs (their engine flags), with no GPU and no
+engine.
 """
 
 from __future__ import annotations
@@ -50,9 +60,19 @@ ROOTS = {
              "sm70-d512-attention"),
 }
 MARKER = "head_dim-512 attention:"
+AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
+# checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (manager/testing/checkpoints.py:
+# 2 KV heads on both layer types, 4 query heads, MoE intermediate 128) divide by 2; it has no group-16 TP=2 kind,
+# so at TP=2 phase a runs group 32 (the Marlin MoE path) only. Same names as engine_gpu_prepare.CHECKPOINT_KINDS_TP.
+TP_CHECKPOINTS = {
+    1: {"dense": "dense", "moe": "moe", 32: "ct-w4a16-moe", 16: "ct-w4a16-moe-g16"},
+    2: {"dense": "dense-tp2", "moe": "moe-tp2", 32: "ct-w4a16-moe-tp2"},
+}
 # Tolerances on the logprob of each greedy token while the token streams agree (stated up front):
 TOL_W4A16 = 5e-2   # vLLM fp16 W4A16 kernels (fp16 activations) vs transformers fp32 on the dequantized weights
 TOL_ROUTE = 1e-2   # fp16 D=512 kernels vs vLLM's fp16 Triton attention (same engine otherwise)
+TOL_TP = 1e-2      # fp16 TP=N vs TP=1 on one checkpoint (the all-reduce sums per-rank partials in another order);
+                   # derived from TOL_ROUTE, not measured: the CPU build's fp32 gap was 2.9e-05 (docs/engine.md)
 # Teacher-forced accuracy (the fp32 reference scores the engine's own token streams, so one near-tie
 # does not derail the rest): a configuration passes when its largest |logprob error| against the fp32
 # reference is at most BASELINE_FACTOR x the baseline's + BASELINE_SLACK, the baseline being the same
@@ -226,21 +246,26 @@ def long_prompt() -> list[int]:
     return [rng.randrange(8, 512) for _ in range(LONG_PROMPT)]
 
 
-def plan(work: Path, phases: set[str]) -> list[dict]:
+def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
     ck = work / "ckpt"
+    kinds = TP_CHECKPOINTS[tp]
     runs: list[dict] = []
     if "a" in phases:
-        runs.append({"name": "a-stock-dense", "phase": "a", "root": "stock", "model": str(ck / "dense"),
+        runs.append({"name": "a-stock-dense", "phase": "a", "root": "stock", "model": str(ck / kinds["dense"]),
                      "eager": True, "expect_error": True})
-        runs.append({"name": "a-moe-baseline", "phase": "a", "root": "pr40886", "model": str(ck / "moe"), "eager": True})
-        runs.append({"name": "a-moe-reference", "phase": "a", "kind": "reference", "model": str(ck / "moe"),
+        runs.append({"name": "a-moe-baseline", "phase": "a", "root": "pr40886", "model": str(ck / kinds["moe"]),
+                     "eager": True})
+        runs.append({"name": "a-moe-reference", "phase": "a", "kind": "reference", "model": str(ck / kinds["moe"]),
                      "score": ["a-moe-baseline"]})
         for g in (32, 16):
-            m = str(ck / ("ct-w4a16-moe" if g == 32 else f"ct-w4a16-moe-g{g}"))
+            if g not in kinds:
+                continue
+            m = str(ck / kinds[g])
             runs.append({"name": f"a-g{g}-unpatched", "phase": "a", "root": "base", "model": m, "eager": True,
                          "expect_error": True, "group": g})
+            # #40886's remapped keys are loaded in each rank's load_weights: its trace line from every rank pid
             runs.append({"name": f"a-g{g}-patched", "phase": "a", "root": "pr40886", "model": m, "eager": True,
-                         "group": g})
+                         "group": g, "expect_trace": [AWQ]})
             # the same fp16 engine on the same weights, dequantized (the unquantized MoE path): the baseline
             # that differs from the patched run only by the W4A16 kernels and #40886's key remap
             runs.append({"name": f"a-g{g}-dequant", "phase": "a", "root": "pr40886",
@@ -253,14 +278,112 @@ def plan(work: Path, phases: set[str]) -> list[dict]:
                          "score": [f"a-g{g}-patched", f"a-g{g}-dequant"]})
     if "b" in phases or "c" in phases:
         for model in ("dense", "moe"):
+            m = str(ck / kinds[model])
             for mode in ("off", "force"):
-                runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": str(ck / model),
+                runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": m,
                              "eager": False, "d512": mode, "long": model == "dense" and "b" in phases,
                              "throughput": model == "dense" and "c" in phases, "short": "b" in phases})
             if "b" in phases:
-                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": str(ck / model),
+                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": m,
                              "score": [f"b-{model}-off", f"b-{model}-force"]})
-    return runs
+    out: list[dict] = []
+    for r in runs:
+        if r.get("kind") == "reference":
+            out.append(r)
+            continue
+        r["tp"] = tp
+        if tp > 1 and not r.get("expect_error"):
+            # the TP=1 engine on the same checkpoint, just before: greedy tokens to compare the TP=N run with
+            out.append(dict(r, name=f"{r['name']}-tp1", tp=1, long=False, throughput=False, short=True, twin_of=r["name"]))
+        out.append(r)
+    return out
+
+
+def llm_kwargs(spec: dict) -> dict:
+    """The LLM(...) arguments of one engine run (pure: the dry-run prints them as engine flags)."""
+    long_len = LONG_PROMPT + LONG_TOKENS + 64
+    kw = dict(model=spec["model"], dtype="float16", skip_tokenizer_init=True, seed=0,
+              gpu_memory_utilization=0.40, max_num_seqs=64, enable_prefix_caching=False,
+              enforce_eager=spec.get("eager", False), tensor_parallel_size=spec.get("tp", 1))
+    if spec.get("long") or spec.get("throughput"):
+        kw.update(max_model_len=long_len, max_num_batched_tokens=CHUNK, enable_chunked_prefill=True,
+                  hf_overrides={"max_position_embeddings": long_len})
+    else:
+        kw.update(max_model_len=2048)
+    if not kw["enforce_eager"]:
+        kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+    return kw
+
+
+def engine_flags(kw: dict) -> list[str]:
+    """vLLM's engine-argument flags for LLM kwargs (`tensor_parallel_size=2` -> `--tensor-parallel-size 2`)."""
+    out = []
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False:   # enable_prefix_caching=False -> --no-enable-prefix-caching; others are off by default
+            if k.startswith("enable_"):
+                out.append("--no-" + k.replace("_", "-"))
+            continue
+        else:
+            out += [flag, json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
+    return out
+
+
+def visible_gpus(env: dict, smi_lines: list[str] | None) -> int | None:
+    """GPUs a CUDA process would see: `nvidia-smi -L`'s count (None: no nvidia-smi), capped by
+    CUDA_VISIBLE_DEVICES when set; without nvidia-smi, CUDA_VISIBLE_DEVICES' entries (or None)."""
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    listed = None if cvd is None else len([x for x in cvd.split(",") if x.strip()])
+    if smi_lines is None:
+        return listed
+    n = len([ln for ln in smi_lines if ln.startswith("GPU ")])
+    return n if listed is None else min(n, listed)
+
+
+def _smi_lines() -> list[str] | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return proc.stdout.splitlines() if proc.returncode == 0 else []
+
+
+def check_tp(tp: int, manifest: dict, dry: bool, env: dict | None = None, smi_lines=...) -> str | None:
+    """Why --tp N cannot run here (one line), or None. Checked before anything is installed."""
+    if tp not in TP_CHECKPOINTS:
+        return (f"--tp {tp}: no checkpoint kinds whose shapes divide by {tp} "
+                f"(sizes with kinds: {', '.join(map(str, TP_CHECKPOINTS))})")
+    staged = set((manifest.get("info") or {}).get("checkpoints") or {})
+    need = sorted(set(TP_CHECKPOINTS[tp].values()))
+    if staged and not set(need) <= staged:
+        return (f"--tp {tp}: the manifest's checkpoints are {', '.join(sorted(staged))}; --tp {tp} needs "
+                f"{', '.join(need)} (stage them with engine_gpu_prepare.py --tp {tp})")
+    n = visible_gpus(os.environ if env is None else env, _smi_lines() if smi_lines is ... else smi_lines)
+    if n is None and dry:
+        return None   # a dry run on a machine without GPUs: nothing to count
+    if (n or 0) < tp:
+        return f"--tp {tp}: needs {tp} visible GPU(s), this machine shows {n or 0} (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
+    return None
+
+
+def rank_pids(log: str, tp: int) -> dict[str, int]:
+    """Each rank's process from vLLM's log prefixes: `(Worker_TP<i> pid=N)` under the multiprocessing
+    executor (TP > 1); at TP=1 the worker runs inside the engine core, `(EngineCore_DP0 pid=N)`."""
+    pat = r"^\((Worker_TP\d+) pid=(\d+)\)" if tp > 1 else r"^\((EngineCore_DP0) pid=(\d+)\)"
+    return {m.group(1): int(m.group(2)) for m in re.finditer(pat, log, re.M)}
+
+
+def trace_by_rank(log: str, tp: int, expect: list[str], read_trace) -> dict:
+    """Which expected overlays traced in which rank's pid (read_trace: manager.overlays.trace.read_trace)."""
+    ranks = rank_pids(log, tp)
+    by_pid: dict[int, set[str]] = {}
+    for t in read_trace(log):
+        by_pid.setdefault(t.pid, set()).add(t.overlay)
+    missing = {name: sorted(set(expect) - by_pid.get(pid, set())) for name, pid in ranks.items()}
+    missing = {k: v for k, v in missing.items() if v}
+    return {"ranks": ranks, "expect": list(expect), "traced": {str(k): sorted(v) for k, v in sorted(by_pid.items())},
+            "missing": missing, "every_rank": len(ranks) == tp and not missing}
 
 
 # --- worker: one engine configuration in its own process ---------------------------------------
@@ -279,17 +402,7 @@ def worker(spec: dict) -> dict:
     import torch
     from vllm import LLM, SamplingParams
 
-    long_len = LONG_PROMPT + LONG_TOKENS + 64
-    kw = dict(model=spec["model"], dtype="float16", skip_tokenizer_init=True, seed=0,
-              gpu_memory_utilization=0.40, max_num_seqs=64, enable_prefix_caching=False,
-              enforce_eager=spec.get("eager", False))
-    if spec.get("long") or spec.get("throughput"):
-        kw.update(max_model_len=long_len, max_num_batched_tokens=CHUNK, enable_chunked_prefill=True,
-                  hf_overrides={"max_position_embeddings": long_len})
-    else:
-        kw.update(max_model_len=2048)
-    if not kw["enforce_eager"]:
-        kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
+    kw = llm_kwargs(spec)
     # no CUDA call before LLM(): an initialised CUDA context would make vLLM spawn instead of fork
     res: dict = {"name": spec["name"], "pid": os.getpid(), "torch": torch.__version__,
                  "llm_kwargs": {k: v for k, v in kw.items()}}
@@ -301,6 +414,7 @@ def worker(spec: dict) -> dict:
     llm = LLM(**kw)
     res["start_s"] = round(time.time() - t0, 1)
     res["device"] = torch.cuda.get_device_name(0)
+    res["gpus"] = torch.cuda.device_count()
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5, ignore_eos=True, detokenize=False)
     if spec.get("short", True):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts()], greedy, use_tqdm=False)
@@ -473,6 +587,7 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
                  "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
     if "d512" in spec:
         env_extra["OVERLAY_D512"] = spec["d512"]
+    env_extra["OVERLAY_TRACE"] = "1"   # the runtime marker: one line per patched block per process
     env = _env_for(work, spec.get("root"), **env_extra)
     if spec.get("kind") == "reference":   # the image's transformers, none of the carried packages
         env = dict(os.environ, PYTHONPATH=str(work / "project"), PYTHONUNBUFFERED="1")
@@ -481,10 +596,13 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
     spec_path.write_text(json.dumps(spec))
     res_path = out / "specs" / f"{spec['name']}.result.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "worker", str(spec_path), str(res_path)]
+    flags = [] if spec.get("kind") == "reference" else engine_flags(llm_kwargs(spec))
     if dry:
         say(f"dry-run {spec['name']}: PYTHONPATH={env['PYTHONPATH']} OVERLAY_D512={env.get('OVERLAY_D512', '-')} "
-            f"model={spec['model']} ({'present' if Path(spec['model']).is_dir() else 'MISSING'})")
-        return {"name": spec["name"], "dry_run": True, "model_present": Path(spec["model"]).is_dir()}
+            f"model={spec['model']} ({'present' if Path(spec['model']).is_dir() else 'MISSING'})"
+            + (f" engine: {' '.join(flags)}" if flags else " transformers reference"))
+        return {"name": spec["name"], "dry_run": True, "model_present": Path(spec["model"]).is_dir(),
+                "engine_flags": flags, "tp": spec.get("tp"), "expect_trace": spec.get("expect_trace", [])}
     say(f"start {spec['name']}")
     t0 = time.time()
     try:
@@ -496,17 +614,40 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
         rc = "timeout"
     res = json.loads(res_path.read_text()) if res_path.exists() else {"name": spec["name"]}
     res.update(rc=rc, wall_s=round(time.time() - t0, 1))
+    if spec.get("twin_of"):
+        res["twin_of"] = spec["twin_of"]
     if rc != 0:
         res["error"] = first_error_line(log)
     res["markers"] = [ln.strip()[:300] for ln in log.splitlines() if MARKER in ln][:12]
+    res["tp"] = spec.get("tp", 1)
+    if spec.get("expect_trace"):
+        res["trace"] = trace_by_rank(log, spec.get("tp", 1), spec["expect_trace"], _read_trace(work))
     (out / "logs").mkdir(exist_ok=True)
     (out / "logs" / f"{spec['name']}.log").write_text(log)
     say(f"done {spec['name']}: rc={rc} in {res['wall_s']} s" + (f" error: {res.get('error')}" if rc != 0 else ""))
     return res
 
 
+def _read_trace(work: Path):
+    """manager.overlays.trace.read_trace from the unpacked project (only re and dataclasses at import)."""
+    proj = str(work / "project")
+    if proj not in sys.path:
+        sys.path.insert(0, proj)
+    from manager.overlays.trace import read_trace
+
+    return read_trace
+
+
 def summarize(results: dict) -> dict:
     s: dict = {}
+    for name, r in results.items():   # TP=N vs its TP=1 twin on the same checkpoint, and the rank traces
+        twin = results.get(f"{name}-tp1")
+        if twin and twin.get("twin_of", name) == name and "short" in r and "short" in twin:
+            c = compare(r["short"], twin["short"]) | {"tolerance": TOL_TP, "tp": r.get("tp")}
+            c["within_tolerance"] = c["identical"] and c["max_abs_logprob_diff"] <= TOL_TP
+            s[f"{name}-vs-tp1"] = c
+        if r.get("trace"):
+            s[f"{name}-trace"] = r["trace"]
     for g in (32, 16):
         pa, un, ref = (results.get(f"a-g{g}-{k}") for k in ("patched", "unpatched", "reference"))
         if pa and ref and "short" in pa and "short" in ref:
@@ -576,10 +717,10 @@ def markdown(doc: dict) -> str:
 
 
 def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool,
-        only: tuple[str, ...] = ()) -> int:
+        only: tuple[str, ...] = (), tp: int = 1) -> int:
     start = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "runs": {}}
+    doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "tp": tp, "runs": {}}
     res_file = out / "results.json"
     if res_file.exists():
         doc["runs"] = json.loads(res_file.read_text()).get("runs", {})
@@ -600,7 +741,7 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
         if proc.returncode != 0:
             res_file.write_text(json.dumps(doc, indent=1))
             return 1
-    for spec in plan(work, phases):
+    for spec in plan(work, phases, tp):
         if only and not any(spec["name"].startswith(o) for o in only):
             continue
         left = budget_s - (time.time() - start)
@@ -654,6 +795,8 @@ def main(argv=None) -> int:
     u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c")
     u.add_argument("--budget-s", type=float, default=540.0, help="stop starting engines after this many seconds")
     u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
+    u.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size of every engine (needs that many GPUs and the kinds staged with --tp)")
     u.add_argument("--dry-run", action="store_true")
     w = sub.add_parser("worker")
     w.add_argument("spec", type=Path)
@@ -676,8 +819,12 @@ def main(argv=None) -> int:
     if bad:
         print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c)", file=sys.stderr)
         return 1
+    why = check_tp(args.tp, manifest, args.dry_run)
+    if why:
+        print(f"engine_gpu: {why}", file=sys.stderr)
+        return 1
     only = tuple(o.strip() for o in args.only.split(",") if o.strip())
-    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only)
+    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only, args.tp)
 
 
 if __name__ == "__main__":

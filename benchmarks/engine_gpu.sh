@@ -7,6 +7,10 @@
 #                                  two copies of vLLM, then run the A/B phases; results under $OUT
 #   engine_gpu.sh dry-run [...]    the same without a GPU or an engine (local check)
 #
+# ARGS include --tp N (default 1): every engine at --tensor-parallel-size N on the checkpoint kinds staged
+# by engine_gpu_prepare.py --tp N; N visible GPUs are needed (one line and exit 1 before any install).
+# TP=2 (the nvidia-h200-x2 kind) has not run yet: issue 31.
+#
 # The manifest and both scripts travel in every call (<stage>/common); prepared by
 # benchmarks/engine_gpu_prepare.py.
 set -euo pipefail

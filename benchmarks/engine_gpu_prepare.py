@@ -1,6 +1,6 @@
 """Prepare, on a CPU machine, everything the H200 engine run (benchmarks/engine_gpu.py) carries.
 
-    python3 benchmarks/engine_gpu_prepare.py --out DIR [--part-mib 55] [--call-mib 60] [--dry-run]
+    python3 benchmarks/engine_gpu_prepare.py --out DIR [--part-mib 55] [--call-mib 60] [--tp 1|2]
 
 The H200 machine has python3 3.12, torch 2.11.0+cu130, triton and transformers 5.17 but no vLLM,
 pydantic or libcst, reaches no network, and takes at most 64 MiB of files per command. This script
@@ -15,7 +15,9 @@ builds, under DIR:
 3. the compute_70 PTX of the sm70-d512-attention kernels (`overlay build`'s library, NVRTC 12 from
    PyPI wheels) as a packed kernel cache;
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
-   reference) from `manager.testing.checkpoints`;
+   reference) from `manager.testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
+   parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
+   group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
 
 then bin-packs all pieces into consecutive device calls of at most --call-mib MiB each (the largest
@@ -84,6 +86,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
 # factory kinds (manager/testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
 # ct-w4a16-moe-g16 takes the non-Marlin path; the ct kinds carry their dequantized model in dequantized/.
 CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16")
+# per tensor-parallel size, the kinds whose head counts, expert shapes and MoE intermediate size divide by it
+# (checkpoints.py's TP2 shapes); the GPU side (engine_gpu.py TP_CHECKPOINTS) maps the same names to its runs
+CHECKPOINT_KINDS_TP = {1: CHECKPOINT_KINDS, 2: ("dense-tp2", "moe-tp2", "ct-w4a16-moe-tp2")}
 PROJECT_FILES = ("manager", "overlays", "benchmarks/engine_gpu.py", "benchmarks/engine_gpu.sh", "pyproject.toml")
 GPU_SCRIPTS = ("benchmarks/engine_gpu.py", "benchmarks/engine_gpu.sh")
 
@@ -409,14 +414,23 @@ def repo_bytes(repo: Path) -> int:
     return total
 
 
-def call_command(n: int, last: bool, stage: str) -> str:
-    """The shell command of device call n (receive its pieces; the last one also runs)."""
+def call_command(n: int, last: bool, stage: str, tp: int = 1) -> str:
+    """The shell command of device call n (receive its pieces; the last one also runs, at --tp when > 1)."""
     base = f"bash {stage}/common/engine_gpu.sh receive {stage}/call{n}"
-    return base + (f" && bash {stage}/common/engine_gpu.sh run" if last else "")
+    return base + (f" && bash {stage}/common/engine_gpu.sh run" + (f" --tp {tp}" if tp != 1 else "") if last else "")
+
+
+def checkpoint_kinds(tp: int) -> tuple[str, ...]:
+    """The factory kinds staged for tensor-parallel size tp (CHECKPOINT_KINDS_TP)."""
+    if tp not in CHECKPOINT_KINDS_TP:
+        raise PrepareError(f"--tp {tp}: no checkpoint kinds whose shapes divide by {tp} "
+                           f"(staged sizes: {', '.join(map(str, CHECKPOINT_KINDS_TP))})")
+    return CHECKPOINT_KINDS_TP[tp]
 
 
 def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, checkpoints: bool,
-            kernels: bool, stage: str = ".gpu") -> Manifest:
+            kernels: bool, stage: str = ".gpu", tp: int = 1) -> Manifest:
+    kinds = checkpoint_kinds(tp)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     work.mkdir(exist_ok=True)
@@ -469,7 +483,7 @@ def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, chec
         ck = work / "checkpoints"
         if ck.exists():
             shutil.rmtree(ck)
-        groups_info["checkpoints"] = build_checkpoints(ck)
+        groups_info["checkpoints"] = build_checkpoints(ck, kinds)
         add_group(pack_dir(ck, work / "checkpoints.tar.xz"), "checkpoints", "tar.xz")
     proj = work / "project"
     if proj.exists():
@@ -497,13 +511,14 @@ def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, chec
     manifest = Manifest(VLLM_VERSION, tuple(pieces), groups, plan)
     doc = {
         "vllm_version": VLLM_VERSION,
+        "tp": tp,
         "pieces": [asdict(p) | {"call": next(i for i, c in enumerate(plan.calls, 1) if p.name in c)}
                    for p in pieces],
         "groups": groups,
         "info": groups_info,
         "plan": {"calls": [list(c) for c in plan.calls], "sizes": list(plan.sizes), "limit": plan.limit,
                  "fixed": plan.fixed,
-                 "commands": [call_command(n, n == len(plan.calls), stage) for n in range(1, len(plan.calls) + 1)],
+                 "commands": [call_command(n, n == len(plan.calls), stage, tp) for n in range(1, len(plan.calls) + 1)],
                  "carry": [[f"{stage}/common", f"{stage}/call{n}"] for n in range(1, len(plan.calls) + 1)]},
     }
     (common / "manifest.json").write_text(json.dumps(doc, indent=1))
@@ -522,13 +537,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-checkpoints", action="store_true")
     ap.add_argument("--no-kernels", action="store_true")
     ap.add_argument("--stage", default=".gpu", help="the staging directory's path inside the checkout")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel size the run will use: stages the checkpoint kinds that divide by it (1, 2)")
     args = ap.parse_args(argv)
     if not 1 <= args.part_mib <= args.call_mib <= 64:
         print(f"--part-mib {args.part_mib} / --call-mib {args.call_mib}: need 1 <= part <= call <= 64", file=sys.stderr)
         return 1
     try:
+        checkpoint_kinds(args.tp)   # before anything is written
         m = prepare(args.out.resolve(), args.part_mib, args.call_mib, args.repo, not args.no_checkpoints,
-                    not args.no_kernels, args.stage)
+                    not args.no_kernels, args.stage, args.tp)
     except PrepareError as exc:
         print(f"engine_gpu_prepare: {exc}", file=sys.stderr)
         return 1

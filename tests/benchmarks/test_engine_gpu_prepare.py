@@ -355,3 +355,189 @@ def test_the_pinned_dependency_set_is_closed_over_the_image_when_cached():
     if len(wheels) != len(prep.DEPENDENCY_WHEELS):
         pytest.skip("the dependency wheels are not all cached (run benchmarks/engine_gpu_prepare.py once)")
     assert prep.unmet_requirements(wheels) == []
+
+
+# --- TP=N (issue 30 point 5; the two-H200 run is issue 31): the dry-run path, no GPU, no engine --------------
+
+
+def test_prepare_and_the_gpu_side_name_the_same_tp2_kinds_and_the_factory_builds_them():
+    from manager.testing import checkpoints as factory
+
+    tp2 = prep.checkpoint_kinds(2)
+    assert tp2 == ("dense-tp2", "moe-tp2", "ct-w4a16-moe-tp2")
+    assert set(tp2) <= set(factory.kinds())
+    for tp in (1, 2):
+        assert set(egpu.TP_CHECKPOINTS[tp].values()) == set(prep.checkpoint_kinds(tp))
+
+
+def test_tp2_plan_starts_every_engine_at_tensor_parallel_size_2_on_the_tp2_kinds_after_its_tp1_twin(tmp_path):
+    specs = egpu.plan(tmp_path, {"a", "b", "c"}, tp=2)
+    names = [s["name"] for s in specs]
+    runs = dict(zip(names, specs))
+    engines = [s for s in specs if s.get("kind") != "reference"]
+    for s in specs:
+        assert Path(s["model"]).relative_to(tmp_path / "ckpt").parts[0].endswith("-tp2"), s["model"]
+    for s in engines:
+        flags = egpu.engine_flags(egpu.llm_kwargs(s))
+        i = flags.index("--tensor-parallel-size")
+        if s.get("twin_of"):
+            assert flags[i + 1] == "1" and names.index(s["name"]) + 1 == names.index(s["twin_of"])
+            assert not s["long"] and not s["throughput"] and s["short"]
+        else:
+            assert flags[i + 1] == "2" and s["tp"] == 2
+    # every served TP=2 engine has its TP=1 twin; the runs expected to fail have none
+    served = {s["name"] for s in engines if not s.get("twin_of") and not s.get("expect_error")}
+    assert {s["twin_of"] for s in engines if s.get("twin_of")} == served
+    assert {"a-g32-patched", "b-dense-force", "b-moe-off"} <= served
+    assert "a-g32-unpatched-tp1" not in runs and "a-stock-dense-tp1" not in runs
+    assert not any(n.startswith("a-g16") for n in names)   # the factory has no group-16 TP=2 kind
+    assert runs["a-g32-patched"]["expect_trace"] == [egpu.AWQ]
+    assert runs["b-dense-force"]["throughput"] and runs["b-dense-force"]["long"]
+
+
+def test_tp1_plan_has_no_twins_and_runs_at_tensor_parallel_size_1_on_the_tp1_kinds(tmp_path):
+    specs = egpu.plan(tmp_path, {"a", "b", "c"})
+    assert not any(s.get("twin_of") for s in specs)
+    assert {Path(s["model"]).relative_to(tmp_path / "ckpt").parts[0] for s in specs} == set(prep.CHECKPOINT_KINDS)
+    flags = egpu.engine_flags(egpu.llm_kwargs(next(s for s in specs if s["name"] == "b-dense-off")))
+    assert flags[flags.index("--tensor-parallel-size") + 1] == "1" and "--enforce-eager" not in flags
+    assert "--no-enable-prefix-caching" in flags and "--enable-prefix-caching" not in flags
+
+
+@pytest.mark.parametrize("smi, cvd, n", [
+    (["GPU 0: NVIDIA H200 (UUID: GPU-a)", "GPU 1: NVIDIA H200 (UUID: GPU-b)"], None, 2),
+    (["GPU 0: NVIDIA H200 (UUID: GPU-a)", "GPU 1: NVIDIA H200 (UUID: GPU-b)"], "1", 1),
+    (["GPU 0: NVIDIA H200 (UUID: GPU-a)"], "0,1", 1),
+    (None, "0,1", 2),
+    (None, None, None),
+])
+def test_visible_gpus_counts_nvidia_smi_capped_by_cuda_visible_devices(smi, cvd, n):
+    env = {} if cvd is None else {"CUDA_VISIBLE_DEVICES": cvd}
+    assert egpu.visible_gpus(env, smi) == n
+
+
+def _tp_manifest(tmp_path: Path, kinds) -> Path:
+    doc, stage = _manifest(tmp_path)
+    doc["info"] = {"checkpoints": {k: {} for k in kinds}}
+    m = tmp_path / "manifest.json"
+    m.write_text(json.dumps(doc))
+    egpu.receive(doc, tmp_path / "w", stage)
+    return m
+
+
+@pytest.mark.parametrize("tp, cvd, kinds, msg", [
+    ("3", "0,1,2", prep.CHECKPOINT_KINDS_TP[2], "--tp 3: no checkpoint kinds whose shapes divide by 3"),
+    ("2", "0", prep.CHECKPOINT_KINDS_TP[2], "--tp 2: needs 2 visible GPU(s), this machine shows 1"),
+    ("2", "0,1", prep.CHECKPOINT_KINDS_TP[1], "--tp 2 needs ct-w4a16-moe-tp2, dense-tp2, moe-tp2 (stage them"),
+])
+def test_a_wrong_tp_is_one_line_before_anything_is_installed(tmp_path, monkeypatch, capsys, tp, cvd, kinds, msg):
+    m = _tp_manifest(tmp_path, kinds)
+    monkeypatch.setattr(egpu, "_smi_lines", lambda: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    capsys.readouterr()   # the receive above talks on stderr
+    rc = egpu.main(["run", "--dry-run", "--manifest", str(m), "--work", str(tmp_path / "w"),
+                    "--out", str(tmp_path / "o"), "--tp", tp])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and msg in err[0], err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before   # nothing installed
+    assert not (tmp_path / "w" / "vllm").exists()
+
+
+def test_a_real_tp2_run_on_a_machine_without_gpus_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    doc = {"info": {"checkpoints": {k: {} for k in prep.CHECKPOINT_KINDS_TP[2]}}}
+    assert "needs 2 visible GPU(s), this machine shows 0" in egpu.check_tp(2, doc, dry=False, smi_lines=None)
+    assert egpu.check_tp(2, doc, dry=True, smi_lines=None) is None   # a dry run has nothing to count
+    assert egpu.check_tp(2, doc, dry=False, smi_lines=["GPU 0: a", "GPU 1: b"]) is None
+
+
+def test_tp2_dry_run_installs_and_plans_every_engine_with_tensor_parallel_size_2(tmp_path, monkeypatch, capsys):
+    m = _tp_manifest(tmp_path, prep.CHECKPOINT_KINDS_TP[2])
+    monkeypatch.setattr(egpu, "_smi_lines", lambda: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(egpu, "ROOTS", {name: () for name in egpu.ROOTS})   # the fake vLLM tree takes no overlay
+    capsys.readouterr()
+    rc = egpu.main(["run", "--dry-run", "--manifest", str(m), "--work", str(tmp_path / "w"),
+                    "--out", str(tmp_path / "o"), "--tp", "2", "--phases", "install,a,b"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["tp"] == 2 and set(doc["roots"]) == set(egpu.ROOTS)
+    runs = doc["runs"]
+    assert [n for n in runs] == [s["name"] for s in egpu.plan(tmp_path / "w", {"a", "b"}, 2)]
+    for name, r in runs.items():
+        assert r["dry_run"]
+        if r["engine_flags"]:
+            tp = "1" if name.endswith("-tp1") else "2"
+            f = r["engine_flags"]
+            assert f[f.index("--tensor-parallel-size") + 1] == tp, (name, f)
+            assert f"dry-run {name}: " in err and f"--tensor-parallel-size {tp}" in err
+    assert runs["a-g32-patched"]["expect_trace"] == [egpu.AWQ] and runs["a-g32-patched"]["tp"] == 2
+    assert err.count("--tensor-parallel-size 2") == sum(1 for r in runs.values() if r["tp"] == 2)
+
+
+def test_trace_by_rank_wants_the_overlay_from_every_rank_pid():
+    from manager.overlays.trace import read_trace
+
+    line = "overlay-trace: {id} v1 awq-moe-branches pid={pid} module=vllm.model_executor.models.gemma4\n"
+    log = ("(Worker_TP0 pid=101) INFO world_size=2 rank=0\n(Worker_TP1 pid=102) INFO world_size=2 rank=1\n"
+           f"(Worker_TP0 pid=101) {line.format(id=egpu.AWQ, pid=101)}"
+           f"{line.format(id='gemma4-convertor-per-layer', pid=100)}")
+    one = egpu.trace_by_rank(log, 2, [egpu.AWQ], read_trace)
+    assert one["ranks"] == {"Worker_TP0": 101, "Worker_TP1": 102}
+    assert one["missing"] == {"Worker_TP1": [egpu.AWQ]} and not one["every_rank"]
+    both = egpu.trace_by_rank(log + f"(Worker_TP1 pid=102) {line.format(id=egpu.AWQ, pid=102)}", 2, [egpu.AWQ],
+                              read_trace)
+    assert both["every_rank"] and both["missing"] == {}
+    tp1 = egpu.trace_by_rank("(EngineCore_DP0 pid=7) x\n" + line.format(id=egpu.AWQ, pid=7), 1, [egpu.AWQ], read_trace)
+    assert tp1["ranks"] == {"EngineCore_DP0": 7} and tp1["every_rank"]
+    assert not egpu.trace_by_rank(line.format(id=egpu.AWQ, pid=7), 2, [egpu.AWQ], read_trace)["every_rank"]
+
+
+def test_summary_compares_each_tp2_run_with_its_tp1_twin_and_carries_the_rank_trace():
+    tp2 = {"short": [_rec([5, 6, 7], [-1.0, -2.0, -3.0])], "tp": 2, "trace": {"every_rank": True}}
+    same = {"short": [_rec([5, 6, 7], [-1.0, -2.004, -3.0])], "twin_of": "a-g32-patched"}
+    s = egpu.summarize({"a-g32-patched-tp1": same, "a-g32-patched": tp2})
+    c = s["a-g32-patched-vs-tp1"]
+    assert c["identical"] and c["max_abs_logprob_diff"] == pytest.approx(0.004) and c["within_tolerance"]
+    assert c["tolerance"] == egpu.TOL_TP and s["a-g32-patched-trace"] == {"every_rank": True}
+    off = dict(same, short=[_rec([5, 6, 9], [-1.0, -2.0, -3.0])])
+    assert not egpu.summarize({"a-g32-patched-tp1": off, "a-g32-patched": tp2})["a-g32-patched-vs-tp1"][
+        "within_tolerance"]
+
+
+def test_prepare_at_tp2_stages_the_tp2_kinds_and_the_last_call_runs_at_tp2(tmp_path, monkeypatch):
+    """prepare() end to end with the downloads and the factory replaced (the kinds it asks for are recorded)."""
+    asked = []
+
+    def fake_checkpoints(dest, kinds):
+        asked.append(kinds)
+        for k in kinds:
+            (dest / k).mkdir(parents=True)
+            (dest / k / "config.json").write_text("{}")
+        return {k: {"reference": f"{k}"} for k in kinds}
+
+    monkeypatch.setattr(prep, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(prep, "fetch_vllm_wheel", lambda cache: _fake_wheel(tmp_path / "v.whl"))
+    monkeypatch.setattr(prep, "fetch_dependency_wheels",
+                        lambda cache: [_meta_wheel(tmp_path / "dep-1.0-py3-none-any.whl", "dep", [])])
+    monkeypatch.setattr(prep, "build_checkpoints", fake_checkpoints)
+    (tmp_path / "cache").mkdir()
+    prep.prepare(tmp_path / "stage", 55, 60, None, checkpoints=True, kernels=False, tp=2)
+    assert asked == [prep.CHECKPOINT_KINDS_TP[2]]
+    doc = json.loads((tmp_path / "stage" / "common" / "manifest.json").read_text())
+    assert doc["tp"] == 2 and set(doc["info"]["checkpoints"]) == set(prep.CHECKPOINT_KINDS_TP[2])
+    assert doc["plan"]["commands"][-1].endswith("engine_gpu.sh run --tp 2")
+    assert all("run" not in c.split("receive")[1] for c in doc["plan"]["commands"][:-1])
+    assert egpu.check_tp(2, doc, dry=False, smi_lines=["GPU 0: a", "GPU 1: b"]) is None
+    assert "stage them with engine_gpu_prepare.py --tp 1" in egpu.check_tp(1, doc, dry=False, smi_lines=["GPU 0: a"])
+
+
+def test_prepare_refuses_a_tp_without_kinds_before_writing(tmp_path, capsys):
+    assert prep.main(["--out", str(tmp_path / "o"), "--tp", "3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tp 3: no checkpoint kinds whose shapes divide by 3" in err[0]
+    assert not (tmp_path / "o").exists()
+    assert prep.call_command(2, True, ".gpu", 2) == ("bash .gpu/common/engine_gpu.sh receive .gpu/call2 && "
+                                                   "bash .gpu/common/engine_gpu.sh run --tp 2")
