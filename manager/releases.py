@@ -81,10 +81,29 @@ _HELPER_REQS = [
 
 
 def cache_dir() -> Path:
+    """The cache directory, made when missing. Every cache user (sdists, trees, engine venvs, the
+    kernel and GitHub caches, bundles) starts here, so this is the one check: a path that is, or
+    lies under, something other than a directory is one ReleaseError naming $OVERLAY_CACHE and the
+    path, and nothing is made."""
     raw = os.environ.get(ENV_CACHE)
     base = Path(raw) if raw else Path.home() / ".cache" / "overlay-manager"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+    what = f"${ENV_CACHE}={raw}" if raw else f"the cache {base} (default; set ${ENV_CACHE} to move it)"
+    return _make_dir(base, what)
+
+
+def _make_dir(path: Path, what: str) -> Path:
+    """mkdir -p `path`, or one ReleaseError naming `what` (a file in the way makes nothing)."""
+    for up in (path, *path.parents):  # a regular file anywhere on the path: refused before any mkdir
+        if up.is_symlink() or up.exists():
+            if not up.is_dir():
+                where = "is" if up == path else f"lies under {up}, which is"
+                raise ReleaseError(f"{what}: {where} not a directory; the cache must be a directory")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReleaseError(f"{what}: cannot make the cache directory: {exc.strerror}") from None
+    return path
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
@@ -202,7 +221,7 @@ def sdist(version: str) -> Path:
     if target.exists():
         _report(Step("cached", name, detail=str(target)))
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(target.parent, f"cache directory {target.parent}")
     with FileLock(str(target) + ".lock"):
         if target.exists():
             _report(Step("cached", name, detail=str(target)))
@@ -240,7 +259,7 @@ def pristine_tree(version: str) -> Path:
         _report(Step("cached", f"vllm {version} sources", detail=str(root)))
         return root
     archive = sdist(version)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(root.parent, f"cache directory {root.parent}")
     with FileLock(str(root) + ".lock"):
         if marker.exists():
             return root

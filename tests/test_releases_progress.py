@@ -130,3 +130,40 @@ def test_cli_reporter_on_a_tty_draws_a_bar_and_ends_with_the_summary(pypi, capsy
     releases.sdist(VERSION)
     assert seen and all(b is not None for b in seen) and reporter._bar is None
     assert "downloaded" in capsys.readouterr().err
+
+
+def _tree_state(top: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(top)): (p.read_bytes() if p.is_file() else None) for p in sorted(top.rglob("*"))}
+
+
+@pytest.mark.parametrize("under", ["", "sub/dir"], ids=["the-file", "a-path-under-it"])
+def test_a_cache_set_to_a_regular_file_is_one_release_error_naming_the_variable_and_path(tmp_path, monkeypatch, under):
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("not a directory\n")
+    raw = str(blocker / under) if under else str(blocker)
+    monkeypatch.setenv(releases.ENV_CACHE, raw)
+    before = _tree_state(tmp_path)
+    with pytest.raises(ReleaseError) as info:
+        releases.cache_dir()
+    assert releases.ENV_CACHE in str(info.value) and raw in str(info.value) and "\n" not in str(info.value)
+    assert _tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [("upstream", "check"), ("demo",)], ids=["upstream-check", "demo-sdist-download"])
+def test_cli_with_the_cache_a_regular_file_exits_1_in_one_line_and_writes_nothing(tmp_path, cli_run, args):
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("not a directory\n")
+    before = _tree_state(tmp_path)
+    r = cli_run(*args, env={releases.ENV_CACHE: str(blocker)})
+    assert r.exit_code == 1, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and releases.ENV_CACHE in errors[0] and str(blocker) in errors[0], r.stderr
+    assert _tree_state(tmp_path) == before
+
+
+def test_a_regular_file_in_place_of_the_sdists_directory_is_one_release_error(tmp_path, monkeypatch):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "sdists").write_text("x")
+    monkeypatch.setenv(releases.ENV_CACHE, str(tmp_path / "cache"))
+    with pytest.raises(ReleaseError, match="sdists"):
+        releases.sdist(VERSION)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
-from .conflicts import check_conflicts
+from .conflicts import check_conflicts, earlier_overlays
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
 from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
 from .loader import Overlay
@@ -175,7 +175,9 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
                 o, t.path, current, module, plan.excerpts[t.path])
             plan.overlays_by_file.setdefault(t.path, []).append(o.id)
     writing = {i for ids in plan.overlays_by_file.values() for i in ids}
-    check_conflicts([o for o in overlays if o.id in writing])  # before anything is written
+    writers = [o for o in overlays if o.id in writing]
+    earlier = earlier_overlays(root, overlays, writers, plan.overlays_by_file) if writers else []
+    check_conflicts(writers, earlier, overlays)  # before anything is written; with the ledger's earlier overlays
     for rel, text in plan.texts.items():
         _check_compiles(rel, text, plan.overlays_by_file[rel])
     return plan

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ProfileError
+from ..errors import InspectError, ProfileError
 from .schema import ModelProfile
 
 
@@ -259,15 +259,28 @@ def profile_from_config(
     return prof
 
 
+def read_config_json(path: Path) -> Any:
+    """The JSON of `path` through the checkpoint reader's bounded loader (`inspect.source`:
+    non-blocking open, regular files only, a size bound, nesting past the parser's stack and
+    integers longer than CPython converts are one error); its errors name `path` as given."""
+    from ..inspect.source import LocalSource
+
+    real = path.resolve()  # a Hugging Face cache's config.json is a link into blobs/
+    if not real.parent.is_dir():
+        raise ProfileError(f"{path}: cannot read: No such file or directory")
+    source = LocalSource(real.parent)
+    try:
+        return source.read_json(real.name)
+    except InspectError as exc:
+        text = str(exc)
+        prefix = source.where(real.name)
+        raise ProfileError(f"{path}{text[len(prefix):]}" if text.startswith(prefix) else text) from None
+
+
 def import_config(path: Path, *, model_id: str | None = None, hf_repo: str | None = None,
                   size_gb: float | None = None) -> dict[str, Any]:
     path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: line {exc.lineno}: malformed JSON: {exc.msg}") from exc
+    cfg = read_config_json(path)
     mid = model_id or (path.parent.name if path.name == "config.json" else path.stem)
     mid = mid.lower().replace("_", "-")
     return profile_from_config(cfg, model_id=mid, hf_repo=hf_repo, size_gb=size_gb, file=str(path))
