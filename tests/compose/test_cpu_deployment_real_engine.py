@@ -20,7 +20,9 @@ site-packages import there through PYTHONPATH.
 
 Marked `engine` and `docker`: without an engine venv or Docker the module skips, except in CI (CI=true,
 OVERLAY_REQUIRE_DOCKER=1), where that fails. Engine starts: one to healthy, one restart, one failing start (it stops
-at the config step). The measured times are printed at the end of the module and written to
+at the config step), then the registry's TP=2 deployment (issue 30 point 3; class TestTP2): the fixture's second
+entry (tp: 2, gpus: 2, VLLM_CPU_OMP_THREADS_BIND=0|1: docs/engine.md "TP=2 on the CPU build"; checkpoint kind
+moe-tp2, whose shapes divide by 2), rendered and brought up the same way, one start to healthy and one restart. The measured times are printed at the end of the module and written to
 $OVERLAY_COMPOSE_ENGINE_REPORT (default <pytest basetemp>/compose-engine.md); docs/engine.md shows one run.
 """
 
