@@ -2,10 +2,11 @@
 
 A CPU deployment is rendered by the real `overlay compose render --no-gpu` and brought up with the real
 docker-compose (1.29): the shipped engine profile profiles/engines/vllm-cpu-0.20.0.yaml, the hardware profile and
-one-entry registry of tests/fixtures/cpu-deployment, and a model profile that `overlay profiles import-config`
-writes from the tiny checkpoint's config.json (manager/testing/checkpoints.py, kind dense). The entrypoint runs
-`overlay apply gemma4-convertor-per-layer` from an `overlay bundle` (with its prepared plans), then execs
-`python3 -m vllm.entrypoints.openai.api_server` (the CPU wheel's `vllm serve` cannot start).
+registry of tests/fixtures/cpu-deployment (gemma4-tiny-cpu; TestTP2 below serves its TP=2 entry), and a model
+profile that `overlay profiles import-config` writes from the tiny checkpoint's config.json
+(manager/testing/checkpoints.py, kind dense). The entrypoint runs `overlay apply gemma4-convertor-per-layer` from
+an `overlay bundle` (with its prepared plans), then execs `python3 -m vllm.entrypoints.openai.api_server` (the CPU
+wheel's `vllm serve` cannot start).
 
 Image and engine: the image is Debian bookworm + python3 + the system libraries vLLM's CPU build needs
 (tests/helpers/containers.engine_runtime_image: ~500 MB, debootstrap, cached by tag). The engine's ~6 GB of Python packages
@@ -22,8 +23,9 @@ Marked `engine` and `docker`: without an engine venv or Docker the module skips,
 OVERLAY_REQUIRE_DOCKER=1), where that fails. Engine starts: one to healthy, one restart, one failing start (it stops
 at the config step), then the registry's TP=2 deployment (issue 30 point 3; class TestTP2): the fixture's second
 entry (tp: 2, gpus: 2, VLLM_CPU_OMP_THREADS_BIND=0|1: docs/engine.md "TP=2 on the CPU build"; checkpoint kind
-moe-tp2, whose shapes divide by 2), rendered and brought up the same way, one start to healthy and one restart. The measured times are printed at the end of the module and written to
-$OVERLAY_COMPOSE_ENGINE_REPORT (default <pytest basetemp>/compose-engine.md); docs/engine.md shows one run.
+moe-tp2, whose shapes divide by 2), rendered and brought up the same way, one start to healthy and one restart.
+The measured times are printed at the end of the module and written to $OVERLAY_COMPOSE_ENGINE_REPORT (default
+<pytest basetemp>/compose-engine.md); docs/engine.md shows one run.
 """
 
 from __future__ import annotations
