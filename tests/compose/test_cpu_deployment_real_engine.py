@@ -2,10 +2,11 @@
 
 A CPU deployment is rendered by the real `overlay compose render --no-gpu` and brought up with the real
 docker-compose (1.29): the shipped engine profile profiles/engines/vllm-cpu-0.20.0.yaml, the hardware profile and
-one-entry registry of tests/fixtures/cpu-deployment, and a model profile that `overlay profiles import-config`
-writes from the tiny checkpoint's config.json (manager/testing/checkpoints.py, kind dense). The entrypoint runs
-`overlay apply gemma4-convertor-per-layer` from an `overlay bundle` (with its prepared plans), then execs
-`python3 -m vllm.entrypoints.openai.api_server` (the CPU wheel's `vllm serve` cannot start).
+registry of tests/fixtures/cpu-deployment (gemma4-tiny-cpu; TestTP2 below serves its TP=2 entry), and a model
+profile that `overlay profiles import-config` writes from the tiny checkpoint's config.json
+(manager/testing/checkpoints.py, kind dense). The entrypoint runs `overlay apply gemma4-convertor-per-layer` from
+an `overlay bundle` (with its prepared plans), then execs `python3 -m vllm.entrypoints.openai.api_server` (the CPU
+wheel's `vllm serve` cannot start).
 
 Image and engine: the image is Debian bookworm + python3 + the system libraries vLLM's CPU build needs
 (tests/helpers/containers.engine_runtime_image: ~500 MB, debootstrap, cached by tag). The engine's ~6 GB of Python packages
@@ -20,8 +21,11 @@ site-packages import there through PYTHONPATH.
 
 Marked `engine` and `docker`: without an engine venv or Docker the module skips, except in CI (CI=true,
 OVERLAY_REQUIRE_DOCKER=1), where that fails. Engine starts: one to healthy, one restart, one failing start (it stops
-at the config step). The measured times are printed at the end of the module and written to
-$OVERLAY_COMPOSE_ENGINE_REPORT (default <pytest basetemp>/compose-engine.md); docs/engine.md shows one run.
+at the config step), then the registry's TP=2 deployment (issue 30 point 3; class TestTP2): the fixture's second
+entry (tp: 2, gpus: 2, VLLM_CPU_OMP_THREADS_BIND=0|1: docs/engine.md "TP=2 on the CPU build"; checkpoint kind
+moe-tp2, whose shapes divide by 2), rendered and brought up the same way, one start to healthy and one restart.
+The measured times are printed at the end of the module and written to $OVERLAY_COMPOSE_ENGINE_REPORT (default
+<pytest basetemp>/compose-engine.md); docs/engine.md shows one run.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ ck = pytest.importorskip("manager.testing.checkpoints")
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
 
 SLUG = "gemma4-tiny-cpu"
+SLUG_TP2 = "gemma4-tiny-cpu-tp2"  # the same engine at --tensor-parallel-size 2 (tests/fixtures/cpu-deployment)
+TP2_KIND = "moe-tp2"
+TP2_LOGPROB_TOL = 2e-2  # the CPU fused-MoE path (tests/testing/test_real_engine_ab.py TP2_TOL; measured there 9.9e-03)
 CONVERTOR = "gemma4-convertor-per-layer"
 ENGINE_PROFILE = "vllm-cpu-0.20.0"
 ENGINE_MOUNT, ROOT_MOUNT = "/opt/engine", "/opt/vllm-root"
@@ -81,7 +88,7 @@ REPORT: list[tuple[str, str]] = []  # (what, measured)
 def _report(request, tmp_path_factory):
     t0 = time.monotonic()
     yield
-    REPORT.append(("the whole module (set-up, 3 engine starts, teardown)", f"{time.monotonic() - t0:.0f} s"))
+    REPORT.append(("the whole module (set-up, 5 engine starts, teardown)", f"{time.monotonic() - t0:.0f} s"))
     lines = ["| what | measured |", "|---|---|"] + [f"| {a} | {b} |" for a, b in REPORT]
     dest = Path(os.environ.get("OVERLAY_COMPOSE_ENGINE_REPORT")
                 or tmp_path_factory.getbasetemp() / "compose-engine.md")
@@ -163,20 +170,27 @@ class Stack:
     image: str
     reference: object       # checkpoints.Reference of the served checkpoint
     venv_hash: str          # sha256 of the venv's convertor file before any deployment
+    rendered_tp2: Path      # `overlay compose render SLUG_TP2 --no-gpu -o ...`
+    reference_tp2: object   # checkpoints.Reference of the TP=2 deployment's checkpoint
 
 
-def _catalog(dest: Path, checkpoint) -> Path:
-    """The shipped overlays and profiles, the CI host profile, the tiny model's imported profile, the registry."""
+def _import_model(dest: Path, checkpoint, model_id: str) -> None:
+    size_gb = sum(f.stat().st_size for f in checkpoint.path.glob("*.safetensors")) / 1e9
+    _cli("profiles", "import-config", str(checkpoint.path / "config.json"), "--id", model_id,
+         "--hf-repo", checkpoint.path.name, "--size-gb", f"{size_gb:.4f}",
+         "-o", str(dest / "profiles" / "models" / f"{model_id}.yaml"))
+
+
+def _catalog(dest: Path, checkpoint, checkpoint_tp2) -> Path:
+    """The shipped overlays and profiles, the CI host profile, the tiny models' imported profiles, the registry."""
     dest.mkdir(parents=True)
     (dest / "overlays").symlink_to(REPO_ROOT / "overlays")
     shutil.copytree(REPO_ROOT / "profiles", dest / "profiles")
     shutil.copy(FIXTURES / "hardware" / "ci-cpu-host.yaml", dest / "profiles" / "hardware")
     (dest / "compose").mkdir()
     shutil.copy(FIXTURES / "deployments.yaml", dest / "compose")
-    size_gb = sum(f.stat().st_size for f in checkpoint.path.glob("*.safetensors")) / 1e9
-    _cli("profiles", "import-config", str(checkpoint.path / "config.json"), "--id", "gemma-4-tiny",
-         "--hf-repo", checkpoint.path.name, "--size-gb", f"{size_gb:.4f}",
-         "-o", str(dest / "profiles" / "models" / "gemma-4-tiny.yaml"))
+    _import_model(dest, checkpoint, "gemma-4-tiny")
+    _import_model(dest, checkpoint_tp2, "gemma-4-tiny-tp2")
     return dest
 
 
@@ -195,22 +209,32 @@ def stack(tmp_path_factory) -> Stack:
         info = ck.build_checkpoint("dense", models / "tiny-dense")
         return info, ck.reference(info.path, PROMPT, N_TOKENS, TOP_K)
 
+    def checkpoint_and_reference_tp2():
+        info = ck.build_checkpoint(TP2_KIND, models / "tiny-moe-tp2")
+        return info, ck.reference(info.path, PROMPT, N_TOKENS, TOP_K)
+
     checkpoint, reference = _timed("tiny checkpoint + transformers reference", checkpoint_and_reference)
-    catalog = _catalog(work / "catalog", checkpoint)
-    rendered = work / f"{SLUG}.yml"
+    checkpoint_tp2, reference_tp2 = _timed(f"TP=2: tiny checkpoint ({TP2_KIND}) + transformers reference",
+                                           checkpoint_and_reference_tp2)
+    catalog = _catalog(work / "catalog", checkpoint, checkpoint_tp2)
+    rendered, rendered_tp2 = work / f"{SLUG}.yml", work / f"{SLUG_TP2}.yml"
     _timed("overlay compose render --no-gpu",
            lambda: _cli("--catalog", str(catalog), "compose", "render", SLUG, "--no-gpu", "-o", str(rendered)))
+    _timed("TP=2: overlay compose render --no-gpu",
+           lambda: _cli("--catalog", str(catalog), "compose", "render", SLUG_TP2, "--no-gpu", "-o",
+                        str(rendered_tp2)))
     bundle = work / "bundle"
     _timed("overlay bundle --python 3.11 (wheels cached; prepares the deployment's plan)",
            lambda: _cli("--catalog", str(catalog), "bundle", "--python", dh.IMAGE_PYTHON, "-o", str(bundle)))
     venv_hash = hashlib.sha256((engine.site_packages / CONVERTOR_FILE).read_bytes()).hexdigest()
-    return Stack(client, engine, work, models, catalog, rendered, bundle, image, reference, venv_hash)
+    return Stack(client, engine, work, models, catalog, rendered, bundle, image, reference, venv_hash, rendered_tp2,
+                 reference_tp2)
 
 
-def _override(stack: Stack, name: str, root: Path, engine_dir: Path | None = None) -> Path:
+def _override(stack: Stack, name: str, root: Path, engine_dir: Path | None = None, slug: str = SLUG) -> Path:
     """The site's compose override: the image, the engine venv (read-only), the writable vLLM root, PYTHONPATH."""
     site = stack.engine.site_packages.relative_to(stack.engine.venv)
-    doc = {"services": {SLUG: {
+    doc = {"services": {slug: {
         "image": stack.image,
         "environment": {"PYTHONPATH": f"{ROOT_MOUNT}:{ENGINE_MOUNT}/{site}", "OVERLAY_TRACE": "1"},
         "volumes": [f"{engine_dir or stack.engine.venv}:{ENGINE_MOUNT}:ro", f"{root}:{ROOT_MOUNT}"],
@@ -229,10 +253,10 @@ class Up:
     port: int
 
 
-def _up(stack: Stack, name: str, compose_file: Path, **env: str) -> Up:
+def _up(stack: Stack, name: str, compose_file: Path, slug: str = SLUG, **env: str) -> Up:
     root = eng.isolated_root(stack.engine, stack.work / "roots" / name)
     port = _free_port()
-    files = [compose_file, _override(stack, name, root)]
+    files = [compose_file, _override(stack, name, root, slug=slug)]
     envs = dh.compose_env(stack.bundle, stack.models, HOST_PORT=str(port), HEALTH_INTERVAL="2s", **env)
     up = Up(f"omengine-{name}-{os.getpid()}", files, envs, root, port)
     proc = dh.compose(up.project, files, "up", "-d", env=envs, timeout=300)
@@ -259,19 +283,24 @@ class Served:
     server: object  # manager.testing.engine.Server on the published port
 
 
-@pytest.fixture(scope="module")
-def served(stack):
-    up = _up(stack, "serve", stack.rendered)
+def _serving(stack: Stack, name: str, compose_file: Path, slug: str, label: str):
+    up = _up(stack, name, compose_file, slug=slug)
     try:
         c = dh.project_container(stack.client, up.project)
         t0 = time.monotonic()
         dh.wait_until(c, dh.healthy, START_TIMEOUT, "healthy")
         start = time.monotonic() - t0
-        REPORT.append(("engine start in the container: `up -d` -> healthy (apply + server start)", f"{start:.0f} s"))
+        REPORT.append((f"{label}engine start in the container: `up -d` -> healthy (apply + server start)",
+                       f"{start:.0f} s"))
         url = f"http://127.0.0.1:{up.port}"
-        yield Served(up, c, eng.Server(url, up.port, stack.work / "serve.log", 0, start))
+        yield Served(up, c, eng.Server(url, up.port, stack.work / f"{name}.log", 0, start))
     finally:
         _down(up)
+
+
+@pytest.fixture(scope="module")
+def served(stack):
+    yield from _serving(stack, "serve", stack.rendered, SLUG, "")
 
 
 # ------------------------------------------------------------------------------------------------- tests
@@ -332,6 +361,10 @@ def test_the_runtime_marker_of_the_applied_overlay_is_in_the_container_log(stack
 
 
 def test_a_restart_is_a_no_op(stack, served):
+    _restart_is_a_no_op(served, stack.reference, "")
+
+
+def _restart_is_a_no_op(served: Served, reference, label: str) -> None:
     c, root = served.container, served.up.root
     ledger = (root / LEDGER).read_bytes()
     before = (root / CONVERTOR_FILE).stat()
@@ -340,15 +373,17 @@ def test_a_restart_is_a_no_op(stack, served):
     proc = dh.compose(served.up.project, served.up.files, "restart", "-t", "10", env=served.up.env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     dh.wait_until(c, lambda s: s["StartedAt"] != started and dh.healthy(s), START_TIMEOUT, "healthy after restart")
-    REPORT.append(("`docker-compose restart` -> healthy", f"{time.monotonic() - t0:.0f} s"))
+    REPORT.append((f"{label}`docker-compose restart` -> healthy", f"{time.monotonic() - t0:.0f} s"))
     assert (root / LEDGER).read_bytes() == ledger
     after = (root / CONVERTOR_FILE).stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     seconds, lines = _apply_seconds(c)
     assert any("nothing to do" in ln for ln in lines), lines
     assert not any(ln.startswith("updated") for ln in lines), lines
-    REPORT.append(("entrypoint's `overlay apply` after the restart (no-op)", f"{seconds:.2f} s"))
-    assert served.server.complete(PROMPT, N_TOKENS, TOP_K).tokens == stack.reference.tokens
+    REPORT.append((f"{label}entrypoint's `overlay apply` after the restart (no-op)", f"{seconds:.2f} s"))
+    status = json.loads(dh.exec_out(c, "/opt/overlay/bin/overlay", "status", CONVERTOR, "--json"))
+    assert [(o["id"], o["status"]) for o in status["overlays"]] == [(CONVERTOR, "applied")]
+    assert served.server.complete(PROMPT, N_TOKENS, TOP_K).tokens == reference.tokens
 
 
 def _first_apply(stack: Stack, project: str, run: str, plans: bool) -> tuple[float, list[str]]:
@@ -427,3 +462,67 @@ def test_without_the_overlay_the_engine_exits_with_its_exact_error_and_the_tool_
         assert not (up.root / ".overlay-manager").exists()  # nothing was applied or written
     finally:
         _down(up)
+
+
+# ------------------------------------------------------------------------------------------- TP=2 (issue 30)
+
+
+@pytest.fixture(scope="class")
+def served_tp2(stack):
+    yield from _serving(stack, "serve-tp2", stack.rendered_tp2, SLUG_TP2, "TP=2: ")
+
+
+def _ranks(text: str) -> dict[str, int]:
+    """'Worker_TP0' -> pid, ... (vLLM's multiprocessing executor prefixes each worker's log lines so)."""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\((Worker_TP\d+) pid=(\d+)\)", text, re.M)}
+
+
+class TestTP2:
+    """The registry's TP=2 deployment (tp: 2, gpus: 2, VLLM_CPU_OMP_THREADS_BIND=0|1) through the same override:
+    one start to healthy and one restart (the added CI cost; the image, engine venv and bundle are the module's)."""
+
+    def test_the_rendered_file_passes_tp2_the_thread_binding_and_the_multiproc_settings(self, stack):
+        svc = yaml.safe_load(stack.rendered_tp2.read_text())["services"][SLUG_TP2]
+        assert "deploy" not in svc
+        cmd = svc["command"]
+        assert cmd[:2] == ["--model", "/models/tiny-moe-tp2"]
+        assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+        env = svc["environment"]
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+        assert svc["labels"]["io.overlay-manager.overlays"] == CONVERTOR
+
+    def test_served_tokens_equal_the_transformers_reference_on_two_ranks(self, stack, served_tp2):
+        got = served_tp2.server.complete(PROMPT, N_TOKENS, TOP_K)
+        gap = eng.compare_to_reference(got, stack.reference_tp2, TP2_LOGPROB_TOL)
+        REPORT.append((f"TP=2: served /v1/completions vs transformers ({TP2_KIND}, greedy, 12 tokens, top-5)",
+                       f"{N_TOKENS}/{N_TOKENS} tokens equal; max logprob gap {gap:.1e} (tol {TP2_LOGPROB_TOL:.0e})"))
+        logs = served_tp2.container.logs().decode(errors="replace")
+        ranks = _ranks(logs)
+        assert set(ranks) == {"Worker_TP0", "Worker_TP1"} and len(set(ranks.values())) == 2, ranks
+        assert "local_rank=0, core ids=[0]" in logs and "local_rank=1, core ids=[1]" in logs
+        status = json.loads(dh.exec_out(served_tp2.container, "/opt/overlay/bin/overlay", "status", CONVERTOR,
+                                        "--json"))
+        assert [(o["id"], o["status"]) for o in status["overlays"]] == [(CONVERTOR, "applied")]
+        assert hashlib.sha256((stack.engine.site_packages / CONVERTOR_FILE).read_bytes()).hexdigest() == \
+            stack.venv_hash
+        REPORT.append(("TP=2: the ranks in the container log", f"Worker_TP0 pid {ranks['Worker_TP0']} (core 0), "
+                       f"Worker_TP1 pid {ranks['Worker_TP1']} (core 1)"))
+
+    def test_the_applied_overlays_trace_lines_are_the_api_servers_not_the_ranks(self, stack, served_tp2):
+        log = stack.work / "serve-tp2-container.log"
+        log.write_bytes(served_tp2.container.logs())
+        applied = served_tp2.container.labels["io.overlay-manager.overlays"].split()
+        assert applied == [CONVERTOR]
+        proc = eng.overlay_cli("trace", str(log), *(a for oid in applied for a in ("--expect", oid)))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        text = log.read_text(errors="replace")
+        traced = read_trace(text)
+        assert {(t.overlay, t.edit) for t in traced} >= {(CONVERTOR, "compat-helper"), (CONVERTOR, "head-size-compat")}
+        # the convertor runs where the config is built (the API server, once); the ranks get the built config
+        pids = {t.pid for t in traced}
+        assert len(pids) == 1 and not pids & set(_ranks(text).values()), (traced, _ranks(text))
+        REPORT.append((f"TP=2: `overlay trace <container log> --expect {CONVERTOR}`",
+                       "; ".join(sorted({f"{t.overlay} v{t.version} {t.edit} (pid {t.pid})" for t in traced}))))
+
+    def test_a_restart_is_a_no_op(self, stack, served_tp2):
+        _restart_is_a_no_op(served_tp2, stack.reference_tp2, "TP=2: ")

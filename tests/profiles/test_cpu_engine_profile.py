@@ -1,7 +1,7 @@
 """CPU engine profiles (vLLM's CPU build): schema, fits(), the compose plan and render — no engine run.
 
 The real engine behind them runs in tests/compose/test_cpu_deployment_real_engine.py and tests/testing/test_real_engine_ab.py. The CPU host profile
-and the one-entry registry are tests/fixtures/cpu-deployment (the CI machine); tiny-dense-config.json there is the
+and the registry (a TP=1 and a TP=2 entry) are tests/fixtures/cpu-deployment (the CI machine); tiny-dense-config.json there is the
 config.json the checkpoint factory writes for kind `dense` (model_type gemma4_text).
 """
 
