@@ -5,35 +5,21 @@ InspectError naming the file (exit 1), never a hang or a traceback."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from manager.errors import InspectError
 from manager.inspect import LocalSource
 from manager.inspect.headers import parse_header
+from tests.helpers.fifos import error_without_blocking
 
 
 def test_a_fifo_shard_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "model-00001-of-00002.safetensors")
     src = LocalSource(tmp_path)
-    box = {}
-
-    def run():
-        try:
-            src.read("model-00001-of-00002.safetensors", 0, 8)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["exc"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(10)
-    blocked = t.is_alive()
-    if blocked:
-        os.close(os.open(tmp_path / "model-00001-of-00002.safetensors", os.O_WRONLY | os.O_NONBLOCK))
-        t.join(5)
-    assert not blocked, "reading a FIFO shard blocked"
-    assert isinstance(box.get("exc"), InspectError) and "FIFO" in str(box["exc"])
+    exc = error_without_blocking(lambda: src.read("model-00001-of-00002.safetensors", 0, 8),
+                                 tmp_path / "model-00001-of-00002.safetensors")
+    assert isinstance(exc, InspectError) and "FIFO" in str(exc)
 
 
 def test_a_config_nested_past_the_parsers_stack_is_one_error(tmp_path):

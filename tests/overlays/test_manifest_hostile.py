@@ -4,13 +4,13 @@ version number belongs, target paths in more than one spelling, a FIFO for overl
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import yaml
 
 from manager.errors import OverlayError
 from manager.overlays import load_manifest
+from tests.helpers.fifos import error_without_blocking
 from tests.overlays.test_manifest import VALID, _with, _write
 
 
@@ -50,20 +50,5 @@ def test_an_overlay_yaml_that_is_a_fifo_is_one_line_and_never_blocks(tmp_path):
     d = tmp_path / "overlays" / "demo-fix"
     d.mkdir(parents=True)
     os.mkfifo(d / "overlay.yaml")
-    box = {}
-
-    def run():
-        try:
-            load_manifest(d / "overlay.yaml")
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["exc"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(10)
-    blocked = t.is_alive()
-    if blocked:
-        fd = os.open(d / "overlay.yaml", os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-    assert not blocked, "reading a FIFO manifest blocked"
-    assert isinstance(box.get("exc"), OverlayError) and "FIFO" in str(box["exc"])
+    exc = error_without_blocking(lambda: load_manifest(d / "overlay.yaml"), d / "overlay.yaml")
+    assert isinstance(exc, OverlayError) and "FIFO" in str(exc)
