@@ -27,19 +27,24 @@ if TYPE_CHECKING:
 PR40886 = "vllm-pr40886-gemma4-awq-moe-keys"
 CONVERTOR = "gemma4-convertor-per-layer"
 
-SRC_40886 = ("this project's runs of vLLM 0.20.0 (CPU build and H200, 2026-11-30: shared/facts/real-engine.md); "
+SRC_40886 = ("this project's runs of vLLM 0.20.0 (CPU build: docs/engine.md, tests/testing/test_real_engine_ab.py; "
+             "H200, 2026-11-30: docs/kernels.md); "
              "vLLM 0.20.0 gemma4.py _weight_iterator explodes only float 3-D experts")
-SRC_PLE = ("a user report of the E2B NVFP4 load (shared/facts/models.md); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
+SRC_PLE = ("a user report of the E2B NVFP4 load (not public: unverified); vLLM 0.20.0 gemma4.py builds embed_tokens_per_layer as a "
            "VocabParallelEmbedding whose unquantized method registers only `weight`")
-SRC_AMBIG = ("shared/facts/real-engine.md (vLLM 0.20.0 + transformers 5.17/5.24, this project's runs); shared/facts/models.md "
-             "(vllm-openai:v0.27.1 ships transformers 5.15.0)")
+SRC_AMBIG = ("this project's runs (vLLM 0.19.1/0.20.0 + transformers 5.24: docs/engine.md, tests/testing/test_real_engine_ab.py); "
+             "transformers 5.15.0 configuration_gemma4.py (per_layer_config; vllm-openai:v0.27.1 ships 5.15.0 by a public "
+             "benchmark report, not read from the image)")
 SRC_ARCH = "message text: vLLM 0.20.0 vllm/model_executor/models/registry.py; support: the engine profile's families"
-SRC_TF = "message text: transformers 5.24.0 models/auto/configuration_auto.py; minimum version: shared/facts/models.md"
-SRC_GROUP = "shared/facts/hardware.md (Marlin needs per-rank K divisible by the group size); shared/facts/models.md"
+SRC_TF = ("message text: transformers 5.24.0 models/auto/configuration_auto.py; minimum version: the transformers wheels "
+          "on PyPI (models/gemma4/ from 5.5.0, absent in 5.4.0; models/gemma4_unified/ in 5.10.1, absent in 5.9.0)")
+SRC_GROUP = ("vLLM 0.20.0 quantization/utils/marlin_utils.py verify_marlin_supports_shape: input_size_per_partition "
+             "% group_size != 0 is refused (Marlin needs the per-rank K divisible by the group size)")
 
-# Architectures an engine serves from a release on, beyond its profile's families (shared/facts/models.md).
+# Architectures an engine serves from a release on, beyond its profile's families (the vLLM sdists' models/registry.py).
 ARCH_FROM = {"Gemma4UnifiedForConditionalGeneration": "0.24.0"}
-# transformers that first has each model_type's config class (shared/facts/models.md; 5.10 is "about").
+# transformers that first has each model_type's config class (PyPI wheels: models/gemma4/ from 5.5.0; models/gemma4_unified/
+# in 5.10.1, absent in 5.9.0; PyPI's index offers no 5.10.0).
 MODEL_TYPE_TRANSFORMERS = {"gemma4": "5.5.0", "gemma4_text": "5.5.0", "gemma4_unified": "5.10.0"}
 # model_types vLLM reads through Gemma4ModelArchConfigConvertor (what gemma4-convertor-per-layer patches)
 GEMMA4_CONVERTOR_TYPES = ("gemma4", "gemma4_text")
@@ -229,7 +234,7 @@ def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProf
         if not served:
             fails.append(Failure(f"ValueError: Model architectures {archs!r} are not supported for now. "
                                  "Supported architectures: [...]", SRC_ARCH
-                                 + (f"; {archs[0]} from vLLM {arch_from} (shared/facts/models.md)" if arch_from else ""),
+                                 + (f"; {archs[0]} from vLLM {arch_from} (vllm {arch_from} sdist models/registry.py)" if arch_from else ""),
                                  "architecture"))
         tmin = MODEL_TYPE_TRANSFORMERS.get(model_type)
         if tmin and not _ge(e.transformers_version, tmin):

@@ -6,7 +6,6 @@ for; nothing here reads a safetensors data region.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InspectError
+from ..jsonread import parse_json
 
 HF_ENDPOINT = "https://huggingface.co"
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config/index files are KBs; refuse anything absurd
@@ -45,16 +45,7 @@ class Source:
         if size is not None and size > MAX_JSON_BYTES:
             raise InspectError(f"{self.where(name)}: {size} bytes: too large for a JSON metadata file")
         data = self.read(name, 0, size if size is not None else MAX_JSON_BYTES)
-        try:
-            return json.loads(data)
-        except UnicodeDecodeError as exc:
-            raise InspectError(f"{self.where(name)}: not UTF-8 text ({exc.reason})") from exc
-        except json.JSONDecodeError as exc:
-            raise InspectError(f"{self.where(name)}: line {exc.lineno}: malformed JSON: {exc.msg}") from exc
-        except RecursionError:
-            raise InspectError(f"{self.where(name)}: JSON nested too deeply to read") from None
-        except ValueError as exc:  # an integer longer than CPython converts (4300 digits)
-            raise InspectError(f"{self.where(name)}: unreadable JSON: {str(exc)[:80]}") from None
+        return parse_json(data, self.where(name), InspectError)
 
 
 def check_name(name: str, where: str) -> str:

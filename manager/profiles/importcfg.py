@@ -18,8 +18,12 @@ from typing import Any
 
 import yaml
 
-from ..errors import InspectError, ProfileError
+from ..errors import ProfileError
+from ..jsonread import parse_json
+from ..state import UnreadableFile, read_bounded
 from .schema import ModelProfile
+
+MAX_CONFIG_BYTES = 64 * 1024 * 1024  # a config.json is KBs; the same bound as the checkpoint reader's JSON files
 
 
 # First transformers release with the family's config class (read from the wheels: Gemma4 configs
@@ -260,21 +264,16 @@ def profile_from_config(
 
 
 def read_config_json(path: Path) -> Any:
-    """The JSON of `path` through the checkpoint reader's bounded loader (`inspect.source`:
-    non-blocking open, regular files only, a size bound, nesting past the parser's stack and
-    integers longer than CPython converts are one error); its errors name `path` as given."""
-    from ..inspect.source import LocalSource
-
-    real = path.resolve()  # a Hugging Face cache's config.json is a link into blobs/
-    if not real.parent.is_dir():
-        raise ProfileError(f"{path}: cannot read: No such file or directory")
-    source = LocalSource(real.parent)
+    """The JSON of `path`, bounded (`state.read_bounded`: regular files only, never blocking, at most
+    MAX_CONFIG_BYTES) and parsed by `jsonread.parse_json` (nesting past the parser's stack and integers
+    longer than CPython converts are one error); every error names `path` as given."""
     try:
-        return source.read_json(real.name)
-    except InspectError as exc:
-        text = str(exc)
-        prefix = source.where(real.name)
-        raise ProfileError(f"{path}{text[len(prefix):]}" if text.startswith(prefix) else text) from None
+        data = read_bounded(str(path), MAX_CONFIG_BYTES)  # follows a Hugging Face cache's link into blobs/
+    except UnreadableFile as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_json(data, str(path), ProfileError)
 
 
 def import_config(path: Path, *, model_id: str | None = None, hf_repo: str | None = None,

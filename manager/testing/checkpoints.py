@@ -544,7 +544,7 @@ def _write_unified_processor(transformers: Any, dest: Path) -> None:
 
 # ----------------------------------------------------------------- 26B-A4B-shaped MoE + assistant (MTP drafter)
 
-# The assistant of google/gemma-4-26B-A4B-it (shared/facts/models.md: a separate ~0.97 GB drafter) is model_type
+# The assistant of google/gemma-4-26B-A4B-it (https://huggingface.co/google/gemma-4-26B-A4B-it-assistant: a separate ~0.97 GB drafter) is model_type
 # gemma4_assistant (transformers >= 5.x Gemma4AssistantConfig: a gemma4_text text_config whose layers all share the
 # target's KV cache, plus pre/post projections between the target's hidden size, backbone_hidden_size, and its own).
 # vLLM (>= 0.22.0, config/speculative.py) rewrites it to gemma4_mtp / Gemma4MTPModel. Tiny: 2 layers (one sliding,

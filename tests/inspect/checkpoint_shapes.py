@@ -5,7 +5,7 @@ length + JSON header (the data region is absent: the files are "truncated"), or,
 `sparse=True`, a data region made of a hole (os.truncate: no disk blocks).
 
 Where the shapes come from:
-- config values: shared/facts/models.md (26B-A4B, 31B, 12B, E2B) — Reported there;
+- config values: the model profiles (profiles/models/*.yaml, each field with its public source);
 - key names / per-layer modules: transformers 5.24.0 models/gemma4/modeling_gemma4.py
   (Gemma4TextAttention: no k/v projections on KV-shared layers, no v_proj on K=V layers;
   Gemma4TextMLP double-wide on KV-shared layers; Gemma4TextExperts fused [E, 2I, H] / [E, H, I];
@@ -13,13 +13,13 @@ Where the shapes come from:
   prefixes `model.language_model.`, `model.vision_tower.`, `model.embed_vision.`;
 - the vision tower: transformers 5.24.0 Gemma4VisionConfig defaults (768 hidden, 16 layers, 3072 MLP),
   NOT re-read from the public checkpoints;
-- ASSUMED (not in the shared facts): intermediate_size of 31B (21504) and 12B (15360) = 4 x hidden;
+- ASSUMED (not in the profiles' sources): intermediate_size of 31B (21504) and 12B (15360) = 4 x hidden;
 - compressed-tensors pack-quantized W4A16 layout (weight_packed I32 [out, in/8], weight_scale
   [out, in/group], weight_shape I64 [2]; fused experts `experts.{gate_up,down}_proj_{packed,scale}`):
-  shared/facts/vllm-releases.md (PR #40886) and shared/facts/real-engine.md;
+  overlays/vllm-pr40886-gemma4-awq-moe-keys (PR #40886) and docs/engine.md (the project's real-engine runs);
 - NVFP4 compressed-tensors layout (weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16],
   weight_global_scale / input_global_scale F32 [1]) with the per-layer embedding quantized, which
-  is what seed 000's KeyError 'embed_tokens_per_layer.weight_packed' implies.
+  is what a user report's KeyError 'embed_tokens_per_layer.weight_packed' implies.
 A factory-made tiny real checkpoint (manager/testing/checkpoints.py, branch `engine`) can be
 added as another case next to these: the tests take a directory.
 """

@@ -323,7 +323,7 @@ def test_26b_awq_needs_pr40886_below_0_22_and_predicts_the_keyerror_without_it(s
     e20 = next(e for e in r2.engines if e.engine == "vllm-0.20.0")
     assert e20.result == "fails"
     assert e20.failures[0].message == "KeyError: 'layers.0.moe.experts.0.down_proj_packed'"
-    assert "real-engine.md" in e20.failures[0].source and "not in the catalog" in e20.failures[0].source
+    assert "tests/testing/test_real_engine_ab.py" in e20.failures[0].source and "not in the catalog" in e20.failures[0].source
 
 
 def test_e2b_nvfp4_predicts_the_per_layer_embedding_keyerror_on_every_engine(sets, profiles, catalog):

@@ -133,3 +133,21 @@ def test_no_module_over_400_lines_without_a_written_reason():
             if "\nSize:" not in "\n" + doc:
                 long.append(mod)
     assert long == []
+
+
+def test_no_shipped_file_cites_the_developers_fact_sheets_or_a_machine_path():
+    """Users cannot open ../shared/ or this machine's paths: sources name release files, public addresses or
+    documents and tests that ship with the project."""
+    root = Path(__file__).resolve().parents[2]
+    bad = []
+    for top in ("manager", "overlays", "profiles", "compose", "docs", "benchmarks", "README.md"):
+        for path in ([root / top] if (root / top).is_file() else (root / top).rglob("*")):
+            if not path.is_file() or path.suffix not in {".py", ".yaml", ".yml", ".md", ".sh", ".cu", ".cuh", ".txt", ""}:
+                continue
+            if "__pycache__" in path.parts or "_catalog" in path.parts:
+                continue
+            text = path.read_text(errors="replace")
+            for needle in ("shared/facts", "/work/shared", "/work/main", "/work/wt"):
+                if needle in text:
+                    bad.append(f"{path.relative_to(root)}: {needle}")
+    assert bad == []

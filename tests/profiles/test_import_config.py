@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import Gemma4Config, Gemma4TextConfig  # noqa: E402
 
 
-# Public values (shared/facts/models.md).
+# Public values (the public config.json of google/gemma-4-26B-A4B-it; tests/fixtures/hf-configs/README.md).
 A4B = dict(hidden_size=2816, num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
            sliding_window=1024, attention_k_eq_v=True, enable_moe_block=True, num_experts=128, top_k_experts=8,
            moe_intermediate_size=704, intermediate_size=2112, max_position_embeddings=262144, vocab_size=262144)
