@@ -195,6 +195,23 @@ def roots(engines, work, venv_hashes):
 # --------------------------------------------------------------------------- gemma4-convertor-per-layer, 5.24
 
 
+HEAD_DIM_ERROR_PREFIX = (f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
+                         "'head_dim' is a per-layer attribute")
+
+
+def _start_fails_with_the_head_dim_error(start, log):
+    """Enter `start()` (an engine serve context) expecting the start to fail with transformers' heterogeneous-config
+    error; returns (the log's text, its last error). The exit code must be a failure."""
+    with pytest.raises(eng.EngineStartFailed) as exc:
+        with start():
+            pass
+    text = log.read_text(errors="replace")
+    err = eng.last_error(text)
+    assert err.startswith(HEAD_DIM_ERROR_PREFIX), err
+    assert exc.value.returncode not in (None, 0)
+    return text, err
+
+
 def _ckpt_label(kind: str, dtype: str) -> str:
     return kind if dtype == "float32" else f"{kind}, {dtype}"
 
@@ -430,15 +447,9 @@ def test_unified_port_missing_fails_with_the_exact_error(engines, roots, unified
     get_head_size reads `head_dim` of the heterogeneous text config. The port maps gemma4_unified to the Gemma-4
     convertor, whose head-size fix is gemma4-convertor-per-layer's: under transformers >= 5.15 both are needed."""
     log = work / f"unified-{root_name}.log"
-    with pytest.raises(eng.EngineStartFailed) as exc:
-        with eng.serve(engines(V20), roots(V20, root_name), unified_ckpt.path, log, extra_args=TEXT_ONLY):
-            pass
-    text = log.read_text(errors="replace")
-    err = eng.last_error(text)
-    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
-                          "'head_dim' is a per-layer attribute"), err
+    text, err = _start_fails_with_the_head_dim_error(
+        lambda: eng.serve(engines(V20), roots(V20, root_name), unified_ckpt.path, log, extra_args=TEXT_ONLY), log)
     assert "model_arch_config_convertor.py" in text and "get_head_size" in text
-    assert exc.value.returncode not in (None, 0)
     ROWS.append((V20, UNIFIED, TF_NEW, "unified", state, f"start fails: `{err[:160]}...` (in get_head_size)"))
 
 
@@ -492,15 +503,10 @@ def test_0_19_1_unified_port_ab(engines, roots, unified_ckpt_19, work, root_name
     log = work / f"unified-{V19}-{root_name}.log"
     label = _ckpt_label("unified-d256", dtype)
     if root_name == "convertor":
-        with pytest.raises(eng.EngineStartFailed) as exc:
-            with eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
-                           extra_args=TEXT_ONLY):
-                pass
-        text = log.read_text(errors="replace")
-        err = eng.last_error(text)
-        assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}"
-                              ": 'head_dim' is a per-layer attribute"), err
-        assert "get_head_size" in text and exc.value.returncode not in (None, 0)
+        text, err = _start_fails_with_the_head_dim_error(
+            lambda: eng.serve(engines(V19), roots(V19, root_name), unified_ckpt_19.path, log, dtype=dtype,
+                              extra_args=TEXT_ONLY), log)
+        assert "get_head_size" in text
         ROWS.append((V19, UNIFIED, TF_NEW, label, state, f"start fails: `{err[:160]}...` (in get_head_size)"))
         return
     ref = ck.reference(unified_ckpt_19.path, PROMPT, N_TOKENS, TOP_K, dtype=dtype)
@@ -552,15 +558,9 @@ def test_mtp_unpatched_fails_with_the_exact_error(engines, roots, pair, work):
     """0.22.0 with the convertor overlay (the target loads) but not gemma4-mtp-per-layer: the drafter's config goes
     through Gemma4MTPModelArchConfigConvertor, which inherits the base get_head_size (reads `head_dim`)."""
     log = work / "mtp-unpatched.log"
-    with pytest.raises(eng.EngineStartFailed) as exc:
-        with eng.serve(engines(V22), roots(V22, "convertor"), pair.path, log, extra_args=_spec_args(pair)):
-            pass
-    text = log.read_text(errors="replace")
-    err = eng.last_error(text)
-    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
-                          "'head_dim' is a per-layer attribute"), err
+    text, err = _start_fails_with_the_head_dim_error(
+        lambda: eng.serve(engines(V22), roots(V22, "convertor"), pair.path, log, extra_args=_spec_args(pair)), log)
     assert "vllm/config/speculative.py" in text and "get_head_size" in text
-    assert exc.value.returncode not in (None, 0)
     ROWS.append((V22, MTP, TF_NEW, "moe-assistant (MTP drafter, 2 speculative tokens)",
                  f"{CONVERTOR} only ({MTP} missing)",
                  f"start fails in SpeculativeConfig -> get_head_size: `{err[:160]}...`"))
@@ -680,15 +680,9 @@ def _ranks(text: str) -> dict[str, int]:
 
 def test_tp2_unpatched_fails_with_the_exact_error(engines, roots, tp2_ckpts, work):
     log = work / "tp2-unpatched.log"
-    with pytest.raises(eng.EngineStartFailed) as exc:
-        with _serve_tp(engines, roots, tp2_ckpts[TP2_KIND].path, log, "plain", 2):
-            pass
-    text = log.read_text(errors="replace")
-    err = eng.last_error(text)
-    assert err.startswith(f"transformers.integrations.heterogeneity.configuration_utils.{EXPECTED_HEAD_DIM_ERROR}: "
-                          "'head_dim' is a per-layer attribute"), err
+    text, err = _start_fails_with_the_head_dim_error(
+        lambda: _serve_tp(engines, roots, tp2_ckpts[TP2_KIND].path, log, "plain", 2), log)
     assert "get_head_size" in text and "'tensor_parallel_size': 2" in text
-    assert exc.value.returncode not in (None, 0)
     ROWS.append((V20, f"{CONVERTOR} (TP=2)", TF_NEW, TP2_KIND, "unpatched",
                  f"start fails before any rank starts: `{err[:160]}...` (in get_head_size)"))
 
