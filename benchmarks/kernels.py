@@ -561,6 +561,8 @@ def main() -> int:
     ap.add_argument("--small-dims-short", action="store_true",
                     help="head dims below 256: decode only at batch 8/32 x 32K, prefill at 1 x 8192")
     ap.add_argument("--fp8-bench", action="store_true", help="decode: also fp8 e4m3 caches at batch 8/32 x 32K")
+    ap.add_argument("--decode-batches", default="1,4,8,32", help="decode benchmark batches (comma list)")
+    ap.add_argument("--decode-ctxs", default="4096,32768", help="decode benchmark contexts (comma list)")
     ap.add_argument("--old", default=None, metavar="DIR",
                     help="a build of the D=512-only kernels (DIR/cache) and their launcher (DIR/sm70_d512_kernels.py)")
     ap.add_argument("--sdpa", default="FLASH_ATTENTION,EFFICIENT_ATTENTION,CUDNN_ATTENTION,MATH",
@@ -663,8 +665,8 @@ def main() -> int:
                     for hd in bench_dims:
                         short = a.small_dims_short and hd < 256
                         v["decode"] += bench_decode(attn, "cuda", peak, sweep=a.split_sweep, triton=anchor, head_dim=hd,
-                                                    batches=(8, 32) if short else (1, 4, 8, 32),
-                                                    ctxs=(32768,) if short else (4096, 32768),
+                                                    batches=(8, 32) if short else tuple(int(x) for x in a.decode_batches.split(",")),
+                                                    ctxs=(32768,) if short else tuple(int(x) for x in a.decode_ctxs.split(",")),
                                                     shareds=(False,) if short else (False, True),
                                                     old=old if not extra else None, copy_GBps=cbw)
                         if a.fp8_bench and hd >= 256:
