@@ -139,13 +139,12 @@ def _ran(hd: int, kind: str, detail: str) -> None:
 
 def sm70_attention_forward(impl, query, key_cache, value_cache, output, attn_metadata, layer=None) -> bool:
     hd = impl.head_size
+    attn = _kernels()   # first: off / not sm70 / not loadable decide before any per-layer reason
+    if attn is None:
+        why = _state.get("why", "kernels unavailable")
+        _fallback(f"head_dim-{hd} layers stay on Triton: {why}", key=(hd, why), quiet=_state.get("quiet", False))
+        return False
     why = route_reason(impl, layer, query, key_cache, attn_metadata)
-    if why is None:
-        attn = _kernels()
-        if attn is None:
-            why = _state.get("why", "kernels unavailable")
-            _fallback(f"head_dim-{hd} layers stay on Triton: {why}", key=(hd, why), quiet=_state.get("quiet", False))
-            return False
     if why is not None:
         _fallback(f"head_dim-{hd} layers stay on Triton: {why}", key=(hd, why))
         return False
