@@ -3,7 +3,9 @@
     python benchmarks/kernel_variants.py --out DIR LABEL[@GITREF]=[-DNAME=VALUE,...][,threads=N,shared=B,rows=R] ...
 
 Each variant is the overlay's kernel sources (from the working tree, or from GITREF: e.g.
-`main@2fed222=` is the committed kernels of that commit) compiled to compute_70 PTX with the
+`main@2fed222=` is the committed kernels of that commit; a commit before the head-dim family (a59d14d
+and older) has other entry parameters, so run its build with its own launcher through
+`benchmarks/kernels.py --old`) compiled to compute_70 PTX with the
 manifest's options plus the given -D flags, by `overlay build`'s library (NVRTC 12) into DIR/LABEL.
 Prints one `LABEL@DIR/LABEL` per variant (the --variant arguments). Nothing in the catalog changes:
 the build reads a temporary copy of the overlay. `threads=`/`shared=` override the prefill entry's block
@@ -58,8 +60,14 @@ def build_variant(label: str, ref: str | None, flags: list[str], out: Path, nvrt
         cat = Path(tmp) / "overlays"
         dst = cat / OVERLAY
         shutil.copytree(src, dst)
-        if ref:   # the kernel sources (and manifest) as committed at ref
-            for rel in ["overlay.yaml", *(f"csrc/{p.name}" for p in (src / "csrc").iterdir())]:
+        if ref:   # the kernel sources (and manifest) as committed at ref: that commit's csrc/ listing
+            ls = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{ref}:overlays/{OVERLAY}/csrc"],
+                                capture_output=True, text=True)
+            if ls.returncode != 0:
+                raise SystemExit(f"kernel_variants: {ref}: {ls.stderr.strip()}")
+            shutil.rmtree(dst / "csrc")
+            (dst / "csrc").mkdir()
+            for rel in ["overlay.yaml", *(f"csrc/{n}" for n in ls.stdout.split())]:
                 text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:overlays/{OVERLAY}/{rel}"],
                                       capture_output=True, text=True)
                 if text.returncode != 0:

@@ -1,6 +1,8 @@
-"""Correctness grid and benchmarks for the sm70-d512-attention kernels (run on a GPU).
+"""Correctness grid and benchmarks for the sm70-d512-attention kernel family (head dims 64/128/256/512,
+fp16 and fp8 KV; run on a GPU).
 
     python3 benchmarks/kernels.py --cache DIR [--prefer ptx] [--sm90-nvrtc auto] --out DIR
+        [--bench-head-dims 512,256] [--old DIR] [--fp8-bench] [--sdpa EFFICIENT_ATTENTION] [--triton]
 
 1. loads the built images from DIR (`overlay build` output; `--prefer ptx` loads the
    compute_70 PTX so the Volta code path runs, JIT-compiled by the driver);
@@ -9,6 +11,11 @@
 3. decode: achieved KV-read bandwidth vs the card's peak at batch 1/8/32 x context 4K/32K;
    prefill: TFLOPS against torch SDPA (fastest backend that accepts head_dim 512);
 4. optionally builds the same sources natively (NVRTC 13, sm_90) and repeats 2-3.
+5. the grid covers every head dim of the family, fp8 e4m3/e5m2 storage, K=V-shared caches and windows
+   (FAMILY_DECODE_GRID, FAMILY_PREFILL_GRID); `--old DIR` (a build of the D=512-only kernels plus their
+   launcher file, `sm70_d512_kernels.py`, in DIR) checks that the D=512 members give bit-identical
+   outputs and times both in the same run; the card's device-to-device copy bandwidth is measured as
+   the decode anchor (`copy_GBps`).
 Writes results.json and results.md under --out. `--dry-run` checks the grid and the
 reference on CPU with tiny shapes (no GPU needed).
 """
@@ -70,58 +77,135 @@ PREFILL_GRID = [
 ]
 
 
+# The other head dims, fp8 storage, K=V sharing and windows:
+# (head dim, kv format, batch, max ctx, q heads, kv heads, block size, window, kv_shared, forced splits)
+FAMILY_DECODE_GRID = [
+    (hd, "fp16", *row) for hd in (64, 128, 256) for row in [
+        (1, 1, 8, 8, 16, 0, False, None),
+        (1, 1000, 16, 4, 32, 0, False, None),
+        (1, 32768, 16, 2, 16, 1024, False, None),   # Gemma-4's sliding layers: window 1024
+        (4, 4097, 16, 16, 32, 0, True, None),
+        (8, 8000, 16, 2, 16, 0, False, 1),
+        (3, 300, 32, 2, 16, 0, False, None),
+        (2, 700, 32, 1, 16, 100, False, None),
+        (64, 1024, 16, 2, 16, 0, False, None),
+        (2, 32768, 32, 16, 16, 0, False, 7),
+    ]
+] + [(256, "fp16", 1, 262144, 16, 2, 16, 0, False, None)] + [
+    (hd, fmt, *row) for hd in (256, 512) for fmt in ("e4m3", "e5m2") for row in [
+        (4, 4097, 16, 2, 16, 0, False, None),
+        (8, 8000, 16, 4, 32, 512, True, None),
+        (1, 32768, 16, 2, 16, 0, False, None),
+    ]
+] + [(hd, "e4m3", 3, 300, 32, 2, 16, 0, False, None) for hd in (64, 128)]
+
+# (head dim, kv format, query lens, context lens, q heads, kv heads, block size, causal, window, kv_shared)
+FAMILY_PREFILL_GRID = [
+    (hd, "fp16", *row) for hd in (64, 128, 256) for row in [
+        ([1], [0], 8, 8, 16, True, 0, False),
+        ([37], [0], 16, 2, 16, True, 0, False),
+        ([100, 1, 250, 64], [0, 5, 0, 31], 16, 4, 32, True, 0, False),
+        ([1024, 333], [0, 0], 16, 2, 32, False, 0, False),
+        ([3000], [0], 16, 16, 16, True, 1024, False),
+        ([512, 700], [100, 0], 8, 2, 16, True, 0, True),
+        ([64], [32704], 16, 2, 16, True, 0, False),
+        ([33, 65, 97, 1, 2, 3, 4, 5] * 8, [0] * 64, 8, 2, 16, True, 0, False),
+        ([300, 77], [0, 40], 16, 2, 24, True, 0, False),
+    ]
+] + [
+    (hd, fmt, *row) for hd in (256, 512) for fmt in ("e4m3", "e5m2") for row in [
+        ([2048], [0], 16, 2, 16, True, 0, False),
+        ([512, 700], [100, 0], 8, 2, 16, True, 1024, True),
+    ]
+] + [(hd, "e4m3", [300, 77], [0, 40], 16, 2, 24, True, 0, False) for hd in (64, 128)]
+
+
 def _err(out, ref) -> float:
     return float((out.float() - ref).abs().max().item())
 
 
+def _kw(case) -> dict:
+    """The fp8 arguments of a case for the family's launcher (none for fp16)."""
+    return {} if case.fmt == "fp16" else dict(k_scale=case.k_scale, v_scale=case.v_scale)
+
+
 def correctness(attn, device: str, quick: bool = False, only: str | None = None, decode: bool = True,
-                prefill: bool = True) -> list[dict]:
+                prefill: bool = True, family: bool = True, old=None) -> list[dict]:
+    """Every grid row against the float32 reference; with `old` (the D=512-only launcher on its own
+    build) the D=512 fp16 rows are also run there and compared bit for bit."""
     import torch
 
     rows = []
-    scale = 1.0 / math.sqrt(512)
-    dgrid = (DECODE_GRID if not quick else DECODE_GRID[:4]) if decode else []
-    for i, (batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(dgrid):
-        if only and only not in str(DECODE_GRID[i]):
+    dgrid = [(512, "fp16", *r) for r in DECODE_GRID] + (FAMILY_DECODE_GRID if family else [])
+    pgrid = [(512, "fp16", *r) for r in PREFILL_GRID] + (FAMILY_PREFILL_GRID if family else [])
+    if quick:
+        dgrid = dgrid[:4] + [r for r in FAMILY_DECODE_GRID if r[3] == 1000 or r[1] != "fp16"][:6] if family else dgrid[:4]
+        pgrid = pgrid[:3] + [r for r in FAMILY_PREFILL_GRID if r[2] == [37] or r[1] != "fp16"][:6] if family else pgrid[:3]
+    for i, (hd, fmt, batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(dgrid if decode else []):
+        if only and only not in str(dgrid[i]):
             continue
+        scale = 1.0 / math.sqrt(hd)
         g = torch.Generator().manual_seed(100 + i)
         lens = [ctx] + [int(x) for x in torch.randint(1, ctx + 1, (batch - 1,), generator=g)]
-        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=i)
-        q = torch.randn((batch, hq, 512), generator=g).to(torch.float16).to(device)
-        t = time.time()
+        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=i, head_dim=hd, fmt=fmt)
+        q = torch.randn((batch, hq, hd), generator=g).to(torch.float16).to(device)
         out = attn.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, max(lens), scale,
-                          window=window, kv_shared=shared, num_splits=splits)
+                          window=window, kv_shared=shared, num_splits=splits, **_kw(case))
         torch.cuda.synchronize()
         ref = ref_decode(q, case, scale, window)
         e = _err(out, ref)
-        rows.append(dict(kind="decode", batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, block=bs, window=window,
-                         kv_shared=shared, splits=splits or attn.pick_splits(batch, hk, hq // hk, min(max(lens), window or 10**9)),
+        eff = min(max(lens), window or 10**9)
+        rows.append(dict(kind="decode", head_dim=hd, kv=fmt, batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, block=bs,
+                         window=window, kv_shared=shared, splits=splits or attn.pick_splits(batch, hk, hq // hk, eff, hd),
                          max_abs_err=e, ok=bool(e <= TOL and not math.isnan(e))))
+        if old is not None and hd == 512 and fmt == "fp16":
+            o2 = old.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, max(lens), scale,
+                            window=window, kv_shared=shared, num_splits=splits)
+            torch.cuda.synchronize()
+            rows[-1]["identical_to_old"] = bool(torch.equal(o2, out))
         print(f"decode {rows[-1]}", flush=True)
         del case, q, out, ref
-    pgrid = (PREFILL_GRID if not quick else PREFILL_GRID[:3]) if prefill else []
-    for i, (qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(pgrid):
-        if only and only not in str(PREFILL_GRID[i]):
+    for i, (hd, fmt, qlens, ctxs, hq, hk, bs, causal, window, shared) in enumerate(pgrid if prefill else []):
+        if only and only not in str(pgrid[i]):
             continue
+        scale = 1.0 / math.sqrt(hd)
         g = torch.Generator().manual_seed(200 + i)
         lens = [a + c for a, c in zip(qlens, ctxs)]
-        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i)
+        case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i, head_dim=hd, fmt=fmt)
         cu = [0]
         for a in qlens:
             cu.append(cu[-1] + a)
-        q = torch.randn((cu[-1], hq, 512), generator=g).to(torch.float16).to(device)
+        q = torch.randn((cu[-1], hq, hd), generator=g).to(torch.float16).to(device)
         cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
         out = attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu_t, case.seq_lens, max(qlens), scale,
-                           causal=causal, window=window, kv_shared=shared)
+                           causal=causal, window=window, kv_shared=shared, **_kw(case))
         torch.cuda.synchronize()
         ref = ref_prefill(q, case, cu, scale, causal, window)
         e = _err(out, ref)
-        rows.append(dict(kind="prefill", seqs=len(qlens), max_q=max(qlens), max_ctx=max(lens), q_heads=hq, kv_heads=hk,
-                         block=bs, causal=causal, window=window, kv_shared=shared, max_abs_err=e,
-                         ok=bool(e <= TOL and not math.isnan(e))))
+        rows.append(dict(kind="prefill", head_dim=hd, kv=fmt, seqs=len(qlens), max_q=max(qlens), max_ctx=max(lens),
+                         q_heads=hq, kv_heads=hk, block=bs, causal=causal, window=window, kv_shared=shared,
+                         max_abs_err=e, ok=bool(e <= TOL and not math.isnan(e))))
+        if old is not None and hd == 512 and fmt == "fp16":
+            o2 = old.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu_t, case.seq_lens, max(qlens), scale,
+                             causal=causal, window=window, kv_shared=shared)
+            torch.cuda.synchronize()
+            rows[-1]["identical_to_old"] = bool(torch.equal(o2, out))
         print(f"prefill {rows[-1]}", flush=True)
         del case, q, out, ref
     return rows
+
+
+def copy_bandwidth(device: str, nbytes: int = 4 << 30) -> dict:
+    """Device-to-device copy (torch), bytes read + written per second: the decode anchor."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ts = [_time(lambda: dst.copy_(src), iters=10, warmup=2) for _ in range(5)]
+    t = sorted(ts)[len(ts) // 2]
+    del src, dst
+    torch.cuda.empty_cache()
+    return dict(bytes=nbytes, median_s=t, copy_GBps=2 * nbytes / t / 1e9, read_GBps_equiv=2 * nbytes / t / 1e9)
 
 
 def _time(fn, iters: int = 20, warmup: int = 3) -> float:
@@ -216,64 +300,63 @@ class TritonAnchor:
 
 
 def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: int = 16,
-                 sweep: bool = False, triton: TritonAnchor | None = None) -> list[dict]:
+                 sweep: bool = False, triton: TritonAnchor | None = None, head_dim: int = 512, fmt: str = "fp16",
+                 batches=(1, 4, 8, 32), ctxs=(4096, 32768), shareds=(False, True), old=None,
+                 copy_GBps: float | None = None) -> list[dict]:
     """Per decode step, from CUDA graphs over rotating cache copies (working set >= 256 MB).
 
     sweep: also time every split count of `split_candidates` (and the split-reduce kernel alone);
-    triton: also time vLLM's Triton attention on the same caches (and check it agrees with ours).
+    triton: also time vLLM's Triton attention on the same caches (and check it agrees with ours);
+    old: also time the D=512-only kernels (head_dim 512, fp16); copy_GBps: the measured copy bandwidth,
+    for `over_copy` = kernel time / (bytes read at that bandwidth).
     """
     import torch
 
     rows = []
-    scale = 1.0 / math.sqrt(512)
-    for batch in (1, 4, 8, 32):
-        for ctx in (4096, 32768):
-            for shared in (False, True):
-                kv_bytes = batch * ctx * hk * 512 * 2 * (1 if shared else 2)
+    hd = head_dim
+    scale = 1.0 / math.sqrt(hd)
+    esize = 2 if fmt == "fp16" else 1
+    for batch in batches:
+        for ctx in ctxs:
+            for shared in shareds:
+                kv_bytes = batch * ctx * hk * hd * esize * (1 if shared else 2)
                 # rotate over enough disjoint copies that the working set is >= 4x the 60 MB L2
                 copies = max(1, math.ceil(256e6 / kv_bytes))
-                case = make_paged([ctx] * (batch * copies), hk, bs, device=device, kv_shared=shared, seed=7)
+                case = make_paged([ctx] * (batch * copies), hk, bs, device=device, kv_shared=shared, seed=7,
+                                  head_dim=hd, fmt=fmt)
                 tables = [case.block_tables[c * batch:(c + 1) * batch] for c in range(copies)]
                 lens = case.seq_lens[:batch]
-                q = torch.randn((batch, hq, 512), device=device).to(torch.float16)
+                q = torch.randn((batch, hq, hd), device=device).to(torch.float16)
                 it = [0]
+                kw = _kw(case)
 
-                def run(splits=None):
+                def run(splits=None, impl=attn, kw=kw):
                     bt = tables[it[0] % copies]
                     it[0] += 1
-                    return attn.decode(q, case.k_cache, case.v_cache, bt, lens, ctx, scale, kv_shared=shared,
-                                       num_splits=splits)
+                    return impl.decode(q, case.k_cache, case.v_cache, bt, lens, ctx, scale, kv_shared=shared,
+                                       num_splits=splits, **kw)
 
                 t_eager = _time(run, iters=max(20, copies * 4))
                 t, how = _graph_time(run, copies)
-                auto = attn.pick_splits(batch, hk, hq // hk, ctx)
-                row = dict(batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, kv_shared=shared, splits=auto, us=t * 1e6,
-                           timing=how, eager_us=t_eager * 1e6, kv_read_GBps=kv_bytes / t / 1e9, frac_peak=kv_bytes / t / peak)
+                auto = attn.pick_splits(batch, hk, hq // hk, ctx, hd)
+                row = dict(head_dim=hd, kv=fmt, batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, kv_shared=shared,
+                           splits=auto, us=t * 1e6, timing=how, eager_us=t_eager * 1e6, kv_read_GBps=kv_bytes / t / 1e9,
+                           frac_peak=kv_bytes / t / peak)
+                if copy_GBps:
+                    row["over_copy"] = t / (kv_bytes / (copy_GBps * 1e9))
+                    row["frac_copy"] = kv_bytes / t / (copy_GBps * 1e9)
+                if old is not None and hd == 512 and fmt == "fp16":
+                    to, _ = _graph_time(lambda: run(impl=old, kw={}), copies)
+                    row.update(old_us=to * 1e6, old_over_new=to / t)
                 if sweep:
                     per = {}
-                    for s in split_candidates(ctx):
-                        ts, _ = _graph_time(lambda s=s: run(s), copies)
-                        per[s] = ts * 1e6
+                    for sp in split_candidates(ctx):
+                        ts, _ = _graph_time(lambda sp=sp: run(sp), copies)
+                        per[sp] = ts * 1e6
                     best = min(per, key=per.get)
                     row.update(sweep_us=per, best_splits=best, best_us=per[best],
                                best_frac_peak=kv_bytes / (per[best] / 1e6) / peak)
-                    if auto > 1:   # the merge kernel alone, on real split results
-                        from tests.kernels.launcher import d512_launcher
-
-                        MERGE_COLS = d512_launcher().MERGE_COLS
-                        part_o = torch.empty((auto, batch, hq, 512), dtype=torch.float32, device=device)
-                        part_ml = torch.empty((auto, batch, hq, 2), dtype=torch.float32, device=device)
-                        out = torch.empty_like(q)
-                        red = attn.k["paged_decode_d512_reduce"]
-                        dec = attn.k["paged_decode_d512"]
-                        sb, st, sh, _ = case.k_cache.stride()
-                        bt0 = tables[0].to(torch.int32).contiguous()
-                        dec.launch((hk * math.ceil((hq // hk) / 16), batch, auto), [
-                            out, part_o, part_ml, q, case.k_cache, case.v_cache, bt0, lens, batch, hq, hk, bs,
-                            bt0.shape[1], sb, st, sh, float(scale), 0, auto, int(shared)])
-                        tr, _ = _graph_time(lambda: red.launch((hq, batch, 512 // MERGE_COLS), [out, part_o, part_ml, batch, hq, auto]), 8)
-                        row["reduce_us"] = tr * 1e6
-                if triton is not None:
+                if triton is not None and fmt == "fp16":
                     work: dict = {}
                     try:
                         bt0 = tables[0]
@@ -297,7 +380,7 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
     return rows
 
 
-def _sdpa_best(q, k, v):
+def _sdpa_best(q, k, v, backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -305,7 +388,7 @@ def _sdpa_best(q, k, v):
     results = {}
     rep = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+    for name in backends:
         be = getattr(SDPBackend, name, None)
         if be is None:
             continue
@@ -326,30 +409,37 @@ def _sdpa_best(q, k, v):
 
 
 def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sdpa: bool = True,
-                  repeats: int = 1, triton: TritonAnchor | None = None) -> list[dict]:
+                  repeats: int = 1, triton: TritonAnchor | None = None, head_dim: int = 512, old=None,
+                  sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"),
+                  shapes=((1, 2048), (1, 8192), (4, 4096), (1, 16384))) -> list[dict]:
     """Times are the median over `repeats` measurements, each the mean of 5 launches after 2 warm-ups."""
     import statistics
 
     import torch
 
     rows = []
-    scale = 1.0 / math.sqrt(512)
-    for batch, L in ((1, 2048), (1, 8192), (4, 4096), (1, 16384)):
-        case = make_paged([L] * batch, hk, bs, device=device, seed=9)
-        q = torch.randn((batch * L, hq, 512), device=device).to(torch.float16)
+    hd = head_dim
+    scale = 1.0 / math.sqrt(hd)
+    for batch, L in shapes:
+        case = make_paged([L] * batch, hk, bs, device=device, seed=9, head_dim=hd)
+        q = torch.randn((batch * L, hq, hd), device=device).to(torch.float16)
         cu = torch.arange(0, batch * L + 1, L, dtype=torch.int32, device=device)
         fn = lambda: attn.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu, case.seq_lens, L, scale)  # noqa: E731
         t = statistics.median(_time(fn, iters=5, warmup=2) for _ in range(max(1, repeats)))
-        flops = 4 * 512 * hq * batch * L * (L + 1) / 2
-        row = dict(batch=batch, seq=L, q_heads=hq, kv_heads=hk, repeats=repeats, ours_ms=t * 1e3,
+        flops = 4 * hd * hq * batch * L * (L + 1) / 2
+        row = dict(head_dim=hd, batch=batch, seq=L, q_heads=hq, kv_heads=hk, repeats=repeats, ours_ms=t * 1e3,
                    ours_tflops=flops / t / 1e12)
+        if old is not None and hd == 512:
+            fo = lambda: old.prefill(q, case.k_cache, case.v_cache, case.block_tables, cu, case.seq_lens, L, scale)  # noqa: E731
+            to = statistics.median(_time(fo, iters=5, warmup=2) for _ in range(max(1, repeats)))
+            row.update(old_ms=to * 1e3, old_over_new=to / t)
         if sdpa:
             from tests.kernels.d512_reference import gather
 
             k = torch.stack([gather(case.k_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
             v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
-            qs = q.view(batch, L, hq, 512).transpose(1, 2).contiguous()
-            best, res = _sdpa_best(qs, k, v)
+            qs = q.view(batch, L, hq, hd).transpose(1, 2).contiguous()
+            best, res = _sdpa_best(qs, k, v, sdpa_backends)
             if best and repeats > 1:  # the chosen backend again, median like ours
                 import torch.nn.functional as F
                 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -401,21 +491,26 @@ def md_tables(res: dict) -> str:
                 shape = ", ".join(f"{k}={r[k]}" for k in r if k not in ("kind", "max_abs_err", "ok"))
                 lines.append(f"| {r['kind']} | {shape} | {r['max_abs_err']:.2e} | {'yes' if r['ok'] else 'NO'} |")
             lines.append("")
+        nan = float("nan")
         dec = v.get("decode", [])
         if dec:
-            lines.append(f"Decode (16 query heads over 2 KV heads, block 16; {v.get('decode_blocks_per_sm')} block(s)/SM):\n")
-            lines.append("| batch | context | K=V shared | splits | time (us) | eager (us) | KV read (GB/s) | of peak |\n|---|---|---|---|---|---|---|---|")
+            lines.append(f"Decode (16 query heads over 2 KV heads, block 16; copy anchor {res.get('copy', {}).get('copy_GBps', nan):.0f} GB/s):\n")
+            lines.append("| D | kv | batch | context | K=V shared | splits | time (us) | KV read (GB/s) | of peak | time / read at copy bw | "
+                         "old D=512 (us) | Triton (us) | Triton / ours |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in dec:
-                lines.append(f"| {r['batch']} | {r['ctx']} | {r['kv_shared']} | {r['splits']} | {r['us']:.1f} | {r.get('eager_us', r['us']):.1f} | "
-                             f"{r['kv_read_GBps']:.0f} | {100 * r['frac_peak']:.1f} % |")
+                lines.append(f"| {r.get('head_dim', 512)} | {r.get('kv', 'fp16')} | {r['batch']} | {r['ctx']} | {r['kv_shared']} | {r['splits']} | "
+                             f"{r['us']:.1f} | {r['kv_read_GBps']:.0f} | {100 * r['frac_peak']:.1f} % | {r.get('over_copy', nan):.2f} | "
+                             f"{r.get('old_us', nan):.1f} | {r.get('triton_us', nan):.1f} | {r.get('ours_over_triton', nan):.2f} |")
             lines.append("")
         pre = v.get("prefill", [])
         if pre:
-            lines.append("| batch x seq | ours (ms) | ours TFLOPS | SDPA best | SDPA (ms) | SDPA TFLOPS | ours / SDPA |\n|---|---|---|---|---|---|---|")
+            lines.append("| D | batch x seq | ours (ms) | ours TFLOPS | old D=512 (ms) | SDPA best | SDPA (ms) | SDPA TFLOPS | ours / SDPA | "
+                         "Triton (ms) | Triton / ours |\n|---|---|---|---|---|---|---|---|---|---|---|")
             for r in pre:
-                lines.append(f"| {r['batch']} x {r['seq']} | {r['ours_ms']:.2f} | {r['ours_tflops']:.1f} | {r.get('sdpa_best', '-')} | "
-                             f"{r.get('sdpa_ms', float('nan')):.2f} | {r.get('sdpa_tflops', float('nan')):.1f} | "
-                             f"{r.get('speedup_vs_sdpa', float('nan')):.2f}x |")
+                lines.append(f"| {r.get('head_dim', 512)} | {r['batch']} x {r['seq']} | {r['ours_ms']:.2f} | {r['ours_tflops']:.1f} | "
+                             f"{r.get('old_ms', nan):.2f} | {r.get('sdpa_best', '-')} | "
+                             f"{r.get('sdpa_ms', nan):.2f} | {r.get('sdpa_tflops', nan):.1f} | "
+                             f"{r.get('speedup_vs_sdpa', nan):.2f}x | {r.get('triton_ms', nan):.2f} | {r.get('ours_over_triton', nan):.2f} |")
             lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -430,7 +525,13 @@ def dry_run() -> None:
     cu = [0, 1, 2]
     pre = ref_prefill(q, case, cu, 0.125, causal=True)
     assert torch.allclose(dec, pre, atol=1e-5), (dec - pre).abs().max()
-    print(f"dry run ok: {len(DECODE_GRID)} decode and {len(PREFILL_GRID)} prefill grid cases")
+    for fmt in ("e4m3", "e5m2"):   # fp8 cases: the reference dequantizes (stored x / scale, times scale)
+        c8 = make_paged([5, 40], 2, 16, device="cpu", head_dim=64, fmt=fmt)
+        d8 = ref_decode(q, c8, 0.125)
+        assert torch.isfinite(d8).all() and c8.k_cache.element_size() == 1
+    nd = len(DECODE_GRID) + len(FAMILY_DECODE_GRID)
+    npf = len(PREFILL_GRID) + len(FAMILY_PREFILL_GRID)
+    print(f"dry run ok: {nd} decode and {npf} prefill grid cases")
 
 
 def main() -> int:
@@ -456,6 +557,17 @@ def main() -> int:
                     help="decode: time every split count per shape, and the split-reduce kernel alone")
     ap.add_argument("--triton", action="store_true",
                     help="second anchor: vLLM's Triton unified_attention on the same paged caches (needs vllm)")
+    ap.add_argument("--bench-head-dims", default="512", help="comma list: head dims to benchmark (e.g. 512,256,128,64)")
+    ap.add_argument("--small-dims-short", action="store_true",
+                    help="head dims below 256: decode only at batch 8/32 x 32K, prefill at 1 x 8192")
+    ap.add_argument("--fp8-bench", action="store_true", help="decode: also fp8 e4m3 caches at batch 8/32 x 32K")
+    ap.add_argument("--decode-batches", default="1,4,8,32", help="decode benchmark batches (comma list)")
+    ap.add_argument("--decode-ctxs", default="4096,32768", help="decode benchmark contexts (comma list)")
+    ap.add_argument("--old", default=None, metavar="DIR",
+                    help="a build of the D=512-only kernels (DIR/cache) and their launcher (DIR/sm70_d512_kernels.py)")
+    ap.add_argument("--sdpa", default="FLASH_ATTENTION,EFFICIENT_ATTENTION,CUDNN_ATTENTION,MATH",
+                    help="comma list of SDPA backends to try as the prefill anchor")
+    ap.add_argument("--no-family-grid", action="store_true", help="only the D=512 fp16 grid")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     if a.dry_run:
@@ -473,6 +585,26 @@ def main() -> int:
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BW.items() if k in name), 4.8e12)
     res: dict = {"device": name, "torch": torch.__version__, "peak_bw": peak, "variants": {}}
+    try:
+        import subprocess
+
+        res["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    res["copy"] = copy_bandwidth("cuda")
+    print(f"copy {res['copy']}", flush=True)
+    old = None
+    if a.old:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("sm70_d512_kernels_old", Path(a.old) / "sm70_d512_kernels.py")
+        old_mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old_mod)
+        old = old_mod.load(cache=Path(a.old) / "cache", prefer="ptx")
+        res["old"] = {"objects": [o.__dict__ for o in old.k.objects]}
+    bench_dims = [int(x) for x in a.bench_head_dims.split(",") if x]
+    sdpa_backends = tuple(x for x in a.sdpa.split(",") if x)
     variants = [("compute_70 PTX (NVRTC 12, driver JIT)", Path(a.cache), a.prefer, False)]
     for spec in a.variant:
         label, d = spec.rsplit("@", 1)
@@ -495,6 +627,9 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001
             res["triton_anchor"] = {"error": f"{type(exc).__name__}: {exc}"}
             print(traceback.format_exc(), flush=True)
+    def save() -> None:   # after every stage: a run stopped by its time limit keeps what it measured
+        (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+
     for label, cache, prefer, extra in variants:
         v: dict = {}
         res["variants"][label] = v
@@ -509,20 +644,44 @@ def main() -> int:
             v["objects"] = [o.__dict__ for o in attn.k.objects]
             v["decode_blocks_per_sm"] = attn.slots // attn.num_sms
             full = extra and a.variant_full
-            if a.full_grid:
-                v["correctness"] = correctness(attn, "cuda", only=a.only)
-            elif extra and a.variant_grid == "decode":
-                v["correctness"] = correctness(attn, "cuda", only=a.only, prefill=False)
-            else:
-                v["correctness"] = correctness(attn, "cuda", quick=(a.quick or extra) and not full, only=a.only,
-                                               decode=not full)
+            fam = not a.no_family_grid
+            try:
+                if a.full_grid:
+                    v["correctness"] = correctness(attn, "cuda", only=a.only, family=fam, old=old if not extra else None)
+                elif extra and a.variant_grid == "decode":
+                    v["correctness"] = correctness(attn, "cuda", only=a.only, prefill=False)
+                else:
+                    v["correctness"] = correctness(attn, "cuda", quick=(a.quick or extra) and not full, only=a.only,
+                                                   decode=not full, family=fam, old=old if not extra else None)
+            except Exception as exc:  # noqa: BLE001 - the benchmarks still run (unless the context is lost)
+                v["correctness_error"] = f"{type(exc).__name__}: {exc}"
+                print(traceback.format_exc(), flush=True)
+            save()
             anchor = triton if not extra else None
             if not a.no_bench:
+                cbw = res["copy"]["copy_GBps"]
                 if a.bench in ("all", "decode"):
-                    v["decode"] = bench_decode(attn, "cuda", peak, sweep=a.split_sweep, triton=anchor)
+                    v["decode"] = []
+                    for hd in bench_dims:
+                        short = a.small_dims_short and hd < 256
+                        v["decode"] += bench_decode(attn, "cuda", peak, sweep=a.split_sweep, triton=anchor, head_dim=hd,
+                                                    batches=(8, 32) if short else tuple(int(x) for x in a.decode_batches.split(",")),
+                                                    ctxs=(32768,) if short else tuple(int(x) for x in a.decode_ctxs.split(",")),
+                                                    shareds=(False,) if short else (False, True),
+                                                    old=old if not extra else None, copy_GBps=cbw)
+                        if a.fp8_bench and hd >= 256:
+                            v["decode"] += bench_decode(attn, "cuda", peak, head_dim=hd, fmt="e4m3", batches=(8, 32),
+                                                        ctxs=(32768,), shareds=(False, True), copy_GBps=cbw)
+                        save()
                 if a.bench in ("all", "prefill") and (not extra or a.variant_full):
-                    v["prefill"] = bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats,
-                                                 triton=anchor)
+                    v["prefill"] = []
+                    for hd in bench_dims:
+                        short = a.small_dims_short and hd < 256
+                        v["prefill"] += bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats,
+                                                      triton=anchor, head_dim=hd, old=old if not extra else None,
+                                                      sdpa_backends=sdpa_backends,
+                                                      shapes=((1, 8192),) if short else ((1, 2048), (1, 8192), (4, 4096), (1, 16384)))
+                        save()
         except Exception as exc:  # noqa: BLE001
             v["error"] = f"{type(exc).__name__}: {exc}"
             print(traceback.format_exc(), flush=True)

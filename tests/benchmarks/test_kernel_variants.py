@@ -37,11 +37,11 @@ def test_build_records_the_prefill_launch_in_the_index_and_launch_json(tmp_path)
     from tests.helpers.nvrtc12 import nvrtc12_lib
 
     kv = _load()
-    cache = kv.build_variant("b16x2", None, ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16",
-                                             "-DPREFILL_QREG=0", "-DPREFILL_STAGE1=0", "-DPREFILL_MINB=2"],
+    cache = kv.build_variant("minb2", None, ["-DDECODE_MIN_BLOCKS=2"],
                              tmp_path, str(nvrtc12_lib()), {"threads": 256, "shared": 44416, "rows": 16})
     index = json.loads((cache / "index" / "sm70-d512-attention.json").read_text())
     entries = {e["name"]: e for s in index["spec"]["sources"] for e in s["entries"]}
     assert (entries["prefill_d512"]["threads"], entries["prefill_d512"]["shared_bytes"]) == (256, 44416)
     assert (entries["paged_decode_d512"]["threads"], entries["paged_decode_d512"]["shared_bytes"]) == (256, 93888)
+    assert (entries["prefill_d256"]["threads"], entries["prefill_d256"]["shared_bytes"]) == (512, 94720)   # only D=512
     assert json.loads((cache / "launch.json").read_text()) == {"prefill_rows": 16}

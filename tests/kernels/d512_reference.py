@@ -1,4 +1,4 @@
-"""Float32 PyTorch reference for the head_dim-512 kernels, and paged-cache test data.
+"""Float32 PyTorch reference for the SM70 attention kernel family (any head dim; fp16 or fp8 KV), and paged-cache test data.
 
 Used by the GPU tests (tests/kernels/test_d512_on_gpu.py) and `benchmarks/kernels.py` (which puts the
 repository root on sys.path); runs on CPU too (small shapes). Test and benchmark code: the library never imports it.
@@ -20,10 +20,17 @@ class PagedCase:
     block_tables: Any   # int32 [num_seqs, max_blocks]
     seq_lens: Any       # int32 [num_seqs]
     block_size: int
+    fmt: str = "fp16"    # fp16 | e4m3 | e5m2 (fp8 storage: stored value = x / scale, vLLM's per-tensor convention)
+    k_scale: Any = None  # fp32 one-element device tensors (fp8 only)
+    v_scale: Any = None
+
+
+FP8_SCALES = {"e4m3": (0.02, 0.03), "e5m2": (0.0011, 0.0007)}   # (K, V): unit-normal data stays in range
 
 
 def make_paged(seq_lens: list[int], num_kv_heads: int, block_size: int, device: str = "cuda",
-               kv_shared: bool = False, seed: int = 0, spare_blocks: int = 3, head_dim: int = 512) -> PagedCase:
+               kv_shared: bool = False, seed: int = 0, spare_blocks: int = 3, head_dim: int = 512,
+               fmt: str = "fp16") -> PagedCase:
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -40,7 +47,17 @@ def make_paged(seq_lens: list[int], num_kv_heads: int, block_size: int, device: 
     gd = torch.Generator(device=device).manual_seed(seed)
     k = torch.randn(shape, generator=gd, dtype=torch.float16, device=device)
     v = k if kv_shared else torch.randn(shape, generator=gd, dtype=torch.float16, device=device)
-    return PagedCase(k, v, bt.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device), block_size)
+    bt, sl = bt.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    if fmt == "fp16":
+        return PagedCase(k, v, bt, sl, block_size)
+    dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]
+    ks, vs = FP8_SCALES[fmt]
+    if kv_shared:
+        vs = ks
+    kq = (k.float() / ks).to(dt)
+    vq = kq if kv_shared else (v.float() / vs).to(dt)
+    scale = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
+    return PagedCase(kq, vq, bt, sl, block_size, fmt, scale(ks), scale(vs))
 
 
 def gather(cache: Any, block_table_row: Any, n: int) -> Any:
@@ -50,6 +67,15 @@ def gather(cache: Any, block_table_row: Any, n: int) -> Any:
     return cache[blocks].reshape(-1, cache.shape[2], cache.shape[3])[:n]
 
 
+def _kv(case: PagedCase, b: int, n: int) -> tuple[Any, Any]:
+    """Sequence b's first n keys and values as fp32, dequantized with the case's scales for fp8."""
+    k = gather(case.k_cache, case.block_tables[b], n).float()
+    v = gather(case.v_cache, case.block_tables[b], n).float()
+    if case.fmt != "fp16":
+        k, v = k * case.k_scale.float(), v * case.v_scale.float()
+    return k, v
+
+
 def ref_decode(q: Any, case: PagedCase, scale: float, window: int = 0) -> Any:
     """q [num_seqs, Hq, D] -> fp32 [num_seqs, Hq, D]."""
     import torch
@@ -57,8 +83,7 @@ def ref_decode(q: Any, case: PagedCase, scale: float, window: int = 0) -> Any:
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     hq = q.shape[1]
     for b, L in enumerate(case.seq_lens.tolist()):
-        k = gather(case.k_cache, case.block_tables[b], L).float()
-        v = gather(case.v_cache, case.block_tables[b], L).float()
+        k, v = _kv(case, b, L)
         if window > 0:
             k, v = k[max(0, L - window):], v[max(0, L - window):]
         hk = k.shape[1]
@@ -78,8 +103,7 @@ def ref_prefill(q: Any, case: PagedCase, cu_seqlens: list[int], scale: float, ca
     hq = q.shape[1]
     for b, L in enumerate(case.seq_lens.tolist()):
         q0, q1 = cu_seqlens[b], cu_seqlens[b + 1]
-        k = gather(case.k_cache, case.block_tables[b], L).float()
-        v = gather(case.v_cache, case.block_tables[b], L).float()
+        k, v = _kv(case, b, L)
         hk = k.shape[1]
         g = hq // hk
         keys = torch.arange(L, device=q.device)

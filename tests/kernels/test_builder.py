@@ -34,29 +34,45 @@ def _build(catalog: Path, cache: Path, lib: str, **kw):
     return builder.build(catalog, ["sm70-d512-attention"], cache=cache, nvrtc_path=lib, progress=False, **kw)
 
 
-def test_cold_build_compiles_ptx_and_cubin_per_source_and_writes_the_index(catalog, tmp_path, lib):
-    r = _build(catalog, tmp_path / "c", lib)
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory, lib):
+    """One cold build of the shipped overlay (the family's 28 entry points take ~20 s to compile),
+    shared by the tests: each starts from a copy of its cache (`warm_copy`)."""
+    cat = tmp_path_factory.mktemp("cat") / "overlays"
+    shutil.copytree(SHIPPED_OVERLAYS / "sm70-d512-attention", cat / "sm70-d512-attention")
+    cache = tmp_path_factory.mktemp("cold") / "c"
+    return _build(cat, cache, lib), cache
+
+
+def _warm_copy(cold, tmp_path: Path) -> Path:
+    _, cache = cold
+    shutil.copytree(cache, tmp_path / "c")
+    return tmp_path / "c"
+
+
+def test_cold_build_compiles_ptx_and_cubin_per_source_and_writes_the_index(cold):
+    r, cache = cold
     assert r.compiled == 4
     assert sorted((i.arch, i.kind) for i in r.items) == [("compute_70", "ptx")] * 2 + [("sm_70", "cubin")] * 2
-    index = json.loads((tmp_path / "c" / "index" / "sm70-d512-attention.json").read_text())
+    index = json.loads((cache / "index" / "sm70-d512-attention.json").read_text())
     assert {o["key"] for o in index["objects"]} == {i.key for i in r.items}
-    assert KernelsSpec.model_validate(index["spec"]).sources[0].path == "csrc/paged_decode_d512.cu"
+    assert KernelsSpec.model_validate(index["spec"]).sources[0].path == "csrc/paged_decode.cu"
     for i in r.items:
         assert Path(i.path).is_file() and i.key in i.path
 
 
-def test_warm_build_compiles_nothing(catalog, tmp_path, lib, capsys):
+def test_warm_build_compiles_nothing(catalog, tmp_path, lib, capsys, cold):
     from manager.cli.build import ConsoleProgress
 
-    _build(catalog, tmp_path / "c", lib)
+    _warm_copy(cold, tmp_path)
     r = builder.build(catalog, ["sm70-d512-attention"], cache=tmp_path / "c", nvrtc_path=lib, progress=ConsoleProgress())
     assert r.compiled == 0 and all(i.action == "cached" for i in r.items)
     assert "0 compilations" in builder.summary(r)  # the line `overlay build` prints (tests/cli/test_build.py)
     assert "cached" in capsys.readouterr().err  # the CLI's progress lines; the builder itself prints nothing
 
 
-def test_corrupted_object_is_detected_and_rebuilt(catalog, tmp_path, lib):
-    first = _build(catalog, tmp_path / "c", lib)
+def test_corrupted_object_is_detected_and_rebuilt(catalog, tmp_path, lib, cold):
+    first = _build(catalog, _warm_copy(cold, tmp_path), lib)
     victim = next(i for i in first.items if i.kind == "cubin")
     data = bytearray(Path(victim.path).read_bytes())
     data[100] ^= 0xFF
@@ -68,32 +84,32 @@ def test_corrupted_object_is_detected_and_rebuilt(catalog, tmp_path, lib):
     assert Path(victim.path).read_bytes() != bytes(data)
 
 
-def test_truncated_meta_counts_as_corrupt(catalog, tmp_path, lib):
-    first = _build(catalog, tmp_path / "c", lib)
+def test_truncated_meta_counts_as_corrupt(catalog, tmp_path, lib, cold):
+    first = _build(catalog, _warm_copy(cold, tmp_path), lib)
     (Path(first.items[0].path).parent / "meta.json").write_text("{")
     r = _build(catalog, tmp_path / "c", lib)
     assert r.compiled == 1
 
 
-def test_source_edit_changes_only_that_sources_keys(catalog, tmp_path, lib):
-    first = _build(catalog, tmp_path / "c", lib)
-    src = catalog / "sm70-d512-attention" / "csrc" / "prefill_d512.cu"
+def test_source_edit_changes_only_that_sources_keys(catalog, tmp_path, lib, cold):
+    first = _build(catalog, _warm_copy(cold, tmp_path), lib)
+    src = catalog / "sm70-d512-attention" / "csrc" / "prefill.cu"
     src.write_text(src.read_text() + "\n// touched\n")
     r = _build(catalog, tmp_path / "c", lib)
     changed = {(i.source, i.action) for i in r.items}
-    assert changed == {("csrc/prefill_d512.cu", "compiled"), ("csrc/paged_decode_d512.cu", "cached")}
+    assert changed == {("csrc/prefill.cu", "compiled"), ("csrc/paged_decode.cu", "cached")}
     assert {i.key for i in r.items} != {i.key for i in first.items}
 
 
-def test_header_edit_changes_every_key(catalog, tmp_path, lib):
-    _build(catalog, tmp_path / "c", lib)
-    hdr = catalog / "sm70-d512-attention" / "csrc" / "d512_common.cuh"
+def test_header_edit_changes_every_key(catalog, tmp_path, lib, cold):
+    _warm_copy(cold, tmp_path)
+    hdr = catalog / "sm70-d512-attention" / "csrc" / "attn_common.cuh"
     hdr.write_text(hdr.read_text() + "\n// touched\n")
     assert _build(catalog, tmp_path / "c", lib).compiled == 4
 
 
-def test_arch_option_gives_lowest_virtual_ptx_plus_a_cubin_per_real_arch(catalog, tmp_path, lib):
-    r = _build(catalog, tmp_path / "c", lib, archs=["sm_75", "sm_70"])
+def test_arch_option_gives_lowest_virtual_ptx_plus_a_cubin_per_real_arch(catalog, tmp_path, lib, cold):
+    r = _build(catalog, _warm_copy(cold, tmp_path), lib, archs=["sm_75", "sm_70"])
     assert sorted({i.arch for i in r.items}) == ["compute_70", "sm_70", "sm_75"]
 
 
@@ -122,8 +138,8 @@ def test_unknown_or_kernel_less_overlay_is_a_builderror(tmp_path):
         builder.build(tmp_path, ["nope"], cache=tmp_path / "c", progress=False)
 
 
-def test_no_ids_builds_every_kernel_overlay_only(catalog, tmp_path, lib):
+def test_no_ids_builds_every_kernel_overlay_only(catalog, tmp_path, lib, cold):
     (catalog / "plain").mkdir()
     (catalog / "plain" / "overlay.yaml").write_text("id: plain\n")
-    r = builder.build(catalog, None, cache=tmp_path / "c", nvrtc_path=lib, progress=False)
+    r = builder.build(catalog, None, cache=_warm_copy(cold, tmp_path), nvrtc_path=lib, progress=False)
     assert {i.overlay for i in r.items} == {"sm70-d512-attention"}

@@ -107,51 +107,32 @@ def test_sources_need_only_the_cuda_runtime_headers(nv):
         assert out.kind == "ptx"
 
 
-# The measured-but-not-committed prefill designs of docs/kernels.md (issue 17 point 3): -DPREFILL_ALT
-# builds of the same source, as benchmarks/kernel_variants.py makes them.
-PREFILL_ALT_BUILDS = {
-    "rq256": ["-DPREFILL_ALT"],
-    "rq32x16": ["-DPREFILL_ALT", "-DPREFILL_CHUNK=16"],
-    "b16x2": ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16", "-DPREFILL_QREG=0", "-DPREFILL_STAGE1=0",
-              "-DPREFILL_MINB=2"],
-    "b16x2q": ["-DPREFILL_ALT", "-DPREFILL_BM=16", "-DPREFILL_CHUNK=16", "-DPREFILL_MINB=2"],
-}
-
-
-@pytest.mark.parametrize("label", sorted(PREFILL_ALT_BUILDS))
-def test_prefill_alternative_designs_compile_with_their_block_size(nv, label):
-    spec = load_kernels_spec(D512)
-    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
-    src = "csrc/prefill_d512.cu"
-    ptx = nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70",
-                               spec.options + PREFILL_ALT_BUILDS[label], headers).image.decode()
-    assert re.search(r"\.entry prefill_d512\(", ptx)
-    assert re.search(r"\.maxntid 256, 1, 1", ptx)
-    assert "wmma.mma.sync.aligned" in ptx
-
-
-def test_prefill_default_build_is_the_measured_512_thread_winner(compiled, nv):
-    """512 threads; the rescale skip (one barrier with an OR reduction); and the same PTX as a build with
-    the winning options spelled out (the one measured on the H200), not the one with them off."""
+def test_every_entry_of_the_family_has_its_block_size(compiled):
+    """The PTX of each source holds one entry per (head dim, KV format) with the manifest's block size."""
     spec, out = compiled
-    ptx = out[("csrc/prefill_d512.cu", "compute_70")].image
-    assert re.search(r"\.maxntid 512, 1, 1", ptx.decode())
-    assert ptx.decode().count("bar.red.or.pred") == 1
-    headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
-    src = "csrc/prefill_d512.cu"
-
-    def build(flags):
-        return nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70", spec.options + flags, headers).image
-
-    assert build(["-DPREFILL_SADDR=1", "-DPREFILL_SKIP_RESCALE=1", "-DPREFILL_OFF32=1", "-DPREFILL_S2ACC=0"]) == ptx
-    assert build(["-DPREFILL_SADDR=0", "-DPREFILL_SKIP_RESCALE=0", "-DPREFILL_OFF32=0"]) != ptx
+    for src in spec.sources:
+        ptx = out[(src.path, "compute_70")].image.decode()
+        for e in src.entries:
+            m = re.search(r"\.entry " + e.name + r"\((.*?)\)\s*\.maxntid (\d+), 1, 1", ptx, re.S)
+            assert m, e.name
+            assert int(m.group(2)) == e.threads, e.name
+            assert m.group(1).count(".param") == len(e.params), e.name
+    assert "wmma.mma.sync.aligned" in out[("csrc/prefill.cu", "compute_70")].image.decode()
 
 
-def test_prefill_alternative_shape_that_does_not_fit_is_a_compile_error(nv):
+def test_prefill_default_build_skips_the_rescale_with_one_or_barrier_per_entry(compiled):
+    """The measured rescale skip (one barrier with an OR reduction per key chunk) in every prefill entry."""
+    spec, out = compiled
+    ptx = out[("csrc/prefill.cu", "compute_70")].image.decode()
+    entries = [e.name for s in spec.sources if s.path == "csrc/prefill.cu" for e in s.entries]
+    assert ptx.count("bar.red.or.pred") == len(entries) == 12
+    assert re.search(r"\.maxntid 512, 1, 1", ptx)
+
+
+def test_a_head_dim_that_does_not_fit_voltas_shared_memory_is_a_compile_error(nv):
     spec = load_kernels_spec(D512)
     headers = {h.split("/")[-1]: (D512 / h).read_text() for h in spec.headers}
-    src = "csrc/prefill_d512.cu"
-    with pytest.raises(BuildError, match="static assertion"):   # 1024 threads: 32 warps, k-steps 1, 1 column/thread
-        nvrtc.compile_source(nv, (D512 / src).read_text(), src, "compute_70",
-                             spec.options + ["-DPREFILL_ALT", "-DPREFILL_THREADS=1024", "-DPREFILL_BM=16",
-                                             "-DPREFILL_CHUNK=16"], headers)
+    src = "csrc/paged_decode.cu"
+    text = (D512 / src).read_text() + "\nstatic_assert(DecodeCfg<1024>::SMEM > 0, \"instantiate\");\n"
+    with pytest.raises(BuildError, match="static assertion"):   # 32 keys x 1032 halves x K and V alone: 132 KB
+        nvrtc.compile_source(nv, text, src, "compute_70", spec.options, headers)

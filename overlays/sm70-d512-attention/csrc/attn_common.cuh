@@ -1,21 +1,23 @@
-// Shared helpers for the head_dim-512 attention kernels (sm_70 and newer).
+// Shared helpers for the SM70 attention kernel family (head dims 64, 128, 256, 512; sm_70 and newer).
 //
 // Layout conventions (vLLM paged KV cache, one tensor for K and one for V):
-//   cache[num_blocks, block_size, num_kv_heads, 512] fp16, addressed through
-//   element strides (block, token, head) so that views of a combined
+//   cache[num_blocks, block_size, num_kv_heads, HD] (fp16, or fp8 e4m3 / e5m2 storage),
+//   addressed through element strides (block, token, head) so that views of a combined
 //   (2, num_blocks, ...) tensor work too.  Token t of sequence b lives in
 //   physical block block_tables[b * max_blocks + t / block_size], slot
 //   t % block_size.
-// The kernels use WMMA 16x16x16 fp16 tiles
-// with fp32 accumulation.  Shared-memory rows are padded to LDS halves so that
-// the column-major and row-major fragment loads do not hit the same banks.
+// The kernels use WMMA 16x16x16 fp16 tiles with fp32 accumulation.  Shared-memory
+// rows are padded to HD + 8 halves so that the column-major and row-major fragment
+// loads do not hit the same banks.  Everything that depends on the head dimension
+// is a template parameter; paged_decode.cu and prefill.cu instantiate one entry
+// point per (head dim, KV format).
 #pragma once
 #include <cuda_fp16.h>
 
-#define HD 512                 // head dimension
-#define LDS 520                // padded shared-memory row stride (halves)
-#define CHUNK 32               // keys per pipeline step
-#define VEC_PER_ROW (HD / 8)   // uint4 (8 halves) per row
+template <int HD> struct Dims {
+  static constexpr int LDS = HD + 8;          // padded shared-memory row stride (halves)
+  static constexpr int VEC_PER_ROW = HD / 8;  // 8-element vectors per row
+};
 
 typedef long long i64;
 
@@ -162,39 +164,90 @@ struct Pager {
   }
 };
 
-// A block of NT threads moves a CHUNK x 512 tile as NT-thread passes of
-// 16-byte vectors: vector j of thread tid is row tid / VEC_PER_ROW +
-// j * (NT / VEC_PER_ROW), column tid % VEC_PER_ROW (coalesced 1 KB rows).
-template <int NT> struct Tile {
-  static constexpr int VECS = CHUNK * VEC_PER_ROW / NT;   // per thread
-  static constexpr int ROWS_PER_PASS = NT / VEC_PER_ROW;
+// KV storage formats: FMT 0 = fp16, 1 = fp8 e4m3 (float8_e4m3fn), 2 = fp8 e5m2.  A vector is
+// 8 elements (16 bytes of fp16, 8 bytes of fp8), so the thread-to-element mapping is the
+// same for every format; fp8 vectors are widened to fp16 when they are stored to shared
+// memory.  e5m2 is the top byte of an fp16 (exact).  e4m3 bits (s eeee mmm) placed at
+// fp16 bit 7 (s at 15) give an fp16 of exactly value * 2^-8 for normals and subnormals
+// alike (the exponent bias differs by 8): the kernels fold FP8_E4M3_UNIT into the
+// dequantization scale instead of multiplying every element.
+template <int FMT> struct KV;
+template <> struct KV<0> {
+  typedef uint4 vec;
+  static constexpr int ESZ = 2;
+  __device__ static __forceinline__ uint4 widen(const uint4& v) { return v; }
+  __device__ static __forceinline__ uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
+};
+__device__ __forceinline__ unsigned e4m3x2_to_h2(unsigned w) {  // bytes 0,1 of w -> half2
+  return ((w & 0x7Fu) << 7) | ((w & 0x80u) << 8) | ((w & 0x7F00u) << 15) | ((w & 0x8000u) << 16);
+}
+template <> struct KV<1> {
+  typedef uint2 vec;
+  static constexpr int ESZ = 1;
+  __device__ static __forceinline__ uint4 widen(const uint2& v) {
+    return make_uint4(e4m3x2_to_h2(v.x), e4m3x2_to_h2(v.x >> 16), e4m3x2_to_h2(v.y), e4m3x2_to_h2(v.y >> 16));
+  }
+  __device__ static __forceinline__ uint2 zero() { return make_uint2(0u, 0u); }
+};
+template <> struct KV<2> {
+  typedef uint2 vec;
+  static constexpr int ESZ = 1;
+  __device__ static __forceinline__ uint4 widen(const uint2& v) {
+    return make_uint4(__byte_perm(v.x, 0u, 0x1404), __byte_perm(v.x, 0u, 0x3424), __byte_perm(v.y, 0u, 0x1404),
+                      __byte_perm(v.y, 0u, 0x3424));
+  }
+  __device__ static __forceinline__ uint2 zero() { return make_uint2(0u, 0u); }
+};
+#define FP8_E4M3_UNIT 256.f   // e4m3 widened as above is value / 256
+
+// Dequantization factor of a KV format: 1 for fp16, the per-tensor scale (vLLM's
+// layer._k_scale / _v_scale, read on the device so that CUDA graphs see updates) times
+// the widening unit for fp8.
+template <int FMT> __device__ __forceinline__ float kv_factor(const float* __restrict__ s) {
+  if constexpr (FMT == 0) return 1.f;
+  else return (s ? __ldg(s) : 1.f) * (FMT == 1 ? FP8_E4M3_UNIT : 1.f);
+}
+
+// A block of NT threads moves a CH x HD tile as NT-thread passes of 8-element
+// vectors: vector j of thread tid is row tid / VEC_PER_ROW + j * (NT / VEC_PER_ROW),
+// column tid % VEC_PER_ROW (coalesced rows).
+template <int NT, int HD, int CH> struct Tile {
+  static constexpr int VPR = Dims<HD>::VEC_PER_ROW;
+  static constexpr int VECS = CH * VPR / NT;   // per thread
+  static constexpr int ROWS_PER_PASS = NT / VPR;
+  static_assert(VECS >= 1 && VECS * NT == CH * VPR, "tile: threads must cover the chunk");
 };
 
 // Element offsets of this thread's rows (tokens t0 + row), -1 at or past t_end.
-template <int NT>
-__device__ __forceinline__ void chunk_offsets(i64 (&off)[Tile<NT>::VECS], const Pager& pg, int t0, int t_end) {
+template <int NT, int HD, int CH>
+__device__ __forceinline__ void chunk_offsets(i64 (&off)[Tile<NT, HD, CH>::VECS], const Pager& pg, int t0, int t_end) {
+  typedef Tile<NT, HD, CH> T;
 #pragma unroll
-  for (int j = 0; j < Tile<NT>::VECS; ++j) {
-    const int t = t0 + (int)threadIdx.x / VEC_PER_ROW + j * Tile<NT>::ROWS_PER_PASS;
+  for (int j = 0; j < T::VECS; ++j) {
+    const int t = t0 + (int)threadIdx.x / T::VPR + j * T::ROWS_PER_PASS;
     off[j] = t < t_end ? pg.offset(t) : -1;
   }
 }
 
-template <int NT>
-__device__ __forceinline__ void load_chunk(uint4 (&r)[Tile<NT>::VECS], const half* __restrict__ cache,
-                                           const i64 (&off)[Tile<NT>::VECS]) {
-  const int c = threadIdx.x % VEC_PER_ROW;
+template <int NT, int HD, int CH, int FMT>
+__device__ __forceinline__ void load_chunk(typename KV<FMT>::vec (&r)[Tile<NT, HD, CH>::VECS], const void* __restrict__ cache,
+                                           const i64 (&off)[Tile<NT, HD, CH>::VECS]) {
+  typedef Tile<NT, HD, CH> T;
+  typedef typename KV<FMT>::vec V;
+  const int c = threadIdx.x % T::VPR;
+  const unsigned char* base = reinterpret_cast<const unsigned char*>(cache);
 #pragma unroll
-  for (int j = 0; j < Tile<NT>::VECS; ++j)
-    r[j] = off[j] >= 0 ? __ldg(reinterpret_cast<const uint4*>(cache + off[j]) + c) : make_uint4(0u, 0u, 0u, 0u);
+  for (int j = 0; j < T::VECS; ++j)
+    r[j] = off[j] >= 0 ? __ldg(reinterpret_cast<const V*>(base + off[j] * KV<FMT>::ESZ) + c) : KV<FMT>::zero();
 }
 
-template <int NT>
-__device__ __forceinline__ void store_chunk(half* __restrict__ smem, const uint4 (&r)[Tile<NT>::VECS]) {
-  const int row = threadIdx.x / VEC_PER_ROW, c = threadIdx.x % VEC_PER_ROW;
+template <int NT, int HD, int CH, int FMT>
+__device__ __forceinline__ void store_chunk(half* __restrict__ smem, const typename KV<FMT>::vec (&r)[Tile<NT, HD, CH>::VECS]) {
+  typedef Tile<NT, HD, CH> T;
+  const int row = threadIdx.x / T::VPR, c = threadIdx.x % T::VPR;
 #pragma unroll
-  for (int j = 0; j < Tile<NT>::VECS; ++j)
-    *reinterpret_cast<uint4*>(smem + (row + j * Tile<NT>::ROWS_PER_PASS) * LDS + c * 8) = r[j];
+  for (int j = 0; j < T::VECS; ++j)
+    *reinterpret_cast<uint4*>(smem + (row + j * T::ROWS_PER_PASS) * Dims<HD>::LDS + c * 8) = KV<FMT>::widen(r[j]);
 }
 
 __device__ __forceinline__ float warp_max_width(float v, int width) {
