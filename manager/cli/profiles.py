@@ -184,8 +184,11 @@ def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max
     pl = plan(profiles, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
               max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
     model = pl.model
+    from ..compose.add import add_command, engine_note
+
+    note = engine_note(profiles, model, hardware, pl.options)
     if as_json:
-        print_json(pl.to_json())
+        print_json({**pl.to_json(), "engine_note": note})
         return 0 if pl.options else 1
     shown = min(limit, len(pl.options))
     data.print(f"[bold]{esc(model)} on {gpus}x {esc(hardware)}[/bold]: {len(pl.options)} deployments fit"
@@ -213,6 +216,11 @@ def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max
         if hidden:
             data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "
                        f"(--limit N or --json for all)")
+    if note:
+        data.print(f"[bold]engine:[/bold] {esc(note)}")
+    if pl.options and checkpoint is None:
+        err.print("deploy option N: " + esc(add_command(ctx.obj.catalog, 1, model, hardware, gpus, ctx_len, max_seqs)
+                                           ).replace("--from-plan 1", "--from-plan N"))
     return 0 if pl.options else 1
 
 

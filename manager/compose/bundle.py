@@ -241,8 +241,8 @@ def _copy_package(dest: Path) -> None:
 
 def _copy_catalog(catalog: Catalog, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for part in CATALOG_PARTS:
-        src = catalog.root / part
+    for part in CATALOG_PARTS:  # a user catalog's compose/, the shipped overlays/ and profiles/ under it
+        src = {"overlays": catalog.overlays_dir, "profiles": catalog.profiles_dir}.get(part, catalog.root / part)
         if src.is_dir():
             shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
 

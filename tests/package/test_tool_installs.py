@@ -101,20 +101,23 @@ def installed(request: pytest.FixtureRequest, tools: Path, wheel: Path, tmp_path
     return base / "bin" / "overlay", work, env, request.param
 
 
-def test_installed_tool_walks_plan_render_check_bundle(installed) -> None:
+def test_installed_tool_walks_plan_compose_add_check_bundle(installed) -> None:
     exe, work, env, how = installed
-    res = _run([exe, "plan", "--model", "gemma-4-e2b", "--hardware", "rtx-3090", "--gpus", "1", "--json"], cwd=work, env=env)
-    assert res.returncode in (0, 1) and json.loads(res.stdout)["options"], res.stderr
-    res = _run([exe, "compose", "list", "--json"], cwd=work, env=env)
-    slug = json.loads(res.stdout)["deployments"][0]["slug"]
-    res = _run([exe, "compose", "render", slug, "-o", work / "compose.yml"], cwd=work, env=env)
-    assert res.returncode == 0 and "services:" in (work / "compose.yml").read_text(), res.stderr
-    res = _run([exe, "compose", "check"], cwd=work, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
+    plan = ["--model", "gemma-4-e2b", "--hardware", "rtx-3090", "--gpus", "1"]
+    res = _run([exe, "catalog", "init", work / "mine"], cwd=work, env=env)
+    assert res.returncode == 0, res.stderr
+    res = _run([exe, "--catalog", work / "mine", "plan", *plan], cwd=work, env=env)
+    assert res.returncode == 0 and "compose add --from-plan N" in res.stderr, res.stderr
+    res = _run([exe, "--catalog", work / "mine", "compose", "add", "--from-plan", "1", *plan, "--json"], cwd=work, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "services:" in Path(json.loads(res.stdout)["generated"]).read_text()
+    res = _run([exe, "--catalog", work / "mine", "compose", "check"], cwd=work, env=env)
+    assert res.returncode == 0 and "1 deployments" in res.stderr, res.stdout + res.stderr
     benv = dict(env, OVERLAY_CACHE=str(_cache_view(work)))
     out = work / "bundle"
-    res = _run([exe, "bundle", "--python", PY, "-o", out, "--no-plans", "--json"], cwd=work, env=benv)
+    res = _run([exe, "--catalog", work / "mine", "bundle", "--python", PY, "-o", out, "--no-plans", "--json"], cwd=work, env=benv)
     assert res.returncode == 0, f"{how}: {res.stderr}"
+    assert (out / "catalog" / "overlays").is_dir() and (out / "catalog" / "compose" / "generated").is_dir()
     packages = {n.lower() for n in json.loads((out / "BUNDLE.json").read_text())["packages"]}
     assert {"libcst", "pydantic", "click"} <= packages, packages
     res = _run([out / "bin" / "overlay", "list", "--json"], cwd=work, env=dict(CLEAN, OVERLAY_PYTHON=sys.executable))
