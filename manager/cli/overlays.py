@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
+from ..console import data, err, print_data, print_json, print_table, status as say, user_text as esc
 from .app import Application
 from .params import CatalogChoice, json_option, root_option, wait_option
 
@@ -103,12 +103,13 @@ def _print_status(report) -> None:
     table.add_column("status", no_wrap=True, min_width=max((len(o.status) for o in report.overlays), default=6))
     table.add_column("target", overflow="fold", ratio=1)
     table.add_column("detail", overflow="fold", ratio=1)
+    first_only = data.is_terminal  # piped: every row names its overlay (`status | grep PATH` shows whose)
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
             table.add_row(
-                esc(o.id) if i == 0 else "",
-                f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 else "",
+                esc(o.id) if i == 0 or not first_only else "",
+                f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 or not first_only else "",
                 f"[{style}]{esc(t.path)}[/]",
                 esc(t.detail),
             )
