@@ -28,11 +28,22 @@ def list_cmd(app, as_json: bool) -> None:
     if as_json:
         print_json({"deployments": rows})
         return
+    from rich.table import Table
+
+    from ..console import print_table
+
+    # a terminal: fits its width (the model column folds first); piped: one line per deployment
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    t.add_column("slug", no_wrap=True)
+    t.add_column("port", no_wrap=True, justify="right")
+    t.add_column("tp/gpus", no_wrap=True)
+    t.add_column("hardware", no_wrap=True)
+    t.add_column("model/weights", overflow="fold")
+    t.add_column("status", no_wrap=True)
     for d in rows:
-        print_data(
-            f"{d['slug']:<36} {d['port']:>5}  tp={d['tp']} gpus={d['gpus']}  {d['hardware']:<16} "
-            f"{d['model']}{'/' + d['weights'] if d['weights'] else ''}  [{d['status']}]"
-        )
+        t.add_row(esc(d["slug"]), str(d["port"]), f"{d['tp']}/{d['gpus']}", esc(d["hardware"]),
+                  esc(f"{d['model']}{'/' + d['weights'] if d['weights'] else ''}"), d["status"])
+    print_table(t)
 
 
 @compose_group.command("render")

@@ -102,3 +102,40 @@ def test_compose_check_findings_are_data_on_stdout_and_the_count_is_talk_on_stde
     assert any(line.startswith("FAIL ") and "generated-current" in line for line in proc.stdout.splitlines()), proc.stdout
     assert "FAIL" not in proc.stderr.replace("failed", "")
     assert "checks passed" in proc.stderr and "checks passed" not in proc.stdout
+
+
+def _records(argv: list[str], key: str, tmp_path: Path, keep=lambda r: True) -> int:
+    res = _sub(*argv, "--json")
+    return sum(1 for r in json.loads(res.stdout)[key] if keep(r))
+
+
+@pytest.mark.parametrize("argv, key, header, keep", [
+    (["list"], "overlays", 1, None),
+    (["list", "--wide"], "overlays", 1, None),
+    (["compose", "list"], "deployments", 1, None),
+    (["compose", "check"], "findings", 0, lambda f: not f["ok"] or f.get("warn")),
+    (["upstream", "check", "--offline", "--no-probe"], "results", 0, None),
+])
+def test_every_listing_piped_is_one_record_per_line(argv, key, header, keep, tmp_path: Path) -> None:
+    """issue 26 point 5: piped (not a terminal), a record never spans lines and no word is split."""
+    if argv[0] == "upstream":
+        argv = [*argv, "--cache", str(tmp_path / "gh")]
+    res = _sub(*argv, columns=80)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    assert len(lines) == header + _records(argv, key, tmp_path, keep or (lambda r: True)), lines
+
+
+def test_profiles_list_piped_is_one_profile_per_line() -> None:
+    res = _sub("profiles", "list")
+    kinds = json.loads(_sub("profiles", "list", "--json").stdout)
+    assert res.stdout.splitlines() == [f"{k}/{p}" for k in ("models", "engines", "drafters", "hardware") for p in kinds[k]]
+
+
+def test_plan_piped_is_one_option_per_line() -> None:
+    res = _sub("plan", "--model", "gemma-4-26b-a4b", "--hardware", "rtx-3090", "--gpus", "2", "--limit", "50")
+    n = len(json.loads(_sub("plan", "--model", "gemma-4-26b-a4b", "--hardware", "rtx-3090", "--gpus", "2", "--json").stdout)["options"])
+    import re
+
+    options = [ln for ln in res.stdout.splitlines() if re.match(r"^\s*\d+\. (fits|tight)\s+TP\d+ ", ln)]
+    assert len(options) == min(n, 50) and all(" drafter=" in ln and "overlays=" in ln for ln in options)
