@@ -146,7 +146,8 @@ def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: f
     from ..profiles import import_config, to_yaml
     from .app import write_output
 
-    text = to_yaml(import_config(file, model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
+    # absolute first: `import-config config.json` names the profile for the directory it is in (not '')
+    text = to_yaml(import_config(file.absolute(), model_id=model_id, hf_repo=hf_repo, size_gb=size_gb))
     if output is None:
         print_data(text)
     else:
