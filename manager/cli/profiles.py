@@ -32,6 +32,27 @@ def _checkpoint(ctx: click.Context, profiles, model: str | None, checkpoint: str
     return inspect_checkpoint(checkpoint, profiles=profiles, catalog=ctx.obj.catalog)
 
 
+def _index(ctx: click.Context, offline: bool):
+    """The overlay index fits/plan use. --offline: the shipped release statuses, then the manifests'
+    version ranges (said in the overlays constraint), never a download. Otherwise a release whose
+    statuses are neither shipped nor cached is announced on stderr before its sources are read."""
+    from ..fits import build_index, index_for
+
+    if offline:
+        return build_index(ctx.obj.catalog, use_releases=False)
+    idx = index_for(ctx.obj.catalog)
+    fn = idx.status_fn
+    if fn is not None and not getattr(fn, "announces", False):
+        def announced(version: str, _fn=fn):
+            err.print(f"[dim]{'sources':>12}[/dim]  overlay status on vLLM {esc(version)} is not shipped or cached: "
+                      "reading its sources (a download of ~35 MB when its sdist is not cached; --offline skips)")
+            return _fn(version)
+
+        announced.announces = True  # type: ignore[attr-defined]
+        idx.status_fn = announced
+    return idx
+
+
 def _bar(used: dict[str, int], total: int, width: int = 40) -> str:
     out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow", "kv_needed": "green"}
     for key, col in style.items():
@@ -167,10 +188,11 @@ def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: f
               help="KV cache dtype: auto, bfloat16, float16, fp8 (bf16/fp16 accepted).")
 @click.option("--max-seqs", type=POSITIVE, default=None, help="--max-num-seqs the KV cache must hold at --ctx.")
 @click.option("--explain", is_flag=True, help="Show which constraint rests on which unverified fact.")
+@click.option("--offline", is_flag=True, help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
-             kv_dtype, max_seqs, explain, as_json) -> int:
+             kv_dtype, max_seqs, explain, offline, as_json) -> int:
     """Check whether a deployment fits; exit 0 for fits/tight, 1 for fails."""
     from ..fits import fits
 
@@ -178,7 +200,7 @@ def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp,
     insp = _checkpoint(ctx, profiles, model, checkpoint)
     report = fits(profiles, model=model, hardware=hardware, gpus=gpus, tp=tp, weights=weights,
                   engine=engine, drafter=drafter, ctx=ctx_len, kv_dtype=kv_dtype,
-                  max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
+                  max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp, overlay_index=_index(ctx, offline))
     if as_json:
         print_json(report.to_json())
     else:
@@ -194,16 +216,17 @@ def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp,
 @click.option("--max-seqs", type=POSITIVE, default=None, help="--max-num-seqs every option must hold.")
 @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
 @click.option("--explain", is_flag=True, help="List each option's unverified facts and what rests on them.")
+@click.option("--offline", is_flag=True, help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, explain, as_json) -> int:
+def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, explain, offline, as_json) -> int:
     """List the deployments that fit, best first, and why the others were rejected."""
     from ..fits import plan
 
     profiles = _profiles(ctx)
     insp = _checkpoint(ctx, profiles, model, checkpoint)
     pl = plan(profiles, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
-              max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp)
+              max_seqs=max_seqs, catalog=ctx.obj.catalog, checkpoint=insp, overlay_index=_index(ctx, offline))
     model = pl.model
     from ..compose.add import add_command, engine_note
 
