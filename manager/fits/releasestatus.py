@@ -3,9 +3,10 @@
 An overlay's status on a release (pending / upstream / not-applicable ...) is what the overlay
 engine says on that release's pristine sources: static per (release, overlay manifest). Computing
 it downloads the sdist (~35 MB each; a plan over every engine is ~350 MB), so the catalog carries
-the answers in `overlays/release-status.json`, generated here from the real sdists:
+the answers in `overlays/release-status.json`, generated from the real sdists
+(manager/fits/writestatus.py; this module only reads it):
 
-    python -m manager.fits.releasestatus          # rewrite the file for every engine profile's release
+    python -m manager.fits.writestatus          # rewrite the file for every engine profile's release
 
 Each entry records the manifest digest it was computed for; an overlay whose manifest changed since
 falls back to the cache or the sources, as without the file. tests/fits/test_release_status.py checks
@@ -15,7 +16,6 @@ the file against the real sdists.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from ..catalog import Catalog
@@ -49,35 +49,3 @@ def shipped_statuses(shipped: dict, version: str, digests: dict[str, str]) -> di
             return None
         out[oid] = got["status"]
     return out
-
-
-def compute(catalog: Catalog, versions: list[str]) -> dict:
-    """The file's content, from each release's pristine sources (downloads what is not cached)."""
-    from .overlays import build_index
-
-    idx = build_index(catalog, use_releases=True, cache_dir=None)
-    valid = {oid: info for oid, info in idx.overlays.items() if info.invalid is None}
-    releases = {}
-    for v in versions:
-        got = idx.status_fn(v) if idx.status_fn is not None else {}
-        releases[v] = {oid: {"digest": valid[oid].digest, "status": got[oid]} for oid in sorted(got) if oid in valid}
-    return {"generated_by": "python -m manager.fits.releasestatus", "releases": releases}
-
-
-def engine_versions(catalog: Catalog) -> list[str]:
-    from ..profiles import load_profiles
-    from packaging.version import Version
-
-    profiles = load_profiles(catalog)
-    return sorted({e.vllm_version for e in profiles.engines.values()}, key=Version)
-
-
-def main() -> None:
-    catalog = Catalog.locate()
-    data = compute(catalog, engine_versions(catalog))
-    status_path(catalog).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    sys.stderr.write(f"wrote {status_path(catalog)}: {len(data['releases'])} releases\n")
-
-
-if __name__ == "__main__":
-    main()

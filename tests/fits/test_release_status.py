@@ -11,7 +11,8 @@ import pytest
 
 from manager.catalog import Catalog
 from manager.fits import build_index, plan
-from manager.fits.releasestatus import FILE, compute, engine_versions
+from manager.fits.releasestatus import FILE
+from manager.fits.writestatus import compute, engine_versions
 from manager.profiles import load_profiles
 from tests.helpers import REPO_ROOT
 
@@ -20,7 +21,7 @@ CATALOG = Catalog(REPO_ROOT)
 
 @pytest.mark.network
 def test_the_shipped_release_statuses_match_the_real_sdists() -> None:
-    """Regenerate with `python -m manager.fits.releasestatus` when this fails (a manifest changed)."""
+    """Regenerate with `python -m manager.fits.writestatus` when this fails (a manifest changed)."""
     shipped = json.loads((REPO_ROOT / "overlays" / FILE).read_text())
     versions = engine_versions(CATALOG)
     assert sorted(shipped["releases"]) == sorted(versions)
