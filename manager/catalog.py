@@ -4,7 +4,9 @@ Default: the catalog shipped with the project. An installed wheel carries it as 
 package resource `manager/_catalog/` (read through importlib.resources); a checkout or
 an editable install reads the repository root; a bundle sets OVERLAY_CATALOG to
 `<bundle>/catalog`. `--catalog DIR` or the OVERLAY_CATALOG environment variable points
-at a user's own.
+at a user's own. A user catalog holding compose/ alone (`overlay catalog init DIR` makes one) is
+layered over the shipped one: overlays/, profiles/ and compose/images/ are read from the
+shipped catalog.
 """
 
 from __future__ import annotations
@@ -65,14 +67,29 @@ def searched() -> str:
 @dataclass(frozen=True)
 class Catalog:
     root: Path
+    base: Path | None = None  # the shipped catalog this one is layered over (for the parts it lacks)
+
+    def _part(self, name: str) -> Path:
+        own = self.root / name
+        if self.base is None or own.is_dir():
+            return own
+        return self.base / name
 
     @property
     def overlays_dir(self) -> Path:
-        return self.root / "overlays"
+        return self._part("overlays")
 
     @property
     def profiles_dir(self) -> Path:
-        return self.root / "profiles"
+        return self._part("profiles")
+
+    @property
+    def images_dir(self) -> Path:
+        """compose/images/ (the engine image recipes): the user's, else the shipped ones."""
+        own = self.root / "compose" / "images"
+        if self.base is None or own.is_dir():
+            return own
+        return self.base / "compose" / "images"
 
     @property
     def compose_dir(self) -> Path:
@@ -93,6 +110,39 @@ class Catalog:
             root = found
         if not root.is_dir():
             raise CatalogError(f"catalog {root}: not a directory")
-        if not (root / "overlays").is_dir() and not (root / "profiles").is_dir():
-            raise CatalogError(f"catalog {root}: has neither overlays/ nor profiles/")
-        return cls(root)
+        if (root / "overlays").is_dir() or (root / "profiles").is_dir():
+            return cls(root)
+        if not (root / "compose").is_dir():
+            raise CatalogError(f"catalog {root}: has none of overlays/, profiles/, compose/ "
+                               "(`overlay catalog init DIR` makes a user catalog)")
+        shipped = default_catalog_dir()  # compose/ alone: a user catalog layered over the shipped one
+        if shipped is None:
+            raise CatalogError(f"catalog {root}: holds compose/ alone and there is no shipped catalog "
+                               f"to take overlays/ and profiles/ from (searched {searched()})")
+        return cls(root, shipped)
+
+
+USER_REGISTRY_HEADER = """\
+# A user catalog, layered over the shipped one (overlay catalog init): overlays/ and profiles/
+# come from the shipped catalog unless this directory has its own. Use it with
+# `overlay --catalog DIR ...` or OVERLAY_CATALOG=DIR. `overlay compose add --from-plan N ...`
+# adds entries here; keys as in the shipped compose/deployments.yaml.
+deployments: {}
+"""
+
+
+def init_catalog(path: str | os.PathLike[str]) -> Path:
+    """Make a user catalog at `path`: compose/deployments.yaml with no deployments. `path` must be
+    new or an empty directory; returns the registry file written."""
+    root = Path(path).expanduser()
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise CatalogError(f"catalog init {root}: exists and is not an empty directory")
+    if default_catalog_dir() is None:
+        raise CatalogError(f"catalog init {root}: no shipped catalog to layer over (searched {searched()})")
+    reg = root / "compose" / "deployments.yaml"
+    try:
+        reg.parent.mkdir(parents=True, exist_ok=True)
+        reg.write_text(USER_REGISTRY_HEADER)
+    except OSError as exc:
+        raise CatalogError(f"catalog init {root}: cannot write: {exc.strerror or exc}") from None
+    return reg

@@ -16,7 +16,9 @@ def docker_client(command: str, error: type[ManagerError], timeout: int | None =
         import docker
         from docker.errors import DockerException
     except ImportError:
-        raise error(f"{command} needs the docker SDK: pip install 'overlay-manager[verify]'") from None
+        from .extras import install_hint
+
+        raise error(f"{command} needs the docker SDK; {install_hint('verify')}") from None
     try:
         client = docker.from_env() if timeout is None else docker.from_env(timeout=timeout)
         client.ping()

@@ -14,6 +14,7 @@ import sys
 import click
 
 from .. import __version__
+from . import app
 from .app import Application, handle_errors
 from . import build, completion, compose, engine, image, inspect, overlays, profiles, upstream
 
@@ -50,6 +51,7 @@ def _exit_status(ctx: click.Context, rv: object, **_: object) -> object:
 
 for _module in (overlays, profiles, compose, image, upstream, build, inspect, engine, completion):
     _module.register(cli)
+app.accept_catalog_anywhere(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,27 @@ class Application:
         return self._catalog
 
 
+def _late_catalog(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    obj = ctx.find_object(Application)
+    if obj is not None:
+        obj.catalog_arg, obj._catalog = value, None
+
+
+def accept_catalog_anywhere(group: click.Group) -> None:
+    """`overlay list --catalog X` as well as `overlay --catalog X list` (the README says every command
+    takes it): each subcommand gets the option too, setting the Application's catalog (eager, so
+    the catalog is set before the other parameters, whose choices come from it, are converted)."""
+    for cmd in group.commands.values():
+        if isinstance(cmd, click.Group):
+            accept_catalog_anywhere(cmd)
+        if not any("--catalog" in p.opts for p in cmd.params):
+            cmd.params.insert(0, click.Option(
+                ["--catalog"], type=click.Path(file_okay=False, path_type=str), expose_value=False, is_eager=True,
+                callback=_late_catalog, help="Catalog directory (as `overlay --catalog DIR`; default: the shipped catalog)."))
+
+
 def write_output(path: Path, data: bytes, make_dirs: bool = False) -> str:
     """`-o FILE` of any command: written atomically when changed (copier verb returned). FILE
     must be a regular file or new; the directory must exist unless `make_dirs` (compose render:
@@ -87,6 +108,9 @@ def handle_errors() -> Iterator[_Result]:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `overlay` (or a group) alone: its help, exit 0
+        sys.stdout.write(exc.ctx.get_help() + "\n" if exc.ctx is not None else "")
+        sys.exit(0)
     except click.UsageError as exc:  # one line, like every user error (exit 1, not click's 2)
         from rich.markup import escape
 

@@ -22,8 +22,8 @@ class ConsoleProgress:
         from .. import console
 
         style = "green" if item.action == "compiled" else ("yellow" if item.action == "rebuilt" else "cyan")
-        subject = escape(f"{item.overlay}/{item.source} [{item.arch}]")
-        console.status(item.action, f"{subject} {item.key[:12]} ({seconds:.1f}s)", style=style)
+        # status() shows its subject literally (it escapes once): no escape here, or `\[` shows
+        console.status(item.action, f"{item.overlay}/{item.source} [{item.arch}] {item.key[:12]} ({seconds:.1f}s)", style=style)
 
 
 @click.command("build")

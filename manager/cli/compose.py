@@ -1,4 +1,4 @@
-"""CLI commands for compose deployments: `compose {list,render,check}`, `bundle`, `verify`."""
+"""CLI commands for compose deployments: `compose {list,render,check,add}`, `catalog init`, `bundle`, `verify`."""
 
 from __future__ import annotations
 
@@ -28,11 +28,22 @@ def list_cmd(app, as_json: bool) -> None:
     if as_json:
         print_json({"deployments": rows})
         return
+    from rich.table import Table
+
+    from ..console import print_table
+
+    # a terminal: fits its width (the model column folds first); piped: one line per deployment
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    t.add_column("slug", no_wrap=True)
+    t.add_column("port", no_wrap=True, justify="right")
+    t.add_column("tp/gpus", no_wrap=True)
+    t.add_column("hardware", no_wrap=True)
+    t.add_column("model/weights", overflow="fold")
+    t.add_column("status", no_wrap=True)
     for d in rows:
-        print_data(
-            f"{d['slug']:<36} {d['port']:>5}  tp={d['tp']} gpus={d['gpus']}  {d['hardware']:<16} "
-            f"{d['model']}{'/' + d['weights'] if d['weights'] else ''}  [{d['status']}]"
-        )
+        t.add_row(esc(d["slug"]), str(d["port"]), f"{d['tp']}/{d['gpus']}", esc(d["hardware"]),
+                  esc(f"{d['model']}{'/' + d['weights'] if d['weights'] else ''}"), d["status"])
+    print_table(t)
 
 
 @compose_group.command("render")
@@ -90,6 +101,54 @@ def check_cmd(app, as_json: bool) -> None:
         raise ComposeError(f"compose check: {len(report.problems)} problem(s)")
 
 
+@compose_group.command("add")
+@click.option("--from-plan", "option", type=click.IntRange(min=1), required=True,
+              help="The option number `overlay plan` printed (run with the same --model/--hardware/--gpus).")
+@click.option("--model", required=True, type=CatalogChoice("model"), help="Model profile id, as given to plan.")
+@click.option("--hardware", required=True, type=CatalogChoice("hardware"), help="Hardware profile id, as given to plan.")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs, as given to plan.")
+@click.option("--ctx", "ctx_len", type=click.IntRange(min=1), default=None, help="--ctx, as given to plan.")
+@click.option("--max-seqs", type=click.IntRange(min=1), default=None, help="--max-seqs, as given to plan.")
+@click.option("--slug", default=None, help="Deployment name (default: model-weights-hardware-tpN).")
+@click.option("--port", type=click.IntRange(1024, 65535), default=None, help="Host port (default: the first free from 8100).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def add_cmd(app, option, model, hardware, gpus, ctx_len, max_seqs, slug, port, as_json) -> None:
+    """Add plan option N to this user catalog's registry, render its compose file and check it."""
+    from ..compose.add import add_from_plan
+
+    res = add_from_plan(app.catalog, option=option, model=model, hardware=hardware, gpus=gpus, ctx=ctx_len,
+                        max_seqs=max_seqs, slug=slug, port=port)
+    if as_json:
+        print_json({"slug": res.slug, "registry": str(res.registry), "generated": str(res.generated),
+                    "entry": res.entry, "findings": [f.as_dict() for f in res.findings]})
+        return
+    status("add", f"{res.slug} -> {res.registry}")
+    status("create", str(res.generated))
+    for f in res.findings:
+        if f.warn:
+            err.print(f"[yellow]WARN[/yellow] {esc(f.slug)}: {f.check}: {esc(f.message)}")
+    print_data(str(res.generated))
+    err.print(f"next: docker compose -f {esc(res.generated)} up -d (it mounts a bundle: `overlay bundle`)")
+
+
+@click.group("catalog")
+def catalog_group() -> None:
+    """Your own catalog, layered over the shipped one."""
+
+
+@catalog_group.command("init")
+@click.argument("directory", type=click.Path(path_type=Path))
+def catalog_init_cmd(directory: Path) -> None:
+    """Make DIR a user catalog: compose/deployments.yaml of its own, the shipped overlays and profiles."""
+    from ..catalog import init_catalog
+
+    reg = init_catalog(directory)
+    status("create", str(reg))
+    err.print(f"use it with `overlay --catalog {esc(directory)} ...` or OVERLAY_CATALOG={esc(directory)}; "
+              "add a deployment with `overlay plan ...`, then `compose add --from-plan N ...`")
+
+
 @click.command("bundle")
 @click.option("--python", "python", required=True, help="The image's Python, e.g. 3.12.")
 @click.option("--platform", "platform", default="manylinux_2_28_x86_64", show_default=True,
@@ -141,5 +200,6 @@ def verify_cmd(app, image: str, bundle: Path | None, as_json: bool) -> None:
 def register(cli: click.Group) -> None:
     """Add this area's commands to the root `overlay` group."""
     cli.add_command(compose_group)
+    cli.add_command(catalog_group)
     cli.add_command(bundle_cmd)
     cli.add_command(verify_cmd)

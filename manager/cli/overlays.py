@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import err, print_data, print_json, print_table, status as say, user_text as esc
+from ..console import data, err, print_data, print_json, print_table, status as say, user_text as esc
 from .app import Application
 from .params import CatalogChoice, json_option, root_option, wait_option
 
@@ -103,12 +103,13 @@ def _print_status(report) -> None:
     table.add_column("status", no_wrap=True, min_width=max((len(o.status) for o in report.overlays), default=6))
     table.add_column("target", overflow="fold", ratio=1)
     table.add_column("detail", overflow="fold", ratio=1)
+    first_only = data.is_terminal  # piped: every row names its overlay (`status | grep PATH` shows whose)
     for o in report.overlays:
         for i, t in enumerate(o.targets):
             style = _STYLE.get(t.status, "")
             table.add_row(
-                esc(o.id) if i == 0 else "",
-                f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 else "",
+                esc(o.id) if i == 0 or not first_only else "",
+                f"[{_STYLE.get(o.status, '')}]{o.status}[/]" if i == 0 or not first_only else "",
                 f"[{style}]{esc(t.path)}[/]",
                 esc(t.detail),
             )
@@ -156,11 +157,22 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     from ..overlays.prepare import apply_and_record, report_lines
 
     _, selected = _selected(app, ids)
+    if as_json and not dry_run:  # the start-up path replays a prepared plan for text mode; --json reaches here
+        from ..overlays.plans import main_apply
+
+        planned = main_apply((app.catalog_arg, root, list(ids), plans))
+        if planned is not None:
+            print_json({"root": str(find_root(root)), "plan": planned["plan"], "dry_run": False,
+                        "changes": [{"path": p, "verb": v, "overlays": list(o)} for v, p, o in planned["changes"]],
+                        "skipped": [{"id": i, "why": w} for i, w in planned["skipped"]],
+                        "status": [{"id": i, "status": st} for i, st in planned["statuses"]]})
+            say("plan", f"{planned['plan']} (prepared plan, hashes verified)", "dim")
+            return 0
     recorded = apply_and_record(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), ids=ids,
                                 cache=os.environ.get(ENV_CACHE) or None, wait=wait, on_wait=_waiting)
     result = recorded.result
     if as_json:
-        print_json(result.to_json())
+        print_json({**result.to_json(), "plan": recorded.plan})
     kinds = {"note": "yellow", "skipped": "magenta", "change": "green", "quiet": "dim"}
     for verb, text, kind in report_lines(recorded, dry_run):  # say() shows the text literally
         say(verb, text, _STYLE.get(verb, "cyan") if kind == "status" else kinds[kind])
@@ -228,10 +240,12 @@ def revert_cmd(app: Application, ids: tuple[str, ...], root: str | None, wait: f
 @click.command("demo")
 @click.option("--vllm", "version", default="0.20.0", show_default=True, help="Real vLLM release to download from PyPI.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Where to extract it (default: a fresh temporary directory).")
+              help="Where to extract it and keep it (default: a temporary directory, removed at the end).")
+@click.option("--keep", is_flag=True, help="Keep the temporary tree (its path is printed).")
 @click.pass_obj
-def demo_cmd(app: Application, version: str, dest: str | None) -> None:
+def demo_cmd(app: Application, version: str, dest: str | None, keep: bool) -> None:
     """The built-in default job: download a real vLLM release, show status, apply, show status."""
+    import shutil
     import tempfile
 
     from ..overlays import apply, load_overlays, status
@@ -239,26 +253,36 @@ def demo_cmd(app: Application, version: str, dest: str | None) -> None:
 
     # the catalog first: a missing or broken one fails before anything is downloaded
     overlays = [o for o in load_overlays(app.catalog) if o.manifest.kernels is None or o.manifest.edits]
+    others = sorted({e.release for o in overlays for e in o.manifest.edits
+                     if getattr(e, "kind", None) == "release-file" and e.release != version})
     root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
-    say("release", f"vllm=={version} sources from PyPI into {root}")
-    copy_release(version, root)
-    _print_status(status(overlays, root))
-    result = apply(overlays, root)
-    for oid, why in result.skipped:
-        say("skipped", f"{oid}: {why}", "magenta")
-    for c in result.changes:
-        say(c.verb, f"{root / c.path}", "green")
-    _print_status(result.statuses)
-    say("root", str(root))
+    say("release", f"vllm=={version} sources from PyPI into {root}"
+        + (f"; the overlays copy files from vllm {', '.join(others)} too (its sdist is fetched once, cached)"
+           if others else ""))
+    try:
+        copy_release(version, root)
+        _print_status(status(overlays, root))
+        result = apply(overlays, root)
+        for oid, why in result.skipped:
+            say("skipped", f"{oid}: {why}", "magenta")
+        for c in result.changes:
+            say(c.verb, f"{root / c.path}", "green")
+        _print_status(result.statuses)
+    finally:
+        if dest is None and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+            say("removed", f"{root} (--keep or --dest DIR keeps the tree)", "dim")
+        else:
+            say("root", str(root))
 
 
 @click.command("trace")
-@click.argument("logfile", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--expect", "expect", multiple=True, metavar="ID",
-              help="Overlay id whose blocks must have run (exit 1 when no line names it). Repeatable.")
+@click.argument("logfile", type=click.Path(dir_okay=False, allow_dash=True, path_type=str))
+@click.option("--expect", "expect", multiple=True, metavar="ID", type=CatalogChoice("overlay"),
+              help="Overlay id (of the catalog) whose blocks must have run (exit 1 when no line names it). Repeatable.")
 @json_option
 def trace_cmd(logfile: str, expect: tuple[str, ...], as_json: bool) -> int:
-    """Read back OVERLAY_TRACE=1 lines from an engine log: which patched blocks ran, in which process."""
+    """Read back OVERLAY_TRACE=1 lines from an engine log (LOGFILE, or - for stdin): which patched blocks ran."""
     from rich.markup import escape
 
     from ..overlays.trace import read_trace_file

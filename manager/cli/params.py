@@ -76,17 +76,48 @@ def values(kind: str, ctx: click.Context | None) -> list[str]:
     return _cache[key]
 
 
+_VERSIONED = __import__("re").compile(r"^(?P<head>.*?)(?P<ver>\d+(?:\.\d+)+)(?P<tail>.*)$")
+
+
+def _nearest_versions(value: str, known: list[str]) -> list[str]:
+    """For a versioned id (vllm-0.21.0): the known ids of the same name just below and above it."""
+    m = _VERSIONED.match(value)
+    if not m:
+        return []
+    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    want = key(m["ver"])
+    same = []
+    for k in known:
+        km = _VERSIONED.match(k)
+        if km and km["head"] == m["head"] and km["tail"] == m["tail"]:
+            same.append((key(km["ver"]), k))
+    below = [k for v, k in sorted(same) if v < want][-1:]
+    above = [k for v, k in sorted(same) if v > want][:1]
+    return below + above
+
+
 def did_you_mean(value: str, known: list[str]) -> str:
     import difflib
 
     low = value.lower()
-    close = (sorted((k for k in known if k.lower().startswith(low)), key=len)
+    prefixed = sorted((k for k in known if k.lower().startswith(low)), key=len)
+    near = [] if prefixed else _nearest_versions(value, known)  # vllm-0.21.0: 0.20.0 or 0.22.0, not 0.31.0
+    if near:
+        return "did you mean " + " or ".join(repr(k) for k in near) + "?"
+    close = (prefixed
              or sorted((k for k in known if low in k.lower()), key=len)
              or difflib.get_close_matches(value, known, n=1, cutoff=0.5))
     if close:
         return f"did you mean {close[0]!r}?"
     shown = ", ".join(known[:8]) + (f", +{len(known) - 8} more" if len(known) > 8 else "")
     return f"known: {shown or 'none'}"
+
+
+# the short names users type for vLLM's --kv-cache-dtype values
+ALIASES: dict[str, dict[str, str]] = {
+    "kv-dtype": {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "f16": "float16",
+                 "fp8_e4m3": "fp8", "fp8e4m3": "fp8"},
+}
 
 
 class CatalogChoice(click.ParamType):
@@ -103,6 +134,9 @@ class CatalogChoice(click.ParamType):
         known = values(self.kind, ctx)
         if value in known:
             return value
+        alias = ALIASES.get(self.kind, {}).get(value.lower())
+        if alias in known:
+            return alias
         opt = param.opts[0] if param is not None and param.opts else self.kind
         raise CatalogError(f"{opt}: {self.kind} {value!r} is not in the catalog; {did_you_mean(value, known)}")
 

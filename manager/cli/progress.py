@@ -25,10 +25,13 @@ class DownloadProgress:
         self.tty = sys.stderr.isatty() if tty is None else tty
         self._bar: Progress | None = None
         self._task: TaskID | None = None
+        self._cached_said = False
 
     def __call__(self, step: Step) -> None:
-        if step.event == "cached":
-            status("cached", f"{step.name}: {step.detail} (no download)", "dim")
+        if step.event == "cached":  # once per run: a command reading 9 cached releases says so in one line
+            if not self._cached_said:
+                self._cached_said = True
+                status("cached", f"{step.name}: {step.detail} (no download; further cached releases are not listed)", "dim")
         elif step.event == "fallback":
             status("download", f"{step.name}: {step.detail}", "yellow")
         elif step.event == "extract":

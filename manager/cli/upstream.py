@@ -85,8 +85,11 @@ def check_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe,
         for r in report.results:
             style = _VERDICT_STYLE.get(r.verdict, "white")
             extra = f" (manifest suggests {r.provisional})" if r.provisional else ""
-            data.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"),
-                       markup=True)
+            head = f"{r.overlay} on {r.engine} (pin {r.pin}){extra}"
+            if not data.is_terminal:  # piped: one result per line, its evidence after a tab ('; '-joined)
+                print_data(f"{r.verdict}\t{head}\t" + "; ".join(r.evidence))
+                continue
+            data.print(f"[{style}]{r.verdict:>10}[/{style}]  " + esc(head), markup=True)
             for line in r.evidence:
                 data.print(f"            - {line}", markup=False)
     counts = {v: n for v in VERDICTS if (n := sum(1 for r in report.results if r.verdict == v))}

@@ -3,7 +3,8 @@
 Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
     bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
-    site/            wheels installed with `pip install --target` for --python-version/--platform, + `manager`,
+    site/            wheels for --python-version/--platform (fetched once by pip, or by uv where only uv is
+                     here; then unpacked without pip: uv tool/pipx venvs have none), + `manager`,
                      byte-compiled with that python when one runs here (then the wrapper sets no PYTHONPYCACHEPREFIX)
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
@@ -109,12 +110,74 @@ def runtime_requirements() -> list[str]:
     return [by_name.get(name, name) for name in BUNDLE_DISTS]
 
 
-def _pip(args: list[str], what: str) -> None:
+def pip_command() -> list[str] | None:
+    """A pip to run: this interpreter's (`python -m pip`), else `pip3`/`pip` on PATH, else `python3 -m
+    pip` of another interpreter on PATH; None when there is none. `pip download`/`install --target`
+    with --python-version/--platform do not depend on which interpreter runs pip, and the venvs of
+    `uv tool install` (and pipx's, made without pip) have none of their own."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        exe = shutil.which(name)
+        if exe:
+            return [exe]
+    for name in ("python3", "python"):
+        exe = shutil.which(name)
+        if exe and os.path.realpath(exe) != os.path.realpath(sys.executable):
+            probe = subprocess.run([exe, "-m", "pip", "--version"], capture_output=True, text=True)
+            if probe.returncode == 0:
+                return [exe, "-m", "pip"]
+    return None
+
+
+NO_INSTALLER = ("fetching the bundle's wheels needs pip or uv and neither is here (this python has no pip, "
+                "none is on PATH): install uv (https://docs.astral.sh/uv/) or pip, then run this again")
+
+
+def _run_installer(argv: list[str], what: str) -> None:
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if not ln.startswith("WARNING")]
         raise ComposeError(f"{what} failed (exit {proc.returncode}): {' | '.join(lines[-3:])}")
+
+
+def _pip(args: list[str], what: str) -> None:
+    pip = pip_command()
+    if pip is None:
+        raise ComposeError(f"{what}: " + NO_INSTALLER)
+    _run_installer([*pip, *args], what)
+
+
+def uv_platform(platform: str) -> str:
+    """uv's --python-platform for a manylinux tag: manylinux_2_28_x86_64 -> x86_64-manylinux_2_28."""
+    m = _PLATFORM_RE.match(platform)
+    if not m:
+        raise ComposeError(f"--platform {platform}: uv takes manylinux_2_<N>_<arch> platforms only")
+    return f"{m.group(3)}-manylinux_{m.group(1)}_{m.group(2)}"
+
+
+def install_wheels(wheels: Path, target: Path) -> list[str]:
+    """`pip install --target` of every wheel in `wheels`, without pip: a wheel is a zip whose root
+    goes to site-packages as it is and whose `<dist>.data/purelib|platlib` go there too (scripts,
+    headers and data are not needed in a bundle). Returns the wheel names."""
+    import zipfile
+
+    target.mkdir(parents=True, exist_ok=True)
+    names = []
+    for whl in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(whl) as zf:
+            zf.extractall(target)  # zipfile drops absolute paths and '..' parts
+        names.append(whl.name)
+    for data in list(target.glob("*.data")):
+        for part in ("purelib", "platlib"):
+            src = data / part
+            if src.is_dir():
+                shutil.copytree(src, target, dirs_exist_ok=True)
+        shutil.rmtree(data)
+    return names
 
 
 def _check_python(python: str) -> str:
@@ -123,12 +186,17 @@ def _check_python(python: str) -> str:
     return python
 
 
-def wheel_cache(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool]:
-    """Download (once) every wheel the requirements need for python/platform; returns (dir, was_cached)."""
+def _wheel_dir(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool]:
     key = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
     d = cache_dir() / "bundle-wheels" / f"py{python}-{platform}-{key}"
+    return d, (d / ".complete").exists()
+
+
+def wheel_cache(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool]:
+    """Download (once) every wheel the requirements need for python/platform; returns (dir, was_cached)."""
+    d, complete = _wheel_dir(python, platform, reqs)
     marker = d / ".complete"
-    if marker.exists():
+    if complete:
         return d, True
     d.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(d) + ".lock"):
@@ -145,6 +213,26 @@ def wheel_cache(python: str, platform: str, reqs: list[str]) -> tuple[Path, bool
     return d, False
 
 
+def _install_site(site: Path, python: str, platform: str, reqs: list[str]) -> bool:
+    """The bundle's site/: from the wheel cache (pip fills it once, then no pip is needed), else with
+    `uv pip install --target` when only uv is here (uv's cache serves the next build). Returns whether
+    the wheels were already cached."""
+    _, complete = _wheel_dir(python, platform, reqs)
+    if not complete and pip_command() is None:
+        uv = shutil.which("uv")
+        if uv is None:
+            raise ComposeError(NO_INSTALLER)
+        _run_installer(
+            [uv, "pip", "install", "-q", "--python", sys.executable, "--target", str(site), "--python-version", python,
+             "--python-platform", uv_platform(platform), "--only-binary", ":all:", "--no-compile", *reqs],
+            what=f"uv pip install --target of the bundle for python {python} / {platform}",
+        )
+        return False
+    wheels, cached = wheel_cache(python, platform, reqs)
+    install_wheels(wheels, site)
+    return cached
+
+
 def _copy_package(dest: Path) -> None:
     src = Path(__file__).resolve().parents[1]
     # an installed wheel's manager/_catalog is not copied: the bundle's catalog/ is the one it reads
@@ -153,8 +241,8 @@ def _copy_package(dest: Path) -> None:
 
 def _copy_catalog(catalog: Catalog, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for part in CATALOG_PARTS:
-        src = catalog.root / part
+    for part in CATALOG_PARTS:  # a user catalog's compose/, the shipped overlays/ and profiles/ under it
+        src = {"overlays": catalog.overlays_dir, "profiles": catalog.profiles_dir}.get(part, catalog.root / part)
         if src.is_dir():
             shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
 
@@ -259,17 +347,10 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
     if out.exists() and any(out.iterdir()) and not (out / "BUNDLE.json").is_file():
         raise ComposeError(f"{out}: exists and is not an overlay bundle; refusing to replace it")
     reqs = runtime_requirements()
-    wheels, cached = wheel_cache(python, platform, reqs)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        plat_args = [a for t in platform_tags(platform) for a in ("--platform", t)]
-        _pip(
-            ["install", "-q", "--no-index", "--find-links", str(wheels), "--only-binary=:all:",
-             "--python-version", python, "--implementation", "cp", *plat_args, "--no-compile",
-             "--target", str(tmp / "site"), *reqs],
-            what=f"pip install --target of the bundle for python {python} / {platform}",
-        )
+        cached = _install_site(tmp / "site", python, platform, reqs)
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
         bytecode = _compile_site(tmp / "site", python)

@@ -112,7 +112,7 @@ def load_recipe(catalog: Catalog, name: str) -> Recipe:
 
     if not _NAME_RE.match(name):
         raise ComposeError(f"image recipe {name!r}: expected a lower-case name like vllm-v100")
-    root = catalog.root / "compose" / "images"
+    root = catalog.images_dir
     path = root / name
     if not (path / "recipe.yaml").is_file():
         known = sorted(p.name for p in root.glob("*") if (p / "recipe.yaml").is_file()) if root.is_dir() else []

@@ -70,9 +70,16 @@ class FitReport:
         """Every unverified profile field this verdict rests on (`hardware/v100-sxm2-16gb.vram_bytes`, ...)."""
         return list(self.deployment.get("unverified", []))
 
+    @property
+    def evidence(self) -> str:
+        """What the verdict rests on, beside it: `rests on N unverified facts` or `every fact sourced`."""
+        n = len(self.unverified)
+        return f"rests on {n} unverified fact{'s' if n != 1 else ''}" if n else "every fact sourced"
+
     def to_json(self) -> dict[str, object]:
         return {
             "verdict": self.verdict,
+            "evidence": self.evidence,
             "deployment": {k: v for k, v in self.deployment.items() if k != "unverified"},
             "constraints": [c.to_json() for c in self.constraints],
             "overlays": list(self.overlays),
@@ -520,8 +527,10 @@ def unverified_fields(c: _Ctx) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def mark_unverified(cons: list[Constraint], fields: list[tuple[str, str, tuple[str, ...]]]) -> list[Constraint]:
-    """Each constraint resting on an unverified field names it; the `unverified` constraint warns
-    (so such a deployment is never a clean `fits`) and lists every field with what rests on it."""
+    """Each constraint resting on an unverified field names it; the `unverified` constraint warns and
+    lists every field with what rests on it. It is the evidence, kept apart from the verdict (issue 26
+    point 4): the verdict is what the numbers and limits say, `FitReport.evidence` how many unverified
+    facts they rest on."""
     by_cid: dict[str, list[str]] = {}
     for where, entry, cids in fields:
         for cid in cids:
@@ -602,7 +611,8 @@ def fits(
     ]
     unv = unverified_fields(c)
     cons = mark_unverified(cons, unv)
-    worst = max(RANK[x.result] for x in cons if x.id != "nvlink" or x.result != "warn")
+    # nvlink is advisory; `unverified` is the evidence, reported beside the verdict (FitReport.evidence)
+    worst = max(RANK[x.result] for x in cons if x.id != "unverified" and (x.id != "nvlink" or x.result != "warn"))
     deployment = {
         "model": m.id, "weights": vid, "hardware": hw.id, "gpus": gpus, "tp": c.tp, "engine": e.id,
         "image": e.image, "drafter": d.id if d else None, "ctx": ctx, "kv_dtype": kvd,

@@ -107,6 +107,8 @@ class OverlayIndex:
     # Overlays a deployment can need although this catalog lacks them ("needed but not in the
     # catalog"); None: those of the catalog shipped with the project (`shipped_overlays`).
     known: dict[str, OverlayInfo] | None = None
+    # the catalog's overlays/release-status.json (manager.fits.releasestatus): version -> id -> digest/status
+    shipped: dict = field(default_factory=dict)
     _memo: dict[str, tuple[dict[str, str], str | None]] = field(default_factory=dict)
     calls: int = 0  # how many times status_fn ran (for tests and the benchmark)
 
@@ -127,6 +129,13 @@ class OverlayIndex:
                 result = (json.loads(disk.read_text()), None)
             except (OSError, ValueError):
                 result = None
+        if result is None and self.shipped:
+            from .releasestatus import shipped_statuses
+
+            got_shipped = shipped_statuses(self.shipped, version, {o.id: o.digest for o in self.overlays.values()
+                                                                   if o.invalid is None})
+            if got_shipped is not None:
+                result = (got_shipped, None)
         if result is None and self.status_fn is not None:
             try:
                 self.calls += 1
@@ -305,7 +314,9 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
         from ..releases import cache_dir as _cd
 
         cache_dir = Path(os.environ.get("OVERLAY_FITS_CACHE", _cd() / "fits"))
-    return OverlayIndex(infos, status_fn=status_fn, cache_dir=cache_dir)
+    from .releasestatus import load_shipped
+
+    return OverlayIndex(infos, status_fn=status_fn, cache_dir=cache_dir, shipped=load_shipped(catalog))
 
 
 _INDEXES: dict[tuple[str, str], OverlayIndex] = {}

@@ -119,7 +119,13 @@ class HttpSource(Source):
     """
 
     def __init__(self, base_url: str, *, label: str | None = None, timeout: float = 20.0, deadline: float = 120.0):
-        import httpx
+        try:
+            import httpx
+        except ImportError:
+            from ..extras import install_hint
+
+            raise InspectError(f"reading {label or base_url} over HTTP needs httpx (or pass a local "
+                               f"directory); {install_hint('inspect')}") from None
 
         self.deadline = deadline  # seconds for one request in all (httpx's timeout is per chunk)
         self.base = base_url.rstrip("/")

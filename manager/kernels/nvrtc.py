@@ -162,10 +162,9 @@ def find_nvrtc(explicit: str | None = None, arch: str | None = None) -> Nvrtc:
     """The first NVRTC found (see module doc) that can target `arch` when given."""
     cands = _candidates(explicit)
     if not cands:
-        raise BuildError(
-            "no NVRTC library found: pip install 'overlay-manager[kernels]' (the NVRTC 12 wheels "
-            f"nvidia-cuda-nvrtc-cu12, -runtime-cu12, -cccl-cu12), or pass --nvrtc PATH / set ${ENV_NVRTC}"
-        )
+        from ..extras import install_hint
+
+        raise BuildError(f"no NVRTC library found: pass --nvrtc PATH / set ${ENV_NVRTC}, or {install_hint('kernels')}")
     rejected: list[str] = []
     for cand in cands:
         try:

@@ -110,12 +110,17 @@ class TraceSummary:
 
 
 def read_trace_file(path: str, expect: tuple[str, ...] = ()) -> TraceSummary:
-    """Read a server log (the engine's stderr) and summarise its `overlay-trace:` lines."""
+    """Read a server log (the engine's stderr; `-`: standard input) and summarise its `overlay-trace:` lines."""
     from ..errors import OverlayError
 
     try:
-        with open(path, errors="replace") as fh:
-            text = fh.read()
+        if path == "-":  # `docker logs X 2>&1 | overlay trace -`
+            import sys
+
+            text = sys.stdin.buffer.read().decode(errors="replace")
+        else:
+            with open(path, errors="replace") as fh:
+                text = fh.read()
     except OSError as exc:
         raise OverlayError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
     lines = read_trace(text)

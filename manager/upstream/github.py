@@ -91,9 +91,9 @@ def _httpx() -> ModuleType:
     try:
         import httpx
     except ImportError:
-        raise UpstreamError(
-            "asking GitHub needs httpx: pip install 'overlay-manager[upstream]' (or pass --offline)"
-        ) from None
+        from ..extras import install_hint
+
+        raise UpstreamError(f"asking GitHub needs httpx (or pass --offline); {install_hint('upstream')}") from None
     return httpx
 
 

@@ -70,3 +70,16 @@ def test_bad_nvrtc_path_exits_1(env, tmp_path):
     env = dict(env, OVERLAY_NVRTC=str(tmp_path / "missing.so"))
     r = _run(["--cache", str(tmp_path / "c")], env)
     assert r.returncode == 1 and "does not exist" in r.stderr
+
+
+def test_build_progress_shows_the_arch_in_brackets_not_an_escape(capsys) -> None:
+    """issue 26 point 7: `overlay build` printed `\\[compute_70]` (escaped twice)."""
+    from types import SimpleNamespace
+
+    from manager.cli.build import ConsoleProgress
+
+    item = SimpleNamespace(action="compiled", overlay="sm70-d512-attention", source="attn.cu", arch="compute_70",
+                           key="0123456789abcdef")
+    ConsoleProgress().built(item, 1.25)
+    line = capsys.readouterr().err
+    assert "sm70-d512-attention/attn.cu [compute_70] 0123456789ab (1.2s)" in line and "\\[" not in line

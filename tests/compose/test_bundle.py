@@ -140,3 +140,42 @@ def test_cli_bundle_writes_the_directory(tmp_path: Path, cli_run) -> None:
     assert data["python"] == "3.11" and (tmp_path / "cb" / "bin" / "overlay").exists()
     assert data["size_bytes"] > 1_000_000
     shutil.rmtree(tmp_path / "cb")
+
+
+def test_without_pip_or_uv_and_no_cached_wheels_the_bundle_is_one_line_naming_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from manager.compose import bundle as b
+
+    monkeypatch.setattr(b, "pip_command", lambda: None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("OVERLAY_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ComposeError) as err:
+        build_bundle(tmp_path / "b", "3.12", "manylinux_2_28_x86_64", Catalog.locate(), plans=False)
+    assert "install uv" in str(err.value) and "pip" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_wheels_unpack_without_pip_including_their_purelib_and_platlib_data(tmp_path: Path) -> None:
+    import zipfile
+
+    from manager.compose.bundle import install_wheels
+
+    whl = tmp_path / "w" / "demo-1.0-py3-none-any.whl"
+    whl.parent.mkdir()
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("demo/__init__.py", "X = 1\n")
+        zf.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+        zf.writestr("demo-1.0.data/platlib/demo_ext.py", "Y = 2\n")
+        zf.writestr("demo-1.0.data/scripts/demo", "#!/bin/sh\n")
+    assert install_wheels(whl.parent, tmp_path / "site") == [whl.name]
+    site = tmp_path / "site"
+    assert (site / "demo" / "__init__.py").is_file() and (site / "demo_ext.py").read_text() == "Y = 2\n"
+    assert not list(site.glob("*.data"))
+
+
+def test_uv_platform_names_follow_uvs_spelling() -> None:
+    from manager.compose.bundle import uv_platform
+
+    assert uv_platform("manylinux_2_28_x86_64") == "x86_64-manylinux_2_28"
+    with pytest.raises(ComposeError):
+        uv_platform("win_amd64")

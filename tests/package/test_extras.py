@@ -62,7 +62,7 @@ def test_upstream_without_httpx_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     from manager.upstream import github
 
     monkeypatch.setitem(sys.modules, "httpx", None)
-    with pytest.raises(UpstreamError, match=r"overlay-manager\[upstream\].*--offline"):
+    with pytest.raises(UpstreamError, match=r"--offline.*\[upstream\] extra: `pipx inject overlay-manager"):
         github._httpx()
 
 
@@ -70,7 +70,7 @@ def test_verify_without_the_docker_sdk_names_the_extra(monkeypatch: pytest.Monke
     from manager.compose import verify
 
     monkeypatch.setitem(sys.modules, "docker", None)
-    with pytest.raises(ComposeError, match=r"overlay-manager\[verify\]"):
+    with pytest.raises(ComposeError, match=r"\[verify\] extra: `pipx inject overlay-manager 'docker>=7'`"):
         verify._client()
 
 
@@ -78,7 +78,7 @@ def test_build_without_nvrtc_names_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     from manager.kernels import nvrtc
 
     monkeypatch.setattr(nvrtc, "_candidates", lambda explicit: [])
-    with pytest.raises(BuildError, match=r"overlay-manager\[kernels\]"):
+    with pytest.raises(BuildError, match=r"\[kernels\] extra.*uv tool install --reinstall --with nvidia-cuda-nvrtc-cu12"):
         nvrtc.find_nvrtc()
 
 
@@ -111,3 +111,25 @@ def test_container_commands_run_without_jinja2_or_the_extras(argv: list[str], tm
                          env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "OVERLAY_CATALOG": str(REPO_ROOT)})
     assert res.returncode in (0, 1), res.stderr
     assert "ModuleNotFoundError" not in res.stderr and "internal error" not in res.stderr, res.stderr
+
+
+def test_the_hint_lists_are_pyprojects_extras() -> None:
+    from manager.extras import EXTRAS
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert {k: tuple(v) for k, v in extras.items() if k != "test"} == EXTRAS
+
+
+@pytest.mark.parametrize("argv", [["inspect", "google/gemma-4-E2B-it"], ["inspect", "https://example.org/model"],
+                                  ["fits", "--checkpoint", "google/gemma-4-E2B-it", "--hardware", "rtx-3090"]])
+def test_remote_inspect_without_httpx_is_one_line_naming_the_extra_for_pipx_and_uv(argv: list[str]) -> None:
+    code = ("import sys\n"
+            "sys.modules['httpx'] = None\n"
+            "from manager.cli import main\n"
+            f"main({argv!r})\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "OVERLAY_CATALOG": str(REPO_ROOT)})
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "[inspect] extra" in line and "pipx inject overlay-manager" in line and "uv tool install" in line, line
+    assert "not on PyPI" in line and "internal error" not in line

@@ -119,7 +119,8 @@ def test_on_a_cpu_host_only_the_convertor_is_needed_not_the_sm70_overlays(profil
     assert r.overlays == [CONVERTOR]
     assert r.constraint("engine-sm").result == "pass"
     assert r.constraint("head-dim").message.startswith("D=64: CPU_ATTN; D=512: CPU_ATTN")
-    assert r.verdict == "tight"  # the unverified image pin and the host's placeholder fields warn
+    # the unverified image pin and the host's placeholder fields are the evidence beside the verdict
+    assert r.verdict == "fits" and r.constraint("unverified").result == "warn" and r.unverified
 
 
 def test_the_cpu_deployment_execs_the_api_server_with_model_and_no_gpu_flags(profiles, catalog):
