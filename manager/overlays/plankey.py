@@ -30,6 +30,7 @@ import os
 from ..state import UnreadableFile, read_bounded
 
 ENV_KEY = "OVERLAY_PLAN_KEY"
+ENV_CACHE = "OVERLAY_PLAN_CACHE"
 KEY_BYTES = 32
 MAC_ALG = "hmac-sha256"
 _DOMAIN = b"overlay-manager-plan-mac/1\0"
@@ -156,3 +157,24 @@ def mac_problem(plan: dict, stem: str, key: PlanKey) -> str | None:
     signer = signer if isinstance(signer, str) and len(signer) <= 64 and signer.isalnum() else "?"
     return (f"its signature does not verify under the plan key {key.path} (signed with key id {signer}, "
             f"this key is {key.key_id}): changed after it was signed, or signed with another key")
+
+
+def signature(plan: object, stem: str, key: PlanKey | None) -> tuple[str | None, str]:
+    """(why the plan may not be used, or None; what the printed line says of its signature).
+    Without a key the plan is unsigned: the caller uses it only from a directory named explicitly."""
+    if key is None:
+        return None, f"; unsigned: no plan key is configured (${ENV_KEY}), taken as named by --plans/$OVERLAY_PLANS"
+    problem = mac_problem(plan, stem, key) if isinstance(plan, dict) else "not a JSON object"
+    return problem, f"; signature verified (plan key {key.key_id})"
+
+
+def cache_dir() -> str | None:
+    """$OVERLAY_PLAN_CACHE, resolved; None when unset or empty."""
+    raw = os.environ.get(ENV_CACHE)
+    return os.path.realpath(os.path.expanduser(raw)) if raw else None
+
+
+def cache_plans(cache: str, key: PlanKey) -> str:
+    """The directory of the plan cache that holds the plans signed with `key` (one per key id: two
+    bundles sharing the cache never overwrite each other's plans)."""
+    return os.path.join(cache, key.key_id)

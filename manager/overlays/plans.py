@@ -15,15 +15,12 @@ input hash and every overlay digest match and each write's result hash verifies.
 else returns None and the caller runs the full engine; a plan that fails its own checks
 (tampered or corrupt) is refused with one line on stderr naming the file and why.
 
-Who wrote it: with a plan key configured (`$OVERLAY_PLAN_KEY`, manager.overlays.plankey) a plan
-is used only when its HMAC verifies under that key, whichever directory it is in; without one,
-the plan cache is not used at all, and a plan from `--plans` / `$OVERLAY_PLANS` is used unsigned
-(the printed line says so).
+Who wrote it: manager.overlays.plankey (with a plan key, only plans whose HMAC verifies under
+it; without, no plan cache, and `--plans`/`$OVERLAY_PLANS` plans are used unsigned, as said).
 
 Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` write them
 (`DIR/<key>.json`), `--plans DIR` / `$OVERLAY_PLANS` (os.pathsep-separated) are read, and
-`$OVERLAY_PLAN_CACHE` is read and also filled by a full-engine first apply, per key:
-`<cache>/<key id>/<key>.json`.
+`$OVERLAY_PLAN_CACHE` is read and also filled by a full-engine first apply (`<cache>/<key id>/`).
 
 Only the standard library here; recording and `overlay prepare` (the engine) are in
 `manager.overlays.prepare`.
@@ -41,18 +38,16 @@ from .. import __version__
 from ..state import ABSENT, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version, read_bounded
 from ..state import sha256 as _sha256
 from .durable import transaction
-from .plankey import ENV_KEY, PlanKey, PlanKeyError, key_from_env, mac_problem
+from .plankey import ENV_CACHE, PlanKey, PlanKeyError, cache_dir, cache_plans, key_from_env, signature
 from .targets import manifest_targets
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
-ENV_CACHE = "OVERLAY_PLAN_CACHE"
 PLAN_MAX = 64 << 20  # a plan holds hunks of a few source files: far below this
 
 
 class PlanRefused(Exception):
-    """A plan that does not verify (tampered, corrupt, unsigned or signed with another key, or
-    naming a path outside the root)."""
+    """A plan that does not verify (tampered, corrupt, not signed with the key, naming a path outside the root)."""
 
     verb = "refused"
 
@@ -73,20 +68,8 @@ def plan_key(package_version_: str | None, explicit: bool, requested: dict[str, 
     return _sha256(raw.encode()).hexdigest()
 
 
-def cache_dir() -> str | None:
-    """$OVERLAY_PLAN_CACHE, resolved; None when unset or empty."""
-    raw = os.environ.get(ENV_CACHE)
-    return os.path.realpath(os.path.expanduser(raw)) if raw else None
-
-
-def cache_plans(cache: str, key: PlanKey) -> str:
-    """The directory of the plan cache that holds the plans signed with `key`."""
-    return os.path.join(cache, key.key_id)
-
-
 def plan_dirs(arg: str | None = None) -> list[str]:
-    """The plans named explicitly: --plans DIR, then $OVERLAY_PLANS (os.pathsep list). The plan
-    cache is not one of them (`cache_dir`), even when it is named here too."""
+    """The plans named explicitly: --plans DIR, then $OVERLAY_PLANS (os.pathsep list); never the cache."""
     out = []
     cache = cache_dir()
     for raw in [arg, *(os.environ.get(ENV_PLANS) or "").split(os.pathsep)]:
@@ -251,19 +234,12 @@ def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
     return None
 
 
-def _first_apply(root: str) -> bool:
-    state = os.path.join(root, STATE_DIR)
-    return not (os.path.exists(os.path.join(state, "ledger.json")) or os.path.exists(os.path.join(state, "journal.json")))
-
-
 def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cache: str | None = None,
                key: PlanKey | None = None) -> dict | None:
     """Apply the matching prepared plan as the engine's first apply would, or return None.
 
-    `dirs`: the plans named explicitly (--plans, $OVERLAY_PLANS), looked at first; `cache`: the
-    plan cache, whose plans are looked up under `key`'s id. With a `key`, a plan is used only
-    when its signature verifies under it; without one, the cache is not used (PlanNotUsed) and
-    a plan of `dirs` is used unsigned.
+    `dirs` (--plans, $OVERLAY_PLANS) first, then the plan cache under `key`'s id; with a `key`, only
+    a plan signed with it; without one, no cache (PlanNotUsed), and a plan of `dirs` unsigned.
 
     Returns {"plan": path, "changes": [(verb, path, ids)], "statuses": [(id, status)],
     "skipped": [(id, why)], "signed": key id or None, "auth": what the printed line says of
@@ -286,18 +262,14 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
     if found is None and cache:
         if key is None:
             raise PlanNotUsed(f"plan cache {cache} (${ENV_CACHE}): not used: no plan key is configured "
-                              f"(${ENV_KEY}), and only plans signed with it are taken from the cache")
+                              "($OVERLAY_PLAN_KEY), and only plans signed with it are taken from the cache")
         found = find_plan([cache_plans(cache, key)], stem)
     if found is None:
         return None
     where, plan = found
-    if key is not None:  # who wrote it, before anything it says is believed
-        problem = mac_problem(plan, stem, key) if isinstance(plan, dict) else f"not an {FORMAT} plan"
-        if problem is not None:
-            raise PlanRefused(f"{where}: {problem}")
-        auth = f"; signature verified (plan key {key.key_id})"
-    else:
-        auth = f"; unsigned: no plan key is configured (${ENV_KEY}), taken as named by --plans/${ENV_PLANS}"
+    problem, auth = signature(plan, stem, key)  # who wrote it, before anything it says is believed
+    if problem is not None:
+        raise PlanRefused(f"{where}: {problem}")
     check_plan(plan, where)
     if (plan.get("tool_version") != __version__ or plan.get("package_version") != version
             or bool(plan.get("explicit")) != explicit or sorted(plan["requested"]) != sorted(requested)):
@@ -416,8 +388,6 @@ def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]
         try:
             key = key_from_env()
         except PlanKeyError as exc:  # configured but unusable: no plan at all (never an unsigned one)
-            if not _first_apply(root):
-                return None
             raise PlanNotUsed(f"{exc}; no prepared plan is used") from None
         return apply_plan(catalog, root, ids, dirs, cache=cache, key=key)
     except PlanRefused as exc:

@@ -27,8 +27,8 @@ from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, r
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
-from .plankey import ENV_KEY, PlanKey, PlanKeyError, key_from_env, mac_problem, sign
-from .plans import FORMAT, PlanRefused, apply_hunks, cache_plans, check_plan, plan_key
+from .plankey import ENV_KEY, PlanKey, PlanKeyError, cache_plans, key_from_env, mac_problem, sign
+from .plans import FORMAT, PlanRefused, apply_hunks, check_plan, plan_key
 
 FROM_ENV = "from $OVERLAY_PLAN_KEY"  # apply_and_record / prepare: the key the environment names
 
