@@ -188,13 +188,41 @@ def test_the_signature_covers_every_field_the_file_name_and_the_format(tmp_path)
 
 
 def test_the_mac_is_compared_in_constant_time(tmp_path, monkeypatch):
+    import hmac
+
     key = load_key(_key(tmp_path / "k"))
     signed = plankey.sign(PLAN, "stem", key)
     seen = []
-    real = plankey.hmac.compare_digest
-    monkeypatch.setattr(plankey.hmac, "compare_digest", lambda a, b: seen.append((a, b)) or real(a, b))
+    real = plankey._compare_digest
+    assert real is hmac.compare_digest or real.__name__ in ("compare_digest", "_compare_digest")
+    monkeypatch.setattr(plankey, "_compare_digest", lambda a, b: seen.append((a, b)) or real(a, b))
     assert plankey.mac_problem(signed, "stem", key) is None
     assert len(seen) == 1 and len(seen[0][0]) == len(seen[0][1]) == 32
+
+
+def test_the_builtin_hmac_sha256_equals_the_stdlibs_and_rfc_4231(tmp_path):
+    import hmac
+
+    # RFC 4231 test case 2 and 6 (a key longer than the block)
+    assert plankey.hmac_sha256(b"Jefe", b"what do ya want for nothing?").hex() == (
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    assert plankey.hmac_sha256(b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First").hex() == (
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
+    for n in (0, 1, 32, 63, 64, 65, 200):
+        k, m = os.urandom(n), os.urandom(n * 37)
+        assert plankey.hmac_sha256(k, m) == hmac.new(k, m, "sha256").digest()
+
+
+def test_the_plan_path_does_not_load_openssl_for_the_signature():
+    import subprocess
+    import sys
+
+    code = ("import sys, os; from manager.overlays import plankey; k = plankey.PlanKey('k', os.urandom(32)); "
+            "p = plankey.sign({'format': 'x'}, 's', k); assert plankey.mac_problem(p, 's', k) is None; "
+            "print('_hashlib' in sys.modules, 'hmac' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_a_key_file_is_32_raw_bytes_or_64_hex_digits_and_its_id_is_stable(tmp_path):

@@ -284,7 +284,7 @@ def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_
     proc = subprocess.run([str(bundle / "bin" / "overlay"), "apply", PR40886, "--root", str(root)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "prepared plan, hashes verified" in proc.stderr
+    assert "prepared plan, hashes verified; signature verified (plan key " in proc.stderr  # the bundle's key
     assert _tree(root) == _tree(ref)
 
 
