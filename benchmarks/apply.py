@@ -15,7 +15,8 @@ indent, write the file; its cold insertion and its no-op run, in-process and as 
 `python -c` process. Ours is also timed for #40886 alone (the like-for-like ratio).
 
 `--plans` (issue 14) runs only the prepared-plan section, every figure a whole process on a
-fresh copy of the release, all in one run: the regex patcher's cold insertion and no-op, our
+fresh copy of the release, all in one run (plans signed with a plan key made for the run, or the
+one `$OVERLAY_PLAN_KEY` names, and verified, as a bundle's are): the regex patcher's cold insertion and no-op, our
 first apply with a prepared plan (`overlay apply --plans DIR`; the three overlays, and the whole
 catalog), without one (the full engine: #40886 alone, the three, the whole catalog), and our warm
 no-op. `--before DIR` adds the same figures for another checkout (e.g. main) in the same rounds.
@@ -524,6 +525,11 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
     shutil.copytree(ROOT / "manager", source_tree / "manager", ignore=shutil.ignore_patterns("__pycache__"))
     env_source = {"PYTHONDONTWRITEBYTECODE": "1"}
     py = sys.executable
+    # plans are signed and verified as a bundle's are (issue 28): a plan key for the whole run
+    # (a checkout from before plan keys ignores it)
+    if not os.environ.get("OVERLAY_PLAN_KEY"):
+        (work / "plan-key").write_bytes(os.urandom(32))
+        os.environ["OVERLAY_PLAN_KEY"] = str(work / "plan-key")
     plans: dict[tuple[str, str], Path] = {}
     for tag, tree in trees.items():
         for c in ("three", "all"):

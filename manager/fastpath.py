@@ -247,7 +247,7 @@ def main() -> None:
         for oid, st in planned["statuses"]:
             if st in _QUIET:
                 sys.stderr.write(f"{st:>12}  {oid}\n")
-        sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified)\n")
+        sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified{planned.get('auth', '')})\n")
         sys.exit(0)
     code = engine_apply(argv)
     if code is not None:

@@ -10,7 +10,10 @@ Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
     release-files/   <sha256> copies of the upstream files `release-file` edits need (no network in an image)
-    BUNDLE.json      what was bundled (python, platform, versions)
+    plan-key         32 random bytes made for this bundle (manager/overlays/plankey.py): plans/ is signed
+                     with it, and the wrapper exports $OVERLAY_PLAN_KEY (default: this file), so a plan
+                     recorded into the shared plan cache is signed with it and only plans it signed are used
+    BUNDLE.json      what was bundled (python, platform, versions, the plan key's id)
 
 Wheels are downloaded once into `<cache>/bundle-wheels/<python>-<platform>/` and reused offline.
 The image's own python3 runs the bundle without network access.
@@ -34,7 +37,10 @@ from filelock import FileLock
 from .. import __version__
 from ..catalog import Catalog
 from ..errors import ComposeError
+from ..overlays.plankey import PlanKey, PlanKeyError, create_key_file, load_key
 from ..releases import cache_dir
+
+PLAN_KEY_FILE = "plan-key"
 
 CATALOG_PARTS = ("overlays", "profiles", "compose")
 _PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
@@ -48,6 +54,8 @@ OVERLAY_RELEASE_FILES="${OVERLAY_RELEASE_FILES:-$here/release-files}"
 # prepared plans of the first apply; a first apply without one is recorded into the kernel cache volume
 OVERLAY_PLANS="${OVERLAY_PLANS:-$here/plans}"
 OVERLAY_PLAN_CACHE="${OVERLAY_PLAN_CACHE:-${OVERLAY_KERNEL_CACHE:+$OVERLAY_KERNEL_CACHE/plans}}"
+# the key that signs what is recorded there and must have signed any plan used (this bundle's own)
+OVERLAY_PLAN_KEY="${OVERLAY_PLAN_KEY:-$here/plan-key}"
 # bytecode: site/ carries its own, compiled for this python when the bundle was built, next to the
 # sources; the image's python keeps its stdlib's (a PYTHONPYCACHEPREFIX would make it ignore both).
 # A bundle without it (no such python where it was built) is mounted read-only: keep bytecode in a
@@ -56,7 +64,7 @@ if [ -n "${OVERLAY_PYCACHE:-}" ] || [ ! -d "$here/site/manager/__pycache__" ]; t
   PYTHONPYCACHEPREFIX="${OVERLAY_PYCACHE:-${TMPDIR:-/tmp}/overlay-pycache}"
   export PYTHONPYCACHEPREFIX
 fi
-export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE
+export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE OVERLAY_PLAN_KEY
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
 exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
@@ -286,8 +294,17 @@ def _installed_versions(site: Path) -> dict[str, str]:
     return out
 
 
-def write_plans(dest: Path, catalog: Catalog) -> tuple[str, ...]:
-    """Prepared plans of each deployment's `overlay apply IDS` on its engine's pinned vLLM release.
+def bundle_plan_key(bundle: Path) -> PlanKey:
+    """The plan key of a bundle (its `plan-key`), to sign plans added to its `plans/`."""
+    try:
+        return load_key(Path(bundle) / PLAN_KEY_FILE)
+    except PlanKeyError as exc:
+        raise ComposeError(f"bundle {bundle}: {exc}") from None
+
+
+def write_plans(dest: Path, catalog: Catalog, plan_key: PlanKey | None = None) -> tuple[str, ...]:
+    """Prepared plans of each deployment's `overlay apply IDS` on its engine's pinned vLLM release,
+    signed with `plan_key` (the bundle's; None: unsigned).
 
     A deployment whose release cannot be downloaded or whose overlays do not apply gets no
     plan (its first start runs the full engine, as without a bundle); the line says why."""
@@ -310,7 +327,7 @@ def write_plans(dest: Path, catalog: Catalog) -> tuple[str, ...]:
             continue
         if key not in done:
             try:
-                (made,) = prepare(every, [plan.vllm_version], list(plan.overlays), dest)
+                (made,) = prepare(every, [plan.vllm_version], list(plan.overlays), dest, key=plan_key)
                 done[key] = f"plan {Path(made.path).name}"
             except ManagerError as exc:
                 done[key] = f"no plan ({exc})"
@@ -340,8 +357,23 @@ def _compile_site(site: Path, python: str) -> str | None:
     return None
 
 
-def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans: bool = True) -> BundleResult:
-    """Build a bundle directory at `out` (replaced atomically if it is an earlier bundle)."""
+def _write_key(path: Path, secret: bytes | None) -> PlanKey:
+    if secret is None:
+        return create_key_file(path)
+    if len(secret) != 32:
+        raise ComposeError(f"plan key: {len(secret)} bytes, expected 32")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    return load_key(path)
+
+
+def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans: bool = True,
+                 plan_key: bytes | None = None) -> BundleResult:
+    """Build a bundle directory at `out` (replaced atomically if it is an earlier bundle).
+
+    Its plan key is new (random) unless `plan_key` gives its 32 bytes (`overlay image`: one key per
+    recipe, kept in the cache, so that a context built again is byte-identical)."""
     python = _check_python(python)
     out = Path(out).resolve()
     if out.exists() and any(out.iterdir()) and not (out / "BUNDLE.json").is_file():
@@ -356,7 +388,8 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
         bytecode = _compile_site(tmp / "site", python)
         _copy_catalog(catalog, tmp / "catalog")
         _copy_release_files(catalog, tmp / "release-files")
-        plan_lines = write_plans(tmp / "plans", Catalog(tmp / "catalog")) if plans else ()
+        key = _write_key(tmp / PLAN_KEY_FILE, plan_key)
+        plan_lines = write_plans(tmp / "plans", Catalog(tmp / "catalog"), key) if plans else ()
         (tmp / "bin").mkdir()
         wrapper = tmp / "bin" / "overlay"
         wrapper.write_text(WRAPPER)
@@ -370,6 +403,7 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
             "packages": packages,
             "plans": list(plan_lines),
             "bytecode": bytecode,
+            "plan_key": {"file": PLAN_KEY_FILE, "key_id": key.key_id},
         }
         (tmp / "BUNDLE.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for p in [tmp, *tmp.rglob("*")]:

@@ -168,16 +168,31 @@ def check_recipe_ids(recipe: Recipe, catalog: Catalog) -> None:
             raise ComposeError(f"{recipe.path / 'recipe.yaml'}: build: {oid!r} has no kernels: section")
 
 
+def _recipe_key(recipe: Recipe) -> bytes:
+    """The plan key of the recipe's bundles: one per recipe, kept in the cache (`plan-keys/`), so a
+    context assembled again is byte-identical (its digest decides whether the image is rebuilt).
+    Whoever holds the image holds this key (manager/overlays/plankey.py)."""
+    from ..overlays.plankey import PlanKeyError, kept_key
+    from ..releases import cache_dir
+
+    try:
+        return kept_key(cache_dir() / "plan-keys" / f"image-{recipe.name}").secret
+    except (PlanKeyError, OSError) as exc:
+        raise ComposeError(f"the plan key of recipe {recipe.name}: {exc}") from None
+
+
 def _recipe_plans(recipe: Recipe, catalog: Catalog, dest: Path) -> str:
     """The prepared plan of the default entrypoint's `overlay apply` on the recipe's vLLM version;
     refuses ids that do not apply there."""
     from ..overlays import load_overlays
     from ..overlays.prepare import prepare
+    from .bundle import bundle_plan_key
 
     if not recipe.apply:
         return f"{recipe.name}: vllm {recipe.vllm_version}: no default overlays"
     try:
-        (made,) = prepare(load_overlays(catalog), [recipe.vllm_version], list(recipe.apply), dest)
+        (made,) = prepare(load_overlays(catalog), [recipe.vllm_version], list(recipe.apply), dest,
+                          key=bundle_plan_key(dest.parent))
     except ManagerError as exc:
         raise ComposeError(f"{recipe.path / 'recipe.yaml'}: apply {' '.join(recipe.apply)} on vllm "
                            f"{recipe.vllm_version}: {exc}") from None
@@ -209,7 +224,7 @@ def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, plat
             shutil.copy2(recipe.path / f, out / f)
         if lock is not None:
             shutil.copy2(lock, out / LOCK)
-        bundle = build_bundle(out / "overlay-bundle", python, platform, catalog)
+        bundle = build_bundle(out / "overlay-bundle", python, platform, catalog, plan_key=_recipe_key(recipe))
         lines = (*bundle.plans, _recipe_plans(recipe, catalog, out / "overlay-bundle" / "plans"))
     except BaseException:
         if created:

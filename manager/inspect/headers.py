@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..errors import InspectError
+from ..jsonread import parse_json
 from .source import Source
 
 # Bits per element of every safetensors dtype (safetensors 0.6+ adds F4/F6/E8M0 sub-byte types).
@@ -67,14 +68,7 @@ def expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 def parse_header(file: str, raw: bytes, *, where: str, file_size: int | None = None) -> Shard:
     """Validate one header's JSON text (already read) and return its tensors, sorted by offset."""
-    try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InspectError(f"{where}: header: malformed JSON: {getattr(exc, 'msg', None) or exc}") from exc
-    except RecursionError:
-        raise InspectError(f"{where}: header: JSON nested too deeply to read") from None
-    except ValueError as exc:  # an integer longer than CPython converts (4300 digits)
-        raise InspectError(f"{where}: header: unreadable JSON: {str(exc)[:80]}") from None
+    obj = parse_json(raw, f"{where}: header", InspectError)  # bounded by the caller (MAX_HEADER_BYTES)
     if not isinstance(obj, dict):
         raise InspectError(f"{where}: header: {type(obj).__name__}: must be a JSON object")
     meta = obj.pop("__metadata__", None) or {}

@@ -15,9 +15,12 @@ input hash and every overlay digest match and each write's result hash verifies.
 else returns None and the caller runs the full engine; a plan that fails its own checks
 (tampered or corrupt) is refused with one line on stderr naming the file and why.
 
+Who wrote it: manager.overlays.plankey (with a plan key, only plans whose HMAC verifies under
+it; without, no plan cache, and `--plans`/`$OVERLAY_PLANS` plans are used unsigned, as said).
+
 Plans live in directories: `overlay prepare --out DIR` and `overlay bundle` write them
 (`DIR/<key>.json`), `--plans DIR` / `$OVERLAY_PLANS` (os.pathsep-separated) are read, and
-`$OVERLAY_PLAN_CACHE` is read and also filled by a full-engine first apply.
+`$OVERLAY_PLAN_CACHE` is read and also filled by a full-engine first apply (`<cache>/<key id>/`).
 
 Only the standard library here; recording and `overlay prepare` (the engine) are in
 `manager.overlays.prepare`.
@@ -35,16 +38,24 @@ from .. import __version__
 from ..state import ABSENT, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version, read_bounded
 from ..state import sha256 as _sha256
 from .durable import transaction
+from .plankey import ENV_CACHE, PlanKey, PlanKeyError, cache_dir, cache_plans, key_from_env, signature
 from .targets import manifest_targets
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
-ENV_CACHE = "OVERLAY_PLAN_CACHE"
 PLAN_MAX = 64 << 20  # a plan holds hunks of a few source files: far below this
 
 
 class PlanRefused(Exception):
-    """A plan that does not verify (tampered, corrupt, or naming a path outside the root)."""
+    """A plan that does not verify (tampered, corrupt, not signed with the key, naming a path outside the root)."""
+
+    verb = "refused"
+
+
+class PlanNotUsed(PlanRefused):
+    """A plan that may exist but is not looked at (no plan key for the plan cache, an unusable key)."""
+
+    verb = "no plan"
 
 
 # --- keys and lookup -------------------------------------------------------------------------
@@ -58,12 +69,13 @@ def plan_key(package_version_: str | None, explicit: bool, requested: dict[str, 
 
 
 def plan_dirs(arg: str | None = None) -> list[str]:
-    """Where plans are looked up: --plans DIR, then $OVERLAY_PLANS (os.pathsep list), then the cache."""
+    """The plans named explicitly: --plans DIR, then $OVERLAY_PLANS (os.pathsep list); never the cache."""
     out = []
-    for raw in [arg, *(os.environ.get(ENV_PLANS) or "").split(os.pathsep), os.environ.get(ENV_CACHE)]:
+    cache = cache_dir()
+    for raw in [arg, *(os.environ.get(ENV_PLANS) or "").split(os.pathsep)]:
         if raw:
             d = os.path.realpath(os.path.expanduser(raw))
-            if d not in out:
+            if d not in out and d != cache:
                 out.append(d)
     return out
 
@@ -222,14 +234,19 @@ def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
     return None
 
 
-def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict | None:
+def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cache: str | None = None,
+               key: PlanKey | None = None) -> dict | None:
     """Apply the matching prepared plan as the engine's first apply would, or return None.
 
+    `dirs` (--plans, $OVERLAY_PLANS) first, then the plan cache under `key`'s id; with a `key`, only
+    a plan signed with it; without one, no cache (PlanNotUsed), and a plan of `dirs` unsigned.
+
     Returns {"plan": path, "changes": [(verb, path, ids)], "statuses": [(id, status)],
-    "skipped": [(id, why)]}. Raises PlanRefused for a plan that matches the request but does
-    not verify; nothing under the root has changed then.
+    "skipped": [(id, why)], "signed": key id or None, "auth": what the printed line says of
+    it}. Raises PlanRefused for a plan that matches the request but does not verify; nothing
+    under the root has changed then.
     """
-    if not dirs:
+    if not dirs and not cache:
         return None
     state = os.path.join(root, STATE_DIR)
     ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
@@ -240,10 +257,19 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
     if req is None:
         return None
     requested, explicit = req
-    found = find_plan(dirs, plan_key(version, explicit, requested))
+    stem = plan_key(version, explicit, requested)
+    found = find_plan(dirs, stem)
+    if found is None and cache:
+        if key is None:
+            raise PlanNotUsed(f"plan cache {cache} (${ENV_CACHE}): not used: no plan key is configured "
+                              "($OVERLAY_PLAN_KEY), and only plans signed with it are taken from the cache")
+        found = find_plan([cache_plans(cache, key)], stem)
     if found is None:
         return None
     where, plan = found
+    problem, auth = signature(plan, stem, key)  # who wrote it, before anything it says is believed
+    if problem is not None:
+        raise PlanRefused(f"{where}: {problem}")
     check_plan(plan, where)
     if (plan.get("tool_version") != __version__ or plan.get("package_version") != version
             or bool(plan.get("explicit")) != explicit or sorted(plan["requested"]) != sorted(requested)):
@@ -339,6 +365,8 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         "changes": changes,
         "statuses": [(i, led["overlays"][i].get("status", "?")) for i in order],
         "skipped": skipped,
+        "signed": key.key_id if key is not None else None,
+        "auth": auth,
     }
 
 
@@ -350,14 +378,18 @@ def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]
     from ..state import catalog_dir as _catalog_dir, vllm_root as _root
 
     catalog_arg, root_arg, ids, plans_arg = argv_parsed
-    dirs = plan_dirs(plans_arg)
-    if not dirs:
+    dirs, cache = plan_dirs(plans_arg), cache_dir()
+    if not dirs and not cache:
         return None
     catalog, root = _catalog_dir(catalog_arg), _root(root_arg)
     if catalog is None or root is None or not os.path.isdir(os.path.join(root, "vllm")):
         return None
     try:
-        return apply_plan(catalog, root, ids, dirs)
+        try:
+            key = key_from_env()
+        except PlanKeyError as exc:  # configured but unusable: no plan at all (never an unsigned one)
+            raise PlanNotUsed(f"{exc}; no prepared plan is used") from None
+        return apply_plan(catalog, root, ids, dirs, cache=cache, key=key)
     except PlanRefused as exc:
-        sys.stderr.write(f"{'refused':>12}  {exc}; running the full engine\n")
+        sys.stderr.write(f"{exc.verb:>12}  {exc}; running the full engine\n")
         return None

@@ -4,6 +4,11 @@ A plan (format and replay: `manager.overlays.plans`) is always the record of a r
 apply: `prepare` runs the engine on a scratch root holding the release's input files (the
 pristine sources from `manager.releases`), and `apply_and_record` records the first apply it
 just made on a live root. Nothing here computes patched bytes on its own.
+
+Signing (manager.overlays.plankey): a plan recorded into the plan cache is always signed, with
+the key `$OVERLAY_PLAN_KEY` names (no key, or one that cannot be used: not recorded, a note);
+`prepare` signs with the key it is given (default: that one) and writes unsigned plans when
+there is none (for `--plans DIR`, used unsigned only where no key is configured).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, r
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
+from .plankey import ENV_KEY, PlanKey, PlanKeyError, cache_plans, key_from_env, mac_problem, sign
 from .plans import FORMAT, PlanRefused, apply_hunks, check_plan, plan_key
+
+FROM_ENV = "from $OVERLAY_PLAN_KEY"  # apply_and_record / prepare: the key the environment names
 
 
 @dataclass(frozen=True)
@@ -100,21 +108,44 @@ def _sha_or_absent(path: Path) -> str:
         return "not-a-regular-file"
 
 
+def _signing_key(key: "PlanKey | None | str", unsigned: bool) -> tuple["PlanKey | None", str | None]:
+    """(the key to sign with, or why nothing is recorded)."""
+    if key == FROM_ENV:
+        try:
+            key = key_from_env()
+        except PlanKeyError as exc:
+            return None, str(exc)
+    if key is None and not unsigned:
+        return None, (f"no plan key is configured (${ENV_KEY}), and the plan cache holds only signed plans")
+    return key, None  # type: ignore[return-value]
+
+
 def apply_and_record(
     overlays: Sequence[Overlay], root: Path, *, explicit: bool = False, ids: Iterable[str] = (),
     cache: str | None = None, dry_run: bool = False, wait: float = 600.0, on_wait=None,
+    key: "PlanKey | None | str" = FROM_ENV, unsigned: bool = False,
 ) -> RecordedApply:
     """The engine's `apply`; when it is a first apply (no ledger, no journal) and succeeds, the
-    plan that replays it is written to `cache` (when given; a read-only cache is a note)."""
+    plan that replays it is written (a read-only cache is a note): signed with `key` into the
+    plan cache `cache` (`<cache>/<key id>/`; no usable key: not recorded, a note), or, with
+    `unsigned` (`overlay prepare --out`), into `cache` itself, signed when there is a key."""
     root = Path(root)
     state = root / STATE_DIR
     first = not (state / LEDGER_FILE).exists() and not (state / JOURNAL_FILE).exists()
-    inputs = {rel: _sha_or_absent(root / rel) for rel in input_paths(overlays)} if first and cache else {}
+    why_not = None
+    if cache and first and not dry_run:
+        key, why_not = _signing_key(key, unsigned)
+    record_now = bool(cache) and first and not dry_run and why_not is None
+    inputs = {rel: _sha_or_absent(root / rel) for rel in input_paths(overlays)} if record_now else {}
     result = apply(overlays, root, dry_run=dry_run, explicit=explicit, wait=wait, on_wait=on_wait)
     if dry_run or not cache or not first or result.notes:
         return RecordedApply(result)
+    if why_not is not None:
+        return RecordedApply(result, None, f"plan not recorded in {cache}: {why_not}")
+    out = Path(cache) if unsigned or key is None else Path(cache_plans(cache, key))  # type: ignore[arg-type]
     try:
-        path = record(overlays, root, result, inputs, explicit=explicit, ids=ids, out=Path(cache))
+        path = record(overlays, root, result, inputs, explicit=explicit, ids=ids, out=out,
+                      key=key)  # type: ignore[arg-type]
     except (OSError, PlanRefused) as exc:
         return RecordedApply(result, None, f"plan not recorded in {cache}: {exc}")
     return RecordedApply(result, str(path))
@@ -122,9 +153,10 @@ def apply_and_record(
 
 def record(
     overlays: Sequence[Overlay], root: Path, result: ApplyResult, inputs: dict[str, str], *,
-    explicit: bool, ids: Iterable[str], out: Path,
+    explicit: bool, ids: Iterable[str], out: Path, key: PlanKey | None = None,
 ) -> Path:
-    """Write the plan of the first apply just made (`inputs`: the hashes read before it)."""
+    """Write the plan of the first apply just made (`inputs`: the hashes read before it), signed
+    with `key` when given."""
     led = json.loads((Path(root) / STATE_DIR / LEDGER_FILE).read_bytes())
     led.pop("updated_at", None)
     by_id = {o.id: o for o in overlays}
@@ -155,15 +187,24 @@ def record(
         },
     }
     check_plan(plan, f"plan of the apply on {root}")
-    path = Path(out) / (plan_key(result.package_version, explicit, {i: by_id[i].digest for i in wanted}) + ".json")
-    atomic_write(path, (json.dumps(plan, indent=1, sort_keys=True) + "\n").encode())
+    stem = plan_key(result.package_version, explicit, {i: by_id[i].digest for i in wanted})
+    if key is not None:
+        plan = sign(plan, stem, key)
+    data = (json.dumps(plan, indent=1, sort_keys=True) + "\n").encode()
+    if key is not None and mac_problem(json.loads(data), stem, key) is not None:  # what a reader will parse
+        raise PlanRefused(f"plan of the apply on {root}: its signature does not survive a JSON round trip")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = Path(out) / (stem + ".json")
+    atomic_write(path, data)
     return path
 
 
 def prepare(
-    every: Sequence[Overlay], versions: Sequence[str], ids: Sequence[str], out: Path
+    every: Sequence[Overlay], versions: Sequence[str], ids: Sequence[str], out: Path,
+    key: "PlanKey | None | str" = FROM_ENV,
 ) -> tuple[PreparedPlan, ...]:
-    """For each release, the plan of `overlay apply [IDS]` on its pristine sources, into `out`.
+    """For each release, the plan of `overlay apply [IDS]` on its pristine sources, into `out`,
+    signed with `key` (default: `$OVERLAY_PLAN_KEY`'s; None or no such key: unsigned).
 
     The engine applies on a scratch root holding the release's dist-info and every input
     file of the selected overlays (the engine reads nothing else under a root)."""
@@ -187,7 +228,7 @@ def prepare(
                 if (src / rel).is_file():
                     (root / rel).parent.mkdir(parents=True, exist_ok=True)
                     (root / rel).write_bytes((src / rel).read_bytes())
-            rec = apply_and_record(selected, root, explicit=bool(ids), ids=ids, cache=str(out))
+            rec = apply_and_record(selected, root, explicit=bool(ids), ids=ids, cache=str(out), key=key, unsigned=True)
             if rec.plan is None:
                 raise OverlayError(f"vllm {version}: {rec.note or 'no plan recorded'}")
             made.append(PreparedPlan(

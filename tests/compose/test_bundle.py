@@ -179,3 +179,69 @@ def test_uv_platform_names_follow_uvs_spelling() -> None:
     assert uv_platform("manylinux_2_28_x86_64") == "x86_64-manylinux_2_28"
     with pytest.raises(ComposeError):
         uv_platform("win_amd64")
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PY).exists(), reason="needs a bare system python3")
+def test_the_wrapper_exports_the_bundles_plan_key_and_its_plans_are_signed_with_it(bundle: Path, tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.write_text("#!/bin/sh\nexec /usr/bin/python3 -c 'import os; print(os.environ.get(\"OVERLAY_PLAN_KEY\"))'\n")
+    probe.chmod(0o755)
+    wrapper = (bundle / "bin" / "overlay").read_text().replace('"${OVERLAY_PYTHON:-python3}" -c', f'"{probe}" -c')
+    (tmp_path / "overlay").write_text(wrapper.replace('here=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)',
+                                                      f'here={bundle}'))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    res = subprocess.run(["sh", str(tmp_path / "overlay")], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"{bundle}/plan-key"
+    given = subprocess.run(["sh", str(tmp_path / "overlay")], env={**env, "OVERLAY_PLAN_KEY": "/run/secrets/k"},
+                           capture_output=True, text=True, timeout=60)
+    assert given.stdout.strip() == "/run/secrets/k"  # a key given by the user wins
+    from manager.overlays.plankey import load_key, mac_problem
+
+    key = load_key(bundle / "plan-key")
+    assert (bundle / "plan-key").stat().st_mode & 0o777 == 0o444
+    assert json.loads((bundle / "BUNDLE.json").read_text())["plan_key"] == {"file": "plan-key", "key_id": key.key_id}
+    plans = sorted((bundle / "plans").glob("*.json"))
+    assert plans
+    for p in plans:
+        assert mac_problem(json.loads(p.read_text()), p.stem, key) is None, p
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PY).exists(), reason="needs a bare system python3")
+def test_a_cache_plan_recorded_by_one_bundle_is_refused_under_another_bundles_key(bundle: Path, tmp_path: Path) -> None:
+    """Two bundles share the plan cache (the kernel-cache volume): each records under its own key id,
+    and a plan of one put where the other looks is refused in one line; the engine applies."""
+    from manager.overlays import load_overlays, select
+    from manager.overlays.plankey import load_key
+    from tests.helpers.catalogs import PR40886
+    from tests.overlays.test_prepared_plans import _fresh, _tree
+
+    other = build_bundle(tmp_path / "other", "3.11", "manylinux_2_28_x86_64", Catalog.locate(), plans=False).path
+    key_a, key_b = load_key(bundle / "plan-key"), load_key(other / "plan-key")
+    assert key_a.key_id != key_b.key_id
+    every = load_overlays(Catalog(bundle / "catalog"))
+    cache = tmp_path / "cache"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OVERLAY_PYTHON": SYSTEM_PY,
+           "OVERLAY_PLAN_CACHE": str(cache), "OVERLAY_PLANS": "/nonexistent"}
+
+    def start(b: Path, root: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(b / "bin" / "overlay"), "apply", PR40886, "--root", str(root)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    root_a, root_b, ref = _fresh(tmp_path, every, "a"), _fresh(tmp_path, every, "b"), _fresh(tmp_path, every, "ref")
+    from manager.overlays import apply
+
+    apply(select(every, [PR40886]), ref, explicit=True)
+    first = start(bundle, root_a)
+    assert first.returncode == 0 and "recorded" in first.stderr, first.stderr
+    (recorded,) = (cache / key_a.key_id).glob("*.json")
+    planted = cache / key_b.key_id / recorded.name
+    planted.parent.mkdir()
+    shutil.copy(recorded, planted)
+    second = start(other, root_b)
+    assert second.returncode == 0, second.stderr
+    refused = [ln for ln in second.stderr.splitlines() if "refused" in ln]
+    assert len(refused) == 1 and str(planted) in refused[0], second.stderr
+    assert f"signed with key id {key_a.key_id}, this key is {key_b.key_id}" in refused[0]
+    assert "running the full engine" in refused[0] and "(prepared plan" not in second.stderr
+    assert _tree(root_b) == _tree(root_a) == _tree(ref)

@@ -374,7 +374,7 @@ def _one_shard(d: Path, raw: bytes) -> Path:
 @pytest.mark.parametrize("raw, expect", [
     (b"\x01\x02", "2 bytes: not a safetensors file"),
     (struct.pack("<Q", 10**6) + b"{}", "header length 1000000: the file has only"),
-    (struct.pack("<Q", 4) + b"{no}", "header: malformed JSON"),
+    (struct.pack("<Q", 4) + b"{no}", "header: line 1: malformed JSON: Expecting property name"),
     (header_bytes({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 6]}}),
      "a.data_offsets: [0, 6]: 6 bytes, but BF16 x [2, 2] needs 8"),
     (header_bytes({"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}), "a.dtype: 'Q9': unknown safetensors dtype"),

@@ -173,8 +173,12 @@ def test_recording_a_plan_never_reads_a_fifo_target(tmp_path, catalog):
     root = _fresh(tmp_path, every, "root")
     (root / GEMMA4).unlink()
     os.mkfifo(root / GEMMA4)
-    done, got = _finishes(lambda: apply_and_record(every, root, cache=str(tmp_path / "cache")), limit=60)
+    from manager.overlays.plankey import load_key
+
+    (tmp_path / "plan-key").write_bytes(os.urandom(32))  # with a key: the inputs are hashed for the record
+    key = load_key(tmp_path / "plan-key")
+    done, got = _finishes(lambda: apply_and_record(every, root, cache=str(tmp_path / "cache"), key=key), limit=60)
     _unblock(root / GEMMA4)
     assert done, "recording blocked on a FIFO target"
     assert isinstance(got, OverlayError) and "FIFO" in str(got), got
-    assert not list((tmp_path / "cache").glob("*.json")) if (tmp_path / "cache").exists() else True
+    assert not list((tmp_path / "cache").rglob("*.json")) if (tmp_path / "cache").exists() else True

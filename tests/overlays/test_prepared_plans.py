@@ -222,19 +222,23 @@ def test_plan_apply_process_imports_none_of_the_heavy_modules(tmp_path, catalog,
 @pytest.mark.network
 def test_first_engine_apply_fills_the_plan_cache_and_the_next_container_uses_it(tmp_path, catalog):
     every = load_overlays(catalog)
-    cache = tmp_path / "cache"
+    cache, key = tmp_path / "cache", tmp_path / "plan-key"
+    key.write_bytes(os.urandom(32))
     first, second = _fresh(tmp_path, every, "first"), _fresh(tmp_path, every, "second")
 
     def run(root: Path) -> subprocess.CompletedProcess:
         return overlay_process("--catalog", str(catalog.root), "apply", "--root", str(root),
-                               env={"OVERLAY_PLAN_CACHE": str(cache)}, timeout=300)
+                               env={"OVERLAY_PLAN_CACHE": str(cache), "OVERLAY_PLAN_KEY": str(key)}, timeout=300)
 
     p1 = run(first)
     assert p1.returncode == 0, p1.stderr
-    assert "recorded" in p1.stderr and len(list(cache.glob("*.json"))) == 1
+    from manager.overlays.plankey import load_key
+
+    # recorded signed, under the key's id (plans of other keys in a shared cache never collide)
+    assert "recorded" in p1.stderr and len(list((cache / load_key(key).key_id).glob("*.json"))) == 1
     p2 = run(second)
     assert p2.returncode == 0, p2.stderr
-    assert "prepared plan, hashes verified" in p2.stderr
+    assert f"prepared plan, hashes verified; signature verified (plan key {load_key(key).key_id})" in p2.stderr
     assert _tree(second) == _tree(first)
 
 
@@ -245,7 +249,11 @@ def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
     cache.write_text("a file where the cache directory should be\n")
     from manager.overlays.prepare import apply_and_record
 
-    rec = apply_and_record(every, _fresh(tmp_path, every, "root"), cache=str(cache))
+    key = tmp_path / "plan-key"
+    key.write_bytes(os.urandom(32))
+    from manager.overlays.plankey import load_key
+
+    rec = apply_and_record(every, _fresh(tmp_path, every, "root"), cache=str(cache), key=load_key(key))
     assert rec.result.changes and rec.plan is None and "plan not recorded" in (rec.note or "")
 
 
@@ -276,7 +284,7 @@ def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_
     proc = subprocess.run([str(bundle / "bin" / "overlay"), "apply", PR40886, "--root", str(root)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "prepared plan, hashes verified" in proc.stderr
+    assert "prepared plan, hashes verified; signature verified (plan key " in proc.stderr  # the bundle's key
     assert _tree(root) == _tree(ref)
 
 
