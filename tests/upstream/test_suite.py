@@ -13,7 +13,7 @@ import yaml
 
 from manager.errors import OverlayError, UpstreamError
 from manager.overlays.manifest import UpstreamTests, load_manifest
-from manager.upstream import suite
+from manager.upstream import runner, suite
 from manager.upstream.testfiles import PickedFile
 from tests.helpers import REPO_ROOT
 
@@ -57,7 +57,7 @@ def this_python():
 
 @pytest.mark.network  # the pinned pytest wheels from PyPI, the first time only
 def test_the_recorder_gives_every_outcome_its_name_and_message(tree, this_python, tmp_path):
-    out = suite.run_tests(this_python, None, tree, ["tests/test_a.py", "tests/test_broken.py"], timeout=3,
+    out = runner.run_tests(this_python, None, tree, ["tests/test_a.py", "tests/test_broken.py"], timeout=3,
                           work=tmp_path, label="t")
     got = {t: o.outcome for t, o in out.items()}
     assert got == {
@@ -73,15 +73,15 @@ def test_the_recorder_gives_every_outcome_its_name_and_message(tree, this_python
     assert out["tests/test_a.py::test_skip"].message == "Skipped: not here"
     assert out["tests/test_broken.py"].message == "collection: ModuleNotFoundError: No module named 'no_such_module_anywhere'"
     # the pinned pytest of the layer ran, not this venv's
-    assert (suite.pytest_layer(this_python) / "pytest-8.3.5.dist-info").is_dir()
+    assert (runner.pytest_layer(this_python) / "pytest-8.3.5.dist-info").is_dir()
 
 
 @pytest.mark.network
 def test_unpatched_outcomes_come_from_the_cache_while_the_file_hash_matches(tree, this_python, tmp_path,
                                                                             monkeypatch):
-    layer = suite.pytest_layer(this_python)  # the real one, built under the real cache
+    layer = runner.pytest_layer(this_python)  # the real one, built under the real cache
     monkeypatch.setenv("OVERLAY_CACHE", str(tmp_path / "cache"))  # the results go here
-    monkeypatch.setattr(suite, "pytest_layer", lambda env: layer)
+    monkeypatch.setattr(runner, "pytest_layer", lambda env: layer)
     picked = [PickedFile("tests/test_broken.py", ("o",), "a" * 64)]
     first, hits = suite.unpatched_outcomes(this_python, tree, picked, timeout=3, work=tmp_path)
     assert hits == set() and first["tests/test_broken.py"].outcome == "error"
@@ -102,19 +102,19 @@ def test_unpatched_outcomes_come_from_the_cache_while_the_file_hash_matches(tree
 
 @pytest.mark.network
 def test_traced_blocks_are_read_from_what_pytest_captured(tree, this_python, tmp_path):
-    out = suite.run_tests(this_python, None, tree, ["tests/test_traced.py"], timeout=10, work=tmp_path,
+    out = runner.run_tests(this_python, None, tree, ["tests/test_traced.py"], timeout=10, work=tmp_path,
                           label="patched")
     assert {t: o.outcome for t, o in out.items()} == {"tests/test_traced.py::test_block_ran": "passed",
                                                       "tests/test_traced.py::test_quiet": "passed"}
-    assert suite.traced_blocks(tmp_path) == {"some-overlay/some-edit": ("tests/test_traced.py::test_block_ran",)}
-    assert suite.traced_blocks(tmp_path, label="unpatched") == {}
+    assert runner.traced_blocks(tmp_path) == {"some-overlay/some-edit": ("tests/test_traced.py::test_block_ran",)}
+    assert runner.traced_blocks(tmp_path, label="unpatched") == {}
 
 
 @pytest.mark.network
 def test_two_shards_run_every_test_once_with_the_same_outcomes(tree, this_python, tmp_path):
     files = ["tests/test_a.py", "tests/test_traced.py"]
-    whole = suite.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="w")
-    split = suite.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="s", shards=2)
+    whole = runner.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="w")
+    split = runner.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="s", shards=2)
     assert {t: o.outcome for t, o in split.items()} == {t: o.outcome for t, o in whole.items()}
     ran = [json.loads(line)["id"] for i in (0, 1) for line in (tmp_path / f"outcomes-s-{i}.jsonl").read_text().splitlines()
            if "outcome" in json.loads(line)]
