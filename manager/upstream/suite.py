@@ -4,8 +4,9 @@ does not declare (`upstream_tests.changes` in its overlay.yaml) fails.
 
 One patched tree per release holds every selected overlay that is pending there (as a deployment applies them
 together); a changed test is attributed to the overlays whose targets its file imports. Runs: pytest in the
-engine venv with the hub off and a per-test timeout (manager/upstream/runner.py). Changed tests are run once more
-in both trees; only a change that repeats counts (a timeout under load is not an overlay's doing). Warm (every
+engine venv with the hub off and a per-test timeout (manager/upstream/runner.py). An undeclared change is run once
+more in both trees; only one that repeats counts (a timeout under load is not an overlay's doing). A test only the
+patched tree has (absent unpatched) that passes is new coverage: reported, needing no declaration. Warm (every
 unpatched outcome cached), the patched run is split over two pytest processes; cold, the unpatched and the patched
 run go side by side: never more than two.
 
@@ -201,6 +202,19 @@ def release_of(engine: str) -> str:
     return version
 
 
+def _run_again(env, patched_root: Path, trees: dict[str, Path], tests: list[str], before: dict, after: dict,
+               timeout: float, work: Path) -> tuple[dict[str, Outcome], dict[str, Outcome]]:
+    """`tests` once more, unpatched and patched side by side; each tree runs the ids it has (pytest stops on an id
+    it cannot find)."""
+    in_b, in_a = [t for t in tests if t in before], [t for t in tests if t in after]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fb = pool.submit(run_tests, env, None, trees["unpatched"], in_b, timeout=timeout, work=work,
+                         label="unpatched-again") if in_b else None
+        fa = pool.submit(run_tests, env, patched_root, trees["patched"], in_a, timeout=timeout, work=work,
+                         label="patched-again") if in_a else None
+        return (fb.result() if fb else {}), (fa.result() if fa else {})
+
+
 def run_release(catalog, release: str, ids: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                 use_cache: bool = True, work: Path | None = None,
                 progress: Callable[[str], None] | None = None) -> SuiteReport:
@@ -248,39 +262,23 @@ def run_release(catalog, release: str, ids: Sequence[str] | None = None, *, time
                                     work=workdir, label="patched")
                 before, hits = fut_b.result()
                 after = fut_a.result()
-        changed = sorted(t for t in set(before) | set(after)
-                         if before.get(t, Outcome("absent")).outcome != after.get(t, Outcome("absent")).outcome)
-        unconfirmed: list[str] = []
-        if changed:
-            say(f"vLLM {release}: {len(changed)} outcomes changed; running them once more in both trees")
-            ids_present = [t for t in changed if "::" in t]
-            # each tree re-runs the ids it has (pytest stops on an id it cannot find)
-            in_b = [t for t in ids_present if t in before]
-            in_a = [t for t in ids_present if t in after]
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                fb = pool.submit(run_tests, env, None, trees["unpatched"], in_b, timeout=timeout,
-                                 work=workdir, label="unpatched-again") if in_b else None
-                fa = pool.submit(run_tests, env, patched_root, trees["patched"], in_a, timeout=timeout,
-                                 work=workdir, label="patched-again") if in_a else None
-                again_b = fb.result() if fb else {}
-                again_a = fa.result() if fa else {}
-            keep = []
-            for t in changed:
-                if t in ids_present and (again_b.get(t, Outcome("absent")).outcome == before.get(t, Outcome("absent")).outcome
-                                         and again_a.get(t, Outcome("absent")).outcome
-                                         == after.get(t, Outcome("absent")).outcome):
-                    keep.append(t)
-                elif t not in ids_present:
-                    keep.append(t)  # a whole file's collection outcome: the first run's answer stands
-                else:
-                    unconfirmed.append(t)
-            changed = keep
+        absent = Outcome("absent")
         owners = {p.path: p.overlays for p in picked}
         changes = []
-        for t in changed:
-            b, a = before.get(t, Outcome("absent")), after.get(t, Outcome("absent"))
-            oids = owners.get(_file_of(t), ())
-            changes.append(Change(t, b, a, oids, _declared(pending, oids, release, t, b.outcome, a.outcome)))
+        for t in sorted(set(before) | set(after)):
+            b, a = before.get(t, absent), after.get(t, absent)
+            if b.outcome != a.outcome:
+                oids = owners.get(_file_of(t), ())
+                changes.append(Change(t, b, a, oids, _declared(pending, oids, release, t, b.outcome, a.outcome)))
+        # what would fail the run is run once more in both trees: only a change that repeats counts
+        doubt = [c.test for c in changes if c.reason is None and not c.added and "::" in c.test]
+        unconfirmed: list[str] = []
+        if doubt:
+            say(f"vLLM {release}: {len(doubt)} undeclared changes; running them once more in both trees")
+            again_b, again_a = _run_again(env, patched_root, trees, doubt, before, after, timeout, workdir)
+            unconfirmed = [t for t in doubt if again_b.get(t, absent).outcome != before.get(t, absent).outcome
+                           or again_a.get(t, absent).outcome != after.get(t, absent).outcome]
+            changes = [c for c in changes if c.test not in unconfirmed]
         seen = {c.test for c in changes}
         stale = tuple((o.id, d.test) for o in pending for d in o.manifest.upstream_tests.changes
                       if SpecifierSet(d.versions).contains(release, prereleases=True) and d.test not in seen)

