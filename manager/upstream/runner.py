@@ -89,13 +89,16 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_modifyitems(config, items):
-    shard = os.environ.get("OVERLAY_SHARD")  # "i/n": keep every n-th test from the i-th (0-based)
+    shard = os.environ.get("OVERLAY_SHARD")  # "i/n": keep the tests whose id hashes to i modulo n
     if not shard:
         return
+    import zlib
+
     i, n = (int(x) for x in shard.split("/"))
-    keep = [it for k, it in enumerate(items) if k % n == i]
-    config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k % n != i])
-    items[:] = keep
+    # by the test id, not the position: two processes may collect in different orders (parametrizations over sets)
+    mine = [zlib.crc32(it.nodeid.encode()) % n == i for it in items]
+    config.hook.pytest_deselected(items=[it for it, m in zip(items, mine) if not m])
+    items[:] = [it for it, m in zip(items, mine) if m]
 
 
 def pytest_collectreport(report):
@@ -162,7 +165,7 @@ def run_tests(env, root: Path | None, tree: Path, tests: Sequence[str], *, timeo
               label: str, shards: int = 1) -> dict[str, Outcome]:
     """Run `tests` (paths or node ids relative to `tree`) with the engine venv, `root` first on PYTHONPATH (None:
     the venv's own vllm); test id -> outcome. A run past RUN_LIMIT is stopped and what it reported is kept.
-    `shards` > 1: that many pytest processes side by side, each running every n-th collected test."""
+    `shards` > 1: that many pytest processes side by side, each running the tests whose id hashes to its index."""
     if shards > 1:
         with ThreadPoolExecutor(max_workers=shards) as pool:
             parts = list(pool.map(lambda i: _run_pytest(env, root, tree, tests, timeout=timeout, work=work,
@@ -184,7 +187,7 @@ def _run_pytest(env, root: Path | None, tree: Path, tests: Sequence[str], *, tim
     out.unlink(missing_ok=True)
     environ = engine_environ(env, root, trace=root is not None, extra={
         "OVERLAY_OUTCOMES": str(out), "PYTHONDONTWRITEBYTECODE": "1", "CUDA_VISIBLE_DEVICES": "",
-        "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(work / "hf-home"),
+        "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(work / "hf-home"), "PYTHONHASHSEED": "0",
     })
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (environ.get("PYTHONPATH"), str(layer)) if p)
     if shard:

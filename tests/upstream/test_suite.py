@@ -31,6 +31,12 @@ TREE = {
         "def test_slow():\n    time.sleep(30)\n"
     ),
     "tests/test_broken.py": "import no_such_module_anywhere\n",
+    # collected in another order by every process (random is not seeded by PYTHONHASHSEED)
+    "tests/test_order.py": (
+        "import random, pytest\n"
+        "@pytest.mark.parametrize('x', random.sample(range(40), 40))\n"
+        "def test_shuffled(x):\n    pass\n"
+    ),
     "tests/test_traced.py": (
         "import sys\n"
         "def test_block_ran():\n"
@@ -112,13 +118,14 @@ def test_traced_blocks_are_read_from_what_pytest_captured(tree, this_python, tmp
 
 @pytest.mark.network
 def test_two_shards_run_every_test_once_with_the_same_outcomes(tree, this_python, tmp_path):
-    files = ["tests/test_a.py", "tests/test_traced.py"]
+    files = ["tests/test_a.py", "tests/test_traced.py", "tests/test_order.py"]
     whole = runner.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="w")
     split = runner.run_tests(this_python, None, tree, files, timeout=3, work=tmp_path, label="s", shards=2)
     assert {t: o.outcome for t, o in split.items()} == {t: o.outcome for t, o in whole.items()}
     ran = [json.loads(line)["id"] for i in (0, 1) for line in (tmp_path / f"outcomes-s-{i}.jsonl").read_text().splitlines()
            if "outcome" in json.loads(line)]
     assert sorted(ran) == sorted(whole) and len(ran) == len(set(ran))  # each test in one shard only
+    assert sum(1 for t in ran if "test_shuffled" in t) == 40  # although each process collected another order
 
 
 def _overlay(oid: str, changes: list[dict]) -> SimpleNamespace:

@@ -43,6 +43,9 @@ def table_path(tmp_path_factory) -> Path:
                          f"{', '.join(report.example_models) or 'none'}; {wall:.0f} s wall "
                          f"({cached}/{len(report.files)} files' unpatched outcomes from the cache).\n\n"
                          + suite.markdown_table(report) + "\n"
+                         + f"Traced overlay blocks that ran in a vLLM test: "
+                           f"{', '.join(report.traced) or 'none'} (of {len(report.traceable)} traced blocks applied: "
+                           f"{', '.join(report.traceable)}).\n\n"
                          + "".join(f"- changed `{c.test}`: {c.before.outcome} -> {c.after.outcome}"
                                    f"{' (added: a test only the patched tree has)' if c.added else ''}"
                                    f"{' (declared: ' + c.reason + ')' if c.reason else ''}\n" for c in report.changes))
