@@ -16,7 +16,7 @@ $(VENV)/.test-deps: $(BIN)/overlay
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
-.PHONY: demo test engine-env test-engine
+.PHONY: demo test engine-env test-engine test-upstream
 demo: $(BIN)/overlay
 	$(BIN)/overlay demo
 
@@ -30,3 +30,9 @@ engine-env: $(VENV)/.test-deps
 
 test-engine: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -m engine $(PYTEST_ARGS)
+
+# vLLM's own tests as a gate (docs/engine.md "vLLM's own tests"): the test files of the 0.19.1 and 0.20.0 sdists that
+# import the overlays' targets, unpatched vs patched on the real engine. Part of `make test` (marked `engine`); this
+# target runs only it. Unpatched outcomes are cached under ~/.cache/overlay-manager/upstream-tests.
+test-upstream: $(VENV)/.test-deps
+	$(BIN)/python -m pytest -q -m engine tests/upstream/test_suite_real_engine.py $(PYTEST_ARGS)

@@ -194,6 +194,45 @@ class TextInsertEdit(_EditBase):
         return _inside("code", v)
 
 
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "absent")
+
+
+class UpstreamTestChange(_Strict):
+    """An outcome of vLLM's own test suite this overlay changes on purpose (`overlay upstream-tests`)."""
+
+    test: str = Field(pattern=r"^tests/[^:]+\.py::\S.*$")  # a pytest node id in the release's test tree
+    versions: str = ""  # the releases it holds for (a specifier; "" = every release the overlay applies to)
+    before: Literal[OUTCOMES] | None = None  # type: ignore[valid-type]  # None: whatever it was
+    after: Literal[OUTCOMES]  # type: ignore[valid-type]
+    reason: str = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _versions(cls, v: str) -> str:
+        return check_specifier(v)
+
+
+class ExampleModel(_Strict):
+    """The example-model entry a later release's `tests/models/registry.py` has for an architecture this overlay
+    ports: added to the older release's test tree for the patched run (copied from that release's sdist, sha256
+    of the whole file checked; never vendored)."""
+
+    architecture: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    release: str
+    path: str = Field(default="tests/models/registry.py", pattern=r"^tests/[A-Za-z0-9_/]+\.py$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("release")
+    @classmethod
+    def _release(cls, v: str) -> str:
+        return check_version(v)
+
+
+class UpstreamTests(_Strict):
+    changes: list[UpstreamTestChange] = []
+    example_models: list[ExampleModel] = []
+
+
 EditSpec = Annotated[
     Union[InsertEdit, DictEntryEdit, SetValueEdit, DictCacheEdit, NewFileEdit, TextInsertEdit, ReleaseFileEdit],
     Field(discriminator="kind"),
@@ -224,6 +263,8 @@ class Manifest(_Strict):
     requires: list[str] = []
     edits: list[EditSpec] = []
     kernels: KernelsSpec | None = None  # kernel overlays (manager.kernels.spec, docs/kernels.md)
+    # vLLM's own tests (manager/upstream/suite.py, docs/engine.md): the outcomes this overlay changes on purpose
+    upstream_tests: UpstreamTests = UpstreamTests()
     notes: str | None = None
 
     @field_validator("id")
