@@ -16,9 +16,20 @@ $(VENV)/.test-deps: $(BIN)/overlay
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
-.PHONY: demo test engine-env test-engine
+$(VENV)/.lint-deps: $(BIN)/overlay
+	$(BIN)/pip install -q -e '.[lint]'
+	touch $@
+
+.PHONY: demo test lint engine-env test-engine
 demo: $(BIN)/overlay
 	$(BIN)/overlay demo
+
+# The gate (pyproject.toml [tool.ruff] / [tool.mypy]; .ci/run runs it before the tests, .pre-commit-config.yaml on commit).
+# LINT_PY: another interpreter that has the lint extra (default: this venv's).
+LINT_PY ?= $(BIN)/python
+lint: $(if $(filter $(BIN)/python,$(LINT_PY)),$(VENV)/.lint-deps)
+	$(LINT_PY) -m ruff check .
+	$(LINT_PY) -m mypy
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
