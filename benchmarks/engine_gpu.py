@@ -61,7 +61,7 @@ ROOTS = {
 }
 MARKER = "head_dim-512 attention:"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
-# checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (manager/testing/checkpoints.py:
+# checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (testing/checkpoints.py:
 # 2 KV heads on both layer types, 4 query heads, MoE intermediate 128) divide by 2; it has no group-16 TP=2 kind,
 # so at TP=2 phase a runs group 32 (the Marlin MoE path) only. Same names as engine_gpu_prepare.CHECKPOINT_KINDS_TP.
 TP_CHECKPOINTS = {
@@ -463,7 +463,7 @@ def reference(spec: dict) -> dict:
     """transformers' greedy decode over the (dequantized) float checkpoint: fp32 (or spec["dtype"]), eager
     attention, on the GPU.
 
-    The same computation as the checkpoint factory's `reference()` (manager.testing.checkpoints), with the
+    The same computation as the checkpoint factory's `reference()` (testing.checkpoints), with the
     model loaded once and run on the GPU (the factory's CPU loop took minutes per checkpoint); no TF32.
     """
     import torch

@@ -15,7 +15,7 @@ builds, under DIR:
 3. the compute_70 PTX of the sm70-d512-attention kernels (`overlay build`'s library, NVRTC 12 from
    PyPI wheels) as a packed kernel cache;
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
-   reference) from `manager.testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
+   reference) from `testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
    parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
    group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
@@ -83,7 +83,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_5_x86_64", "manylinux1_x86_64", "any")
 
-# factory kinds (manager/testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
+# factory kinds (testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
 # ct-w4a16-moe-g16 takes the non-Marlin path; the ct kinds carry their dequantized model in dequantized/.
 CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16")
 # per tensor-parallel size, the kinds whose head counts, expert shapes and MoE intermediate size divide by it
@@ -369,11 +369,11 @@ def nvrtc12() -> Path:
 
 
 def build_checkpoints(dest: Path, kinds: tuple[str, ...] = CHECKPOINT_KINDS) -> dict:
-    """The tiny checkpoints from the factory (manager.testing.checkpoints), one directory per kind."""
+    """The tiny checkpoints from the factory (testing.checkpoints), one directory per kind."""
     try:
-        from manager.testing import checkpoints as factory
+        from testing import checkpoints as factory
     except ImportError as exc:
-        raise PrepareError(f"manager.testing.checkpoints: {exc} (the factory is not on this branch yet)") from exc
+        raise PrepareError(f"testing.checkpoints: {exc} (the factory is not on this branch yet)") from exc
     out = {}
     for kind in kinds:
         # bfloat16 storage halves what travels; bf16 values are exact in the fp16 engine and fp32 reference

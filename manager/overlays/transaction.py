@@ -32,7 +32,7 @@ from .statuses import edited_since_apply, ledger_fast_status, overlay_status
 _SKIP = APPLY_SKIPS
 _SKIP_UNLESS_NAMED = SKIP_UNLESS_NAMED
 
-# A test seam (manager.testing.faults): called before each target file is written.
+# A test seam (testing.faults): called before each target file is written.
 BEFORE_WRITE: list[Callable[[], None]] = []
 
 

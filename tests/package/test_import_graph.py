@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.helpers import REPO_ROOT
 
 PKG = REPO_ROOT / "manager"
-ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "manager.testing.faults")  # entry points
+ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "testing.faults")  # entry points
 
 
 def _modules() -> dict[str, Path]:

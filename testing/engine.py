@@ -52,8 +52,8 @@ from typing import Iterator
 
 from filelock import FileLock
 
-from ..errors import EngineError
-from ..releases import cache_dir
+from manager.errors import EngineError
+from manager.releases import cache_dir
 
 DEFAULT_VLLM = "0.20.0"
 DEFAULT_TRANSFORMERS = "5.24.0"
@@ -490,7 +490,7 @@ def serve(env: EngineEnv, root: Path, model: str | os.PathLike[str], log_path: s
 
 
 _FILL_UNINITIALIZED = """\
-# written by manager.testing.engine.serve(fill_uninitialized=True): NaN in every uninitialised tensor
+# written by testing.engine.serve(fill_uninitialized=True): NaN in every uninitialised tensor
 import torch
 
 torch.use_deterministic_algorithms(True, warn_only=True)

@@ -59,7 +59,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ManagerError
+from manager.errors import ManagerError
 
 LAYER_TYPES = ("sliding_attention", "sliding_attention", "full_attention") * 2
 TINY = dict(
