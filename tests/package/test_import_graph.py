@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.helpers import REPO_ROOT
 
 PKG = REPO_ROOT / "manager"
-ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "testing.faults")  # entry points
+ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__")  # entry points
 
 
 def _modules() -> dict[str, Path]:
@@ -116,6 +116,17 @@ def test_no_library_module_imports_the_entry_point():
     below = {m: deps & set(ENTRY) for m, deps in graph.items()
              if not m.startswith(ENTRY) and m != "manager"}
     assert {m: sorted(d) for m, d in below.items() if d} == {}
+
+
+def test_no_package_module_imports_the_test_support():
+    """testing/ and tests/ are not in the wheel: a package module importing them would break every installed copy."""
+    bad = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{mod}: {n}" for n in names if n.split(".")[0] in {"testing", "tests"}]
+    assert bad == []
 
 
 def test_the_leaf_imports_nothing_of_the_package_at_module_level():
