@@ -157,11 +157,13 @@ def file_sha(path: str) -> str:
         return ABSENT if exc.errno == 21 else "not-a-regular-file"  # matches no recorded hash
 
 
-def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:
-    """Sorted ids of the catalog's overlays (folders with an overlay.yaml), or None when unreadable."""
+def catalog_overlay_ids(overlays_dir: str, *, any_kind: bool = False) -> list[str] | None:
+    """Sorted ids of the catalog's overlays (folders with an overlay.yaml; `.`/`_` folders skipped), or None when
+    unreadable. `any_kind`: an overlay.yaml that is not a regular file counts too (the loader then names it)."""
+    present = os.path.lexists if any_kind else os.path.isfile
     try:
         return sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
-                      and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
+                      and present(os.path.join(overlays_dir, n, "overlay.yaml")))
     except OSError:
         return None
 
@@ -177,13 +179,14 @@ def catalog_dir(arg: str | None) -> str | None:
     return os.fspath(found) if found is not None else None
 
 
-def vllm_root(arg: str | None) -> str | None:
-    """`--root DIR`, else the directory holding the `vllm` package on sys.path (not imported)."""
+def vllm_root(arg: str | None, package: str = "vllm") -> str | None:
+    """`--root DIR`, else the directory holding the `package` on sys.path (not imported); None when not found.
+    The one root finder: `overlays.root.find_root` is this plus the checks that raise."""
     if arg:
         return os.path.realpath(os.path.expanduser(arg))
     from importlib.machinery import PathFinder
 
-    spec = PathFinder.find_spec("vllm", sys.path)
+    spec = PathFinder.find_spec(package, sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
     return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))

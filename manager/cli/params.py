@@ -39,8 +39,9 @@ def _profiles(catalog: Catalog) -> Profiles:
 
 
 def _overlay_ids(catalog: Catalog) -> list[str]:
-    d = catalog.overlays_dir
-    return sorted(p.name for p in d.iterdir() if (p / "overlay.yaml").is_file()) if d.is_dir() else []
+    from ..state import catalog_overlay_ids
+
+    return catalog_overlay_ids(str(catalog.overlays_dir)) or []
 
 
 def _slugs(catalog: Catalog) -> list[str]:

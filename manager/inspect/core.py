@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import InspectError, ProfileError
 from ..profiles.importcfg import profile_from_config
 from ..profiles.schema import ModelProfile
+from ..profiles.tp import TP_SIZES, valid_tps
 from .headers import Shard, TensorEntry, read_shard
 from .layout import EngineCheck, Finding, engine_checks, key_findings
 from .quant import QuantScheme, declared, with_evidence
@@ -22,7 +23,6 @@ from .source import LocalSource, Source, check_name, open_source
 from .tensors import RULES, Placement, classify, rank_bytes
 
 INDEX = "model.safetensors.index.json"
-TP_CANDIDATES = (1, 2, 4, 8, 16)
 _K_PROJ = re.compile(r"layers\.(\d+)\.self_attn\.k_proj\.")
 
 
@@ -159,8 +159,6 @@ def _model_id(source: Source, target: str) -> str:
 
 
 def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelProfile, k_eq_v_layers: set[int]) -> WeightBytes:
-    from ..fits.core import valid_tps
-
     total = sum(t.nbytes for t in tensors)
     by_dtype: dict[str, int] = {}
     groups: dict[str, dict[str, Any]] = {}
@@ -188,7 +186,7 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
         m = _K_PROJ.search(t.name) if k_eq_v_layers and "k_proj." in t.name else None
         k_layers.append(bool(m) and int(m.group(1)) in k_eq_v_layers)
     splits = []
-    for tp in TP_CANDIDATES:
+    for tp in TP_SIZES:
         if tp not in heads_ok:
             continue
         rank = 0

@@ -173,7 +173,7 @@ def _catalog(profiles: Profiles, catalog: Catalog | None) -> Catalog | None:
 
 def _overlay_infos(cat: Catalog | None, ids: tuple[str, ...]) -> dict[str, OverlayInfo]:
     """The few manifests the layout rules name: present? valid? their `versions` and `native_from`."""
-    from ..fits.overlays import read_overlay
+    from ..overlays.readinfo import read_overlay
 
     out: dict[str, OverlayInfo] = {}
     if cat is None:
@@ -196,7 +196,7 @@ _MANIFESTS: dict[tuple[str, int, int], OverlayInfo] = {}  # (path, mtime, size) 
 
 def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProfile, profiles: Profiles,
                   catalog: Catalog | None = None) -> list[EngineCheck]:
-    from ..fits.overlays import shipped_overlays
+    from ..overlays.readinfo import shipped_overlays
 
     infos = _overlay_infos(_catalog(profiles, catalog), (PR40886, CONVERTOR))
     ids = {f.id: f for f in findings}

@@ -33,6 +33,7 @@ from typing import Callable, ContextManager, Iterable, Iterator, Protocol
 from filelock import FileLock
 from ..errors import BuildError
 from ..fsutil import TMP_MARK, atomic_write, fsync_dir, sha256_bytes, write_if_changed
+from ..state import catalog_overlay_ids
 from . import nvrtc as _nvrtc
 from .spec import KernelsSpec, load_kernels_spec
 
@@ -274,7 +275,7 @@ def kernel_overlays(overlays_dir: Path, ids: Iterable[str] | None) -> list[tuple
         return found
     if not overlays_dir.is_dir():
         return found
-    for d in sorted(p for p in overlays_dir.iterdir() if (p / "overlay.yaml").is_file()):
+    for d in (overlays_dir / oid for oid in catalog_overlay_ids(str(overlays_dir)) or []):
         spec = load_kernels_spec(d)
         if spec is not None:
             found.append((d.name, d, spec))

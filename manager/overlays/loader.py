@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
+from ..state import catalog_overlay_ids
 from .manifest import Manifest, load_manifest, manifest_digest
 
 
@@ -42,10 +44,9 @@ def load_overlays(catalog: Catalog) -> list[Overlay]:
     if not base.is_dir():
         return []
     overlays, errors = [], []
-    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+    for oid in catalog_overlay_ids(os.fspath(base), any_kind=True) or []:
+        d = base / oid
         mf = d / "overlay.yaml"
-        if not mf.exists():
-            continue
         try:
             overlays.append(Overlay(load_manifest(mf), d))
         except OverlayError as exc:

@@ -457,7 +457,7 @@ def test_default_engine_prefers_one_that_serves_the_family(run):
 
 def test_shipped_overlays_look_up_the_installations_catalog_once(monkeypatch):
     """fits() asks for the shipped overlays on every call; the catalog lookup (path resolution) runs once."""
-    import manager.fits.overlays as fo
+    import manager.overlays.readinfo as fo
 
     real, calls = fo.default_catalog_dir, []
     monkeypatch.setattr(fo, "_SHIPPED_ROOT", [])

@@ -54,14 +54,15 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the modules of the package it imports (at module level or inside functions)."""
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (at module level or inside functions);
+    `type_only`: the imports under `if TYPE_CHECKING:` count too (a layering circle hidden from the interpreter)."""
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         deps = graph.setdefault(mod, set())
         tree = ast.parse(path.read_text(), str(path))
-        skip = _type_only(tree)
+        skip = set() if type_only else _type_only(tree)
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
                 deps.update(t for t in _targets(mod, path, node, mods) if t != mod)
@@ -105,6 +106,17 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_circle():
     assert _cycles(import_graph()) == []
+
+
+def test_the_import_graph_has_no_circle_counting_type_checking_imports():
+    """fits and inspect once imported each other, one way under TYPE_CHECKING: layering holds for annotations too."""
+    assert _cycles(import_graph(type_only=True)) == []
+
+
+def test_type_checking_imports_are_edges_of_the_full_graph():
+    full, runtime = import_graph(type_only=True), import_graph()
+    assert all(runtime[m] <= full[m] for m in runtime)
+    assert any(full[m] - runtime[m] for m in runtime)  # the package has TYPE_CHECKING imports: the switch matters
 
 
 def test_a_circle_would_be_found():
