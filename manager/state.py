@@ -18,6 +18,10 @@ import os
 import stat
 import sys
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm no-op never loads (tests/test_fastpath.py)
+if TYPE_CHECKING:  # annotations only: the leaf imports nothing of the package when it runs
+    from .overlays.model import Status
+
 try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
     from _sha256 import sha256  # type: ignore[import-not-found]  # Python <= 3.11
 except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
@@ -34,8 +38,8 @@ ABSENT = "absent"  # the recorded hash of a file that does not exist
 
 # apply skips these: the overlay needs nothing written. When its ids were named, a
 # superseded/missing-target overlay is an error (reported by the full CLI); unnamed, it is skipped.
-APPLY_SKIPS = frozenset({"applied", "upstream", "not-applicable"})
-SKIP_UNLESS_NAMED = frozenset({"superseded", "missing-target"})
+APPLY_SKIPS: frozenset[Status] = frozenset({"applied", "upstream", "not-applicable"})
+SKIP_UNLESS_NAMED: frozenset[Status] = frozenset({"superseded", "missing-target"})
 
 # compiled on first use (re's cache), and `re` imported then: the warm no-op never reads a
 # _version.py, and a bare python (an image's) does not import re at start-up (~5 ms)

@@ -6,12 +6,15 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
 from ..state import catalog_overlay_ids
 from .manifest import Manifest, load_manifest, manifest_digest
+
+if TYPE_CHECKING:
+    from .edits import Edit
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Overlay:
         """The manifest edits for one target (an edit without `target` serves every target)."""
         return [e for e in self.manifest.edits if e.target in (None, target)]
 
-    def make_edits(self, target: str) -> list:
+    def make_edits(self, target: str) -> list[Edit]:
         from .edits import EditContext, make_edit
 
         ctx = EditContext(self.id, self.manifest.sentinel_version, self.dir)

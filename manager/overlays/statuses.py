@@ -16,7 +16,7 @@ from ..state import ABSENT
 from .files import Tree, read_regular, resolve_in_root
 from .ledger import Ledger
 from .loader import Overlay, load_overlays, select
-from .model import OverlayStatus, StatusReport, TargetStatus, worst
+from .model import OverlayStatus, Status, StatusReport, TargetStatus, worst
 from .root import package_version
 
 
@@ -95,7 +95,7 @@ def source_segment(text: str, node: ast.AST) -> str:
                     lines[end - 1].encode()[:last_col].decode()])
 
 
-def _target_status(states: list, details: list[str]) -> tuple[str, str]:
+def _target_status(states: list, details: list[str]) -> tuple[Status, str]:
     from .edits import EditState as S
 
     vals = [s for s in states if s != S.NOT_APPLICABLE]
@@ -173,7 +173,7 @@ def overlay_status(
             if hit:
                 targets = [TargetStatus(t, "upstream", hit) for t in m.targets]
                 return OverlayStatus(overlay.id, "upstream", tuple(targets), m.title, m.sentinel_version)
-    from .edits import EditFailed, PythonEdit
+    from .edits import EditFailed
 
     for t in m.targets:
         try:
@@ -184,7 +184,7 @@ def overlay_status(
                 continue
             states, details = [], []
             for e in edits:
-                res = e.inspect(tree.module(t)) if isinstance(e, PythonEdit) else e.inspect(tree.text(t))
+                res = e.inspect(tree.module(t) if e.language == "python" else tree.text(t))
                 states.append(res.state)
                 details.append(res.detail)
             status, detail = _target_status(states, details)

@@ -15,7 +15,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
@@ -27,6 +27,9 @@ from .loader import Overlay
 from .model import ApplyResult, FileChange, RevertResult, StatusReport
 from .root import package_version
 from .statuses import edited_since_apply, ledger_fast_status, overlay_status
+
+if TYPE_CHECKING:
+    from .edits import Edit
 
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
 _SKIP = APPLY_SKIPS
@@ -52,7 +55,7 @@ class _Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, excerpt=None, remove: bool = False):
+def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module=None, *, excerpt=None, remove: bool = False):
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
     and text edits on the text; returns (new text, its libcst module or None, the excerpt that
     module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
@@ -60,14 +63,14 @@ def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *,
     Raises EditFailed."""
     import libcst as cst
 
-    from .edits import EditFailed, PythonEdit
+    from .edits import EditFailed
 
     def render(mod) -> str:
         return excerpt.render(mod) if excerpt is not None else mod.code
 
     module = None
     for e in edits:
-        if isinstance(e, PythonEdit):
+        if e.language == "python":  # edits.Edit: a libcst module in and out; else the text
             if module is None:
                 if text is None:
                     raise EditFailed(f"{rel} does not exist")

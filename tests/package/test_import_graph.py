@@ -54,6 +54,11 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
+def _own_submodule_imports(tree: ast.AST) -> set[int]:
+    """ids of `from .sub import name` statements (a package __init__ naming its own submodules)."""
+    return {id(n) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+
 def import_graph(type_only: bool = False) -> dict[str, set[str]]:
     """module -> the modules of the package it imports (at module level or inside functions);
     `type_only`: the imports under `if TYPE_CHECKING:` count too (a layering circle hidden from the interpreter)."""
@@ -62,7 +67,9 @@ def import_graph(type_only: bool = False) -> dict[str, set[str]]:
     for mod, path in mods.items():
         deps = graph.setdefault(mod, set())
         tree = ast.parse(path.read_text(), str(path))
-        skip = set() if type_only else _type_only(tree)
+        skip = _type_only(tree)
+        if type_only:  # count them, except a package's mirror of its lazy `__getattr__` exports (its own submodules)
+            skip = {i for i in skip if path.name == "__init__.py"} & _own_submodule_imports(tree)
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
                 deps.update(t for t in _targets(mod, path, node, mods) if t != mod)
