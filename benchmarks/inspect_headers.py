@@ -77,7 +77,7 @@ def main() -> None:
             n = 0
             for f in files:
                 with safe_open(str(f), "np") as fh:
-                    for k in fh.keys():
+                    for k in fh:
                         s = fh.get_slice(k)
                         s.get_dtype()
                         n += len(s.get_shape())

@@ -88,7 +88,7 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
         lens = [ctx] + [int(x) for x in torch.randint(1, ctx + 1, (batch - 1,), generator=g)]
         case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=i)
         q = torch.randn((batch, hq, 512), generator=g).to(torch.float16).to(device)
-        t = time.time()
+        time.time()
         out = attn.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, max(lens), scale,
                           window=window, kv_shared=shared, num_splits=splits)
         torch.cuda.synchronize()
@@ -104,7 +104,7 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
         if only and only not in str(PREFILL_GRID[i]):
             continue
         g = torch.Generator().manual_seed(200 + i)
-        lens = [a + c for a, c in zip(qlens, ctxs)]
+        lens = [a + c for a, c in zip(qlens, ctxs, strict=False)]
         case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i)
         cu = [0]
         for a in qlens:

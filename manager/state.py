@@ -93,7 +93,7 @@ def read_bounded(path: str, limit: int = MAX_READ) -> bytes:
         os.close(fd)
 
 
-def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
+def overlay_digest(overlay_dir: os.PathLike[str] | str) -> str:
     """sha256 over an overlay directory: the manifest and every file it may read.
 
     Only regular files inside the directory are read (bounded): a symlink is hashed as its link
@@ -122,7 +122,7 @@ def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
     return h.hexdigest()
 
 
-def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> str | None:
+def package_version(root: os.PathLike[str] | str, package: str = "vllm") -> str | None:
     """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
     root = os.fspath(root)
     prefix = package.replace("-", "_") + "-"
@@ -193,4 +193,4 @@ def vllm_root(arg: str | None, package: str = "vllm") -> str | None:
     spec = PathFinder.find_spec(package, sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))
+    return os.path.dirname(os.path.realpath(next(iter(spec.submodule_search_locations))))

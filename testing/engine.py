@@ -48,7 +48,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from filelock import FileLock
 
@@ -279,7 +279,7 @@ def _unsatisfied_runtime_deps(env: EngineEnv, target: Path) -> list[str]:
         tree = ast.parse(table.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Dict):
-                deps = {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.keys, node.values)}
+                deps = {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.keys, node.values, strict=False)}
                 break
     code = ("import importlib.metadata as m, json; out={}\n"
             f"for n in {list(_RUNTIME_DEPS)!r}:\n"
@@ -348,7 +348,7 @@ class Server:
         except urllib.error.HTTPError as exc:
             raise EngineError(f"POST {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
 
-    def complete(self, prompt_ids: list[int] | tuple[int, ...], n_tokens: int, logprobs: int = 5) -> "Completion":
+    def complete(self, prompt_ids: list[int] | tuple[int, ...], n_tokens: int, logprobs: int = 5) -> Completion:
         """Greedy completion of token ids with top-`logprobs` logprobs (EOS ignored)."""
         body = self.post("/v1/completions", {
             "model": "tiny", "prompt": list(prompt_ids), "max_tokens": n_tokens, "temperature": 0.0,
@@ -374,7 +374,7 @@ def compare_to_reference(served: Completion, reference, tol: float) -> float:
     Returns the largest logprob gap."""
     assert served.tokens == reference.tokens, f"served {served.tokens} != transformers {reference.tokens}"
     worst = 0.0
-    for pos, (s_top, r_top) in enumerate(zip(served.top_logprobs, reference.top_logprobs)):
+    for pos, (s_top, r_top) in enumerate(zip(served.top_logprobs, reference.top_logprobs, strict=False)):
         r, s = dict(r_top), dict(s_top)
         # the top-k sets agree except possibly at the boundary; compare on the common tokens (at least the best 2)
         assert [t for t, _ in r_top[:2]] == [t for t, _ in s_top[:2]], f"position {pos}: top-2 differ"

@@ -9,7 +9,8 @@ in the user's shell).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
 
 import click
 from click.shell_completion import CompletionItem

@@ -100,7 +100,7 @@ def wheel_set(recipe: Recipe, python: str, platform: str, root: Path | None = No
     return WheelSet(d, d / LOCK, len(wheels), sum(w.stat().st_size for w in wheels), cached)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quiet_handler(directory: str) -> type:
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a: Any, **kw: Any) -> None:
@@ -125,7 +125,7 @@ class WheelServer:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "WheelServer":
+    def __enter__(self) -> WheelServer:
         self.thread.start()
         return self
 

@@ -185,9 +185,7 @@ def _broken_applies(kb, c: _Ctx) -> bool:
         return False
     if kb.min_sm is not None and c.hw.sm < kb.min_sm - 1e-9:
         return False
-    if kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-9:
-        return False
-    return True
+    return not (kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-09)
 
 
 def _broken_note(kb) -> str:
@@ -230,10 +228,9 @@ def c_dtype(c: _Ctx) -> Constraint:
         msgs.append(f"sm {hw.sm} has no bf16: activations run as fp16 (overflow risk; --dtype float16)")
     else:
         msgs.append(f"compute {m.dtype} on sm {hw.sm}")
-    if w.format == "fp8":
-        if hw.sm < 8.9:
-            result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
-            msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} " + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
+    if w.format == "fp8" and hw.sm < 8.9:
+        result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
+        msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} " + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
     return Constraint("dtype", result, "; ".join(msgs))
 
 

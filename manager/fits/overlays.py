@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -114,7 +114,7 @@ class OverlayIndex:
     def digest(self) -> str:
         """Manifests + the overlay engine's own code: either changing invalidates the disk cache."""
         parts = [f"{o.id}:{o.digest}" for o in sorted(self.overlays.values(), key=lambda o: o.id)]
-        return sha256_bytes("|".join(parts + [_engine_digest()]).encode())[:16]
+        return sha256_bytes("|".join([*parts, _engine_digest()]).encode())[:16]
 
     def statuses(self, version: str) -> tuple[dict[str, str], str | None]:
         """id -> status on `version`, and a warning when it came from the versions range."""

@@ -28,7 +28,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable, Iterator, Protocol
+from contextlib import AbstractContextManager
+from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator
 
 from filelock import FileLock
 from ..errors import BuildError
@@ -65,7 +67,7 @@ class BuildItem:
 class BuildProgress(Protocol):
     """What a caller is told during a build (the records themselves are returned)."""
 
-    def compiling(self, overlay: str, source: str, arch: str, compiler: str) -> ContextManager[object]:
+    def compiling(self, overlay: str, source: str, arch: str, compiler: str) -> AbstractContextManager[object]:
         """Entered around one NVRTC compilation."""
         ...
 

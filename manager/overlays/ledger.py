@@ -138,7 +138,7 @@ class Ledger:
         return self.data.setdefault("observed", {})
 
     @classmethod
-    def load(cls, root: Path) -> "Ledger":
+    def load(cls, root: Path) -> Ledger:
         led = cls(root)
         try:
             led.data = json.loads(led.path.read_text())
@@ -155,7 +155,7 @@ class Ledger:
         return led
 
     def save(self, package_version: str | None) -> None:
-        self.files, self.overlays, self.observed  # every section present, even when empty
+        _ = (self.files, self.overlays, self.observed)  # the properties create every section, even when empty
         self.data["tool_version"] = __version__
         self.data["package_version"] = package_version
         self.data["updated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

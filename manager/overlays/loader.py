@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
@@ -82,7 +83,7 @@ def _ordered(overlays: list[Overlay]) -> list[Overlay]:
                 if r in seen:
                     continue
                 if r in on_path:
-                    raise OverlayError(f"overlay requires cycle: {' -> '.join(path[path.index(r):] + [r])}")
+                    raise OverlayError(f"overlay requires cycle: {' -> '.join([*path[path.index(r):], r])}")
                 path.append(r)
                 on_path.add(r)
                 todo.append(list(reversed(by_id[r].manifest.requires)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError

@@ -15,7 +15,8 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
@@ -47,7 +48,7 @@ class _Plan:
     root: Path
     version: str | None
     report: StatusReport
-    tree: "Tree | None" = None  # the files as read (and parsed) for this plan
+    tree: Tree | None = None  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
     modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
     excerpts: dict[str, object] = field(default_factory=dict)  # the Excerpt that module is of, if any
@@ -149,7 +150,7 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
     edited = edited_since_apply(root, tree, version)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
     plan = _Plan(root, version, report, tree)
-    for o, st in zip(overlays, report.overlays):
+    for o, st in zip(overlays, report.overlays, strict=False):
         if st.status in _SKIP:
             continue
         if st.status in _SKIP_UNLESS_NAMED and not explicit:
@@ -314,13 +315,13 @@ def glob_escape(name: str) -> str:
     return glob.escape(name)
 
 
-def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") -> StatusReport:
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: Tree) -> StatusReport:
     """Recompute status after writing and store it (with every target's hash) in the ledger.
 
     `tree` holds the bytes (and parsed modules) just written, so nothing is parsed twice."""
     version = package_version(root)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version) for o in overlays))
-    for o, st in zip(overlays, report.overlays):
+    for o, st in zip(overlays, report.overlays, strict=False):
         led.overlays[o.id] = {
             "version": o.manifest.sentinel_version,
             "requires": list(o.manifest.requires),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, overload
+from typing import Any, Literal, overload
+from collections.abc import Mapping
 
 import yaml
 from pydantic import ValidationError

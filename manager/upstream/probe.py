@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence, cast
+from typing import cast
+from collections.abc import Iterable, Sequence
 
 from .. import releases
 from ..catalog import Catalog

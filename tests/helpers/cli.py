@@ -17,7 +17,8 @@ import io
 import os
 import subprocess
 import sys
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Iterable, Mapping
 
 from . import REPO_ROOT
 

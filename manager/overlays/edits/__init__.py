@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .base import Edit, EditContext, EditFailed, EditState, Inspection
 from .dictcache import DictCache
@@ -24,19 +24,19 @@ def make_edit(spec, ctx: EditContext, target: str) -> Edit:
 
 
 __all__ = [
+    "DictCache",
+    "DictEntry",
     "Edit",
     "EditContext",
     "EditFailed",
     "EditState",
-    "Inspection",
-    "PythonEdit",
-    "TextEdit",
-    "make_edit",
     "InsertStatements",
-    "DictEntry",
-    "SetValue",
-    "DictCache",
+    "Inspection",
     "NewFile",
+    "PythonEdit",
     "ReleaseFile",
+    "SetValue",
+    "TextEdit",
     "TextInsert",
+    "make_edit",
 ]

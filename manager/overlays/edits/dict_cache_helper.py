@@ -23,7 +23,7 @@ def _overlay_dict_cache(fn=None, *, maxsize=None):
 
     @_functools.wraps(fn)
     def _wrapper(*args, **kwargs):
-        key = args + (_kwargs_mark, *sorted(kwargs.items())) if kwargs else args
+        key = (*args, _kwargs_mark, *sorted(kwargs.items())) if kwargs else args
         if key in _cache:
             return _cache[key]
         value = fn(*args, **kwargs)
