@@ -31,6 +31,12 @@ from .state import (
     vllm_root,
 )
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm no-op never loads (tests/test_fastpath.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .releases import Step
+
 # apply skips these (manager.state): when its ids were named, a superseded/missing-target
 # overlay is an error, so the full CLI must report it
 _QUIET = APPLY_SKIPS
@@ -66,7 +72,7 @@ def json_loads(raw: bytes) -> object:
 
         text = raw.decode("utf-8")
         start = len(text) - len(text.lstrip(_JSON_WS))
-        value, end = make_scanner(_Scanning)(text, start)
+        value, end = make_scanner(_Scanning)(text, start)  # type: ignore[arg-type]  # a class as the context
         if not text[end:].strip(_JSON_WS):
             return value
     except Exception:  # noqa: BLE001 - StopIteration (a syntax error), ImportError, UnicodeDecodeError...
@@ -129,6 +135,8 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
             ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
+    if not isinstance(ledger, dict):  # the engine's validation names what is wrong
+        return None
     if os.path.exists(os.path.join(state, JOURNAL_FILE)):
         return None
     if ledger.get("package_version") != package_version(root):
@@ -164,7 +172,7 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     return out
 
 
-def _from_plan(argv: list[str]) -> dict | None:
+def _from_plan(argv: list[str]) -> dict[str, Any] | None:
     """A first apply replayed from a prepared plan (manager.overlays.plans), or None."""
     parsed = _parse_apply(argv)
     if parsed is None:
@@ -178,10 +186,10 @@ def _line(verb: str, text: str) -> None:
     sys.stderr.write(f"{verb:>12}  {text}\n")
 
 
-_download: list = []
+_download: list[Any] = []
 
 
-def _download_progress(step) -> None:
+def _download_progress(step: Step) -> None:
     """releases' progress for a release file fetched during the apply: the CLI's reporter (rich),
     imported only when such a step happens (a cache miss of a release-file edit's source)."""
     if not _download:

@@ -23,12 +23,12 @@ if TYPE_CHECKING:  # annotations only: the leaf imports nothing of the package w
     from .overlays.model import Status
 
 try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
-    from _sha256 import sha256  # type: ignore[import-not-found]  # Python <= 3.11
+    from _sha256 import sha256 as sha256  # type: ignore[import-not-found,unused-ignore]  # Python <= 3.11
 except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
     try:
-        from _sha2 import sha256  # type: ignore[import-not-found,no-redef]
+        from _sha2 import sha256 as sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
     except ImportError:
-        from hashlib import sha256  # type: ignore[assignment]
+        from hashlib import sha256 as sha256  # type: ignore[assignment,unused-ignore]
 
 STATE_DIR = ".overlay-manager"  # under the package root
 LEDGER_FILE = "ledger.json"
@@ -100,7 +100,7 @@ def overlay_digest(overlay_dir: os.PathLike[str] | str) -> str:
     text (never followed: one pointing outside is refused when an edit reads it), and a FIFO,
     device or socket by its kind, so hashing can neither block nor read the host."""
     base = os.fspath(overlay_dir)
-    files = []
+    files: list[str] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         files.extend(os.path.join(dirpath, f) for f in filenames)
@@ -119,7 +119,7 @@ def overlay_digest(overlay_dir: os.PathLike[str] | str) -> str:
         except OSError as exc:
             data = b"unreadable:" + str(exc).encode()
         h.update(data + b"\0")
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def package_version(root: os.PathLike[str] | str, package: str = "vllm") -> str | None:
@@ -154,7 +154,7 @@ def file_sha(path: str) -> str:
     """sha256 of a regular file; ABSENT when missing, "not-a-regular-file" for anything else
     (a FIFO, a device, a directory, a file over MAX_READ: never blocks, never reads unbounded)."""
     try:
-        return sha256(read_bounded(path)).hexdigest()
+        return str(sha256(read_bounded(path)).hexdigest())
     except (FileNotFoundError, NotADirectoryError):
         return ABSENT
     except UnreadableFile as exc:

@@ -13,6 +13,10 @@ import _thread
 import json
 import os
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
+if TYPE_CHECKING:
+    from typing import Any
+
 # Crash safety is the engine's: originals stored, journal, atomic replace of each target, ledger
 # last, journal removed. What follows is where the data is made durable, i.e. survives a power
 # loss or a kernel crash (a kill -9 never needs an fsync: the page cache outlives the process).
@@ -68,7 +72,7 @@ def _fsync_all(fds: list[int], strict: bool = True) -> None:
         done = _thread.allocate_lock()
         done.acquire()
 
-        def run(fd: int = fd, done=done) -> None:
+        def run(fd: int = fd, done: _thread.LockType = done) -> None:
             try:
                 one(fd)
             finally:
@@ -202,7 +206,7 @@ def _drop_bytecode(path: str) -> None:
 
 
 def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[str, bytes | None],
-                 inputs: dict[str, str], journal: dict, ledger: dict, state_made: bool,
+                 inputs: dict[str, str], journal: dict[str, Any], ledger: dict[str, Any], state_made: bool,
                  paths: dict[str, str] | None = None) -> None:
     """The engine's apply transaction for the plan's writes, with the three durability barriers
     described above. `new`: rel -> bytes to write (None: delete); `base`: rel -> bytes read;
@@ -216,8 +220,9 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
         for rel in new:
             if base[rel] is not None:
                 orig = os.path.join(originals, inputs[rel])
-                if orig not in staged.pending and not os.path.exists(orig):
-                    staged.add(orig, base[rel], mode=0o644)
+                data = base[rel]
+                if data is not None and orig not in staged.pending and not os.path.exists(orig):
+                    staged.add(orig, data, mode=0o644)
                     first.append(orig)
         if journal:
             staged.add(journal_path, json.dumps(journal, indent=2, sort_keys=True).encode())

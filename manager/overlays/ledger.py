@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from collections.abc import Callable
 
 from .. import __version__
 from ..errors import OverlayError
@@ -127,15 +128,18 @@ class Ledger:
 
     @property
     def files(self) -> dict[str, dict[str, Any]]:
-        return self.data.setdefault("files", {})
+        section: dict[str, dict[str, Any]] = self.data.setdefault("files", {})
+        return section
 
     @property
     def overlays(self) -> dict[str, dict[str, Any]]:
-        return self.data.setdefault("overlays", {})
+        section: dict[str, dict[str, Any]] = self.data.setdefault("overlays", {})
+        return section
 
     @property
     def observed(self) -> dict[str, str]:
-        return self.data.setdefault("observed", {})
+        section: dict[str, str] = self.data.setdefault("observed", {})
+        return section
 
     @classmethod
     def load(cls, root: Path) -> Ledger:
@@ -206,7 +210,7 @@ class Ledger:
         except FileNotFoundError:
             pass
 
-    def recover(self, current_sha) -> list[str]:
+    def recover(self, current_sha: Callable[[str], str]) -> list[str]:
         """Fold a journal left by an interrupted apply into the ledger. Returns notes."""
         try:
             entries = validate_journal(json.loads(self.journal_path.read_text()))

@@ -37,6 +37,10 @@ from ..state import sha256 as _sha256
 from .durable import transaction
 from .targets import manifest_targets
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
+if TYPE_CHECKING:
+    from typing import Any
+
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
 ENV_CACHE = "OVERLAY_PLAN_CACHE"
@@ -54,7 +58,7 @@ def plan_key(package_version_: str | None, explicit: bool, requested: dict[str, 
     """The file name stem of the plan for a request: tool version, package version, whether
     the ids were named, and (id, digest) of every requested overlay."""
     raw = json.dumps([FORMAT, __version__, package_version_, bool(explicit), sorted(requested.items())])
-    return _sha256(raw.encode()).hexdigest()
+    return str(_sha256(raw.encode()).hexdigest())
 
 
 def plan_dirs(arg: str | None = None) -> list[str]:
@@ -87,7 +91,7 @@ def _inside(root: str, rel: str, where: str) -> str:
     return os.path.join(root, rel)
 
 
-def apply_hunks(base: bytes, hunks: list, where: str) -> bytes:
+def apply_hunks(base: bytes, hunks: list[Any], where: str) -> bytes:
     """base with each [start, end, text] replaced (byte offsets into base, ascending)."""
     out, pos = [], 0
     for h in hunks:
@@ -101,7 +105,7 @@ def apply_hunks(base: bytes, hunks: list, where: str) -> bytes:
     return b"".join(out)
 
 
-def check_plan(plan: object, where: str) -> dict:
+def check_plan(plan: object, where: str) -> dict[str, Any]:
     """Structure and internal consistency of a loaded plan (raises PlanRefused)."""
     if not isinstance(plan, dict) or plan.get("format") != FORMAT:
         raise PlanRefused(f"{where}: not an {FORMAT} plan")
@@ -170,11 +174,11 @@ def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | No
     return {i: overlay_digest(os.path.join(overlays_dir, i)) for i in wanted}, bool(ids)
 
 
-def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list] | None:
+def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list[Any]] | None:
     """(bytes of every input file (None: absent), their stat signatures), or None when a hash
     differs from the plan's."""
     out: dict[str, bytes | None] = {}
-    sigs = []
+    sigs: list[tuple[int, int, int, int] | None] = []
     for rel, want in inputs.items():
         path = os.path.join(root, rel)
         try:  # non-blocking, fstat()ed, bounded: a FIFO, a device or a huge file -> the engine decides
@@ -192,8 +196,8 @@ def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | N
     return out, sigs
 
 
-def _signatures(root: str, inputs: dict[str, str]) -> list:
-    sigs = []
+def _signatures(root: str, inputs: dict[str, str]) -> list[Any]:
+    sigs: list[Any] = []
     for rel in inputs:
         try:
             st = os.stat(os.path.join(root, rel))
@@ -204,7 +208,7 @@ def _signatures(root: str, inputs: dict[str, str]) -> list:
     return sigs
 
 
-def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
+def find_plan(dirs: list[str], key: str) -> tuple[str, dict[str, Any]] | None:
     """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON, or
     not a regular file of at most PLAN_MAX bytes: a FIFO there never blocks)."""
     for d in dirs:
@@ -222,7 +226,7 @@ def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
     return None
 
 
-def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict | None:
+def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict[str, Any] | None:
     """Apply the matching prepared plan as the engine's first apply would, or return None.
 
     Returns {"plan": path, "changes": [(verb, path, ids)], "statuses": [(id, status)],
@@ -293,10 +297,10 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         new[rel] = data
     # where each write lands: through an in-root file symlink, as the engine writes (the link is kept)
     paths = {}
-    for rel, data in new.items():
+    for rel, written in new.items():
         full = os.path.join(root, rel)
         if os.path.islink(full):
-            if data is None:
+            if written is None:
                 return None  # the engine refuses to delete a symlink or its target, in one line
             paths[rel] = os.path.realpath(full)
     state_made = not os.path.isdir(state)
@@ -330,7 +334,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
         verb = "create" if w["pre_sha256"] == ABSENT else "delete" if w["post_sha256"] == ABSENT else "updated"
         owners = led["files"][rel]["overlays"]
         changes.append((verb, rel, [i for i in order if i in owners]))
-    report = plan.get("report") if isinstance(plan.get("report"), dict) else {}
+    report: dict[str, Any] = plan["report"] if isinstance(plan.get("report"), dict) else {}
     written_by = {i for _, _, ids_ in changes for i in ids_}
     skipped = [(s[0], s[1]) for s in report.get("skipped", []) if isinstance(s, list) and len(s) == 2
                and isinstance(s[0], str) and isinstance(s[1], str) and s[0] in requested and s[0] not in written_by]
@@ -345,7 +349,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
 # --- the fast path's entry --------------------------------------------------------------
 
 
-def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict | None:
+def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict[str, Any] | None:
     """fastpath: the plan apply for `[--catalog C] apply [IDS] [--root R] [--plans D]`, or None."""
     from ..state import catalog_dir as _catalog_dir, vllm_root as _root
 

@@ -15,15 +15,17 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts, earlier_overlays
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
-from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
+from ..state import ABSENT, STATE_DIR
+from .ledger import Ledger, state_dir
 from .loader import Overlay
 from .model import ApplyResult, FileChange, RevertResult, StatusReport
 from .root import package_version
@@ -31,6 +33,7 @@ from .statuses import edited_since_apply, ledger_fast_status, overlay_status
 
 if TYPE_CHECKING:
     from .edits import Edit
+    from .excerpt import Excerpt
 
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
 _SKIP = APPLY_SKIPS
@@ -48,15 +51,16 @@ class _Plan:
     root: Path
     version: str | None
     report: StatusReport
-    tree: Tree | None = None  # the files as read (and parsed) for this plan
+    tree: Tree  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
-    modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
-    excerpts: dict[str, object] = field(default_factory=dict)  # the Excerpt that module is of, if any
+    modules: dict[str, Any] = field(default_factory=dict)  # the new text's libcst module, when built
+    excerpts: dict[str, Excerpt | None] = field(default_factory=dict)  # the Excerpt that module is of, if any
     overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module=None, *, excerpt=None, remove: bool = False):
+def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *, excerpt: Excerpt | None = None,
+               remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
     and text edits on the text; returns (new text, its libcst module or None, the excerpt that
     module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
@@ -66,8 +70,8 @@ def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module=No
 
     from .edits import EditFailed
 
-    def render(mod) -> str:
-        return excerpt.render(mod) if excerpt is not None else mod.code
+    def render(mod: Any) -> str:
+        return excerpt.render(mod) if excerpt is not None else str(mod.code)
 
     module = None
     for e in edits:
@@ -87,7 +91,8 @@ def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module=No
     return text, module, (excerpt if module is not None else None)
 
 
-def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None, excerpt=None):
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module: Any = None,
+                 excerpt: Excerpt | None = None) -> tuple[str | None, Any, Excerpt | None]:
     """Apply one overlay's edits for `rel` on `text`; returns _run_edits' (text, module, excerpt)."""
     from .edits import EditFailed
 
@@ -187,7 +192,7 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
     return plan
 
 
-def _changes(plan: _Plan, tree_read) -> list[FileChange]:
+def _changes(plan: _Plan, tree_read: Callable[[str], bytes | None]) -> list[FileChange]:
     out = []
     for rel, text in sorted(plan.texts.items()):
         before = tree_read(rel)
@@ -216,7 +221,7 @@ def _drop_bytecode(root: Path, rel: str) -> None:
         pass
 
 
-def _lock(root: Path, wait: float = 600.0, on_wait=None):
+def _lock(root: Path, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> AbstractContextManager[Any]:
     """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
     from .lock import root_lock
 
@@ -353,7 +358,7 @@ def _settle_journal(led: Ledger, version: str | None) -> None:
 
 def apply(
     overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
-    wait: float = 600.0, on_wait=None,
+    wait: float = 600.0, on_wait: Callable[[str], None] | None = None,
 ) -> ApplyResult:
     """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error).
     `wait`: seconds to wait for a lock another run holds (`on_wait(message)` is told once)."""
@@ -420,7 +425,7 @@ def diff(overlays: Sequence[Overlay], root: Path, explicit: bool = False) -> str
 
 
 def unified_diff(changes: Sequence[FileChange]) -> str:
-    out = []
+    out: list[str] = []
     for c in changes:
         a = (c.before or b"").decode("utf-8", "replace").splitlines(keepends=True)
         b = (c.after or b"").decode("utf-8", "replace").splitlines(keepends=True)
@@ -437,7 +442,8 @@ def unified_diff(changes: Sequence[FileChange]) -> str:
 
 
 def revert(
-    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0, on_wait=None
+    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0,
+    on_wait: Callable[[str], None] | None = None,
 ) -> RevertResult:
     """Restore original bytes for the selected overlays' files.
 
@@ -512,14 +518,14 @@ def revert(
                 changes.append(FileChange(rel, before, after, tuple(owners[rel])))
         _write(root, changes, led)
         for rel in texts:
-            rec = led.files.get(rel)
-            if rec is None:
+            kept = led.files.get(rel)
+            if kept is None:
                 continue
-            remaining = {i: v for i, v in rec["overlays"].items() if i not in selected}
+            remaining = {i: v for i, v in kept["overlays"].items() if i not in selected}
             if remaining:
-                rec["overlays"] = remaining
+                kept["overlays"] = remaining
                 written = next((c.after for c in changes if c.path == rel), tree.read(rel))
-                rec["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
+                kept["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
             else:
                 del led.files[rel]
         for i in selected:
