@@ -13,6 +13,8 @@ import _thread
 import json
 import os
 
+from ..state import JOURNAL_FILE, LEDGER_FILE, ORIGINALS_DIR
+
 TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
 if TYPE_CHECKING:
     from typing import Any
@@ -188,7 +190,9 @@ class _Staged:
         self.pending.clear()
 
 
-def _drop_bytecode(path: str) -> None:
+def drop_bytecode(path: str) -> None:
+    """Remove the cached bytecode of the source file `path` (`__pycache__/<stem>.*.pyc`, every tag and
+    optimisation level): the one bytecode dropper of both write paths (the engine's and plan replay)."""
     if not path.endswith(".py"):
         return
     cache = os.path.join(os.path.dirname(path), "__pycache__")
@@ -198,7 +202,7 @@ def _drop_bytecode(path: str) -> None:
     except OSError:
         return
     for n in names:
-        if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
+        if n.startswith(stem) and n.endswith(".pyc"):
             try:
                 os.unlink(os.path.join(cache, n))
             except OSError:  # a directory, immutable, foreign-owned: left (CPython revalidates a .pyc)
@@ -213,8 +217,8 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
     `paths`: rel -> the real path written (an in-root symlink is written through and kept)."""
     paths = paths or {}
     staged = _Staged()
-    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
-    originals = os.path.join(state, "originals")
+    ledger_path, journal_path = os.path.join(state, LEDGER_FILE), os.path.join(state, JOURNAL_FILE)
+    originals = os.path.join(state, ORIGINALS_DIR)
     first: list[str] = []  # renamed at barrier 2: originals, then the journal
     try:
         for rel in new:
@@ -249,7 +253,7 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
             else:
                 staged.rename(path)
             last.add(os.path.dirname(path))
-            _drop_bytecode(path)
+            drop_bytecode(path)
         staged.rename(ledger_path)  # ledger last
         _fsync_dirs(last)  # barrier 3: the targets and the ledger, while the journal covers them
     finally:

@@ -32,7 +32,10 @@ import os
 import sys
 
 from .. import __version__
-from ..state import ABSENT, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version, read_bounded
+from ..state import (
+    ABSENT, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version,
+    read_bounded,
+)
 from ..state import sha256 as _sha256
 from .durable import transaction
 from .targets import manifest_targets
@@ -236,7 +239,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str]) -> dict
     if not dirs:
         return None
     state = os.path.join(root, STATE_DIR)
-    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
+    ledger_path, journal_path = os.path.join(state, LEDGER_FILE), os.path.join(state, JOURNAL_FILE)
     if os.path.exists(ledger_path) or os.path.exists(journal_path):
         return None  # not a first apply: the warm path or the engine decides
     version = package_version(root)

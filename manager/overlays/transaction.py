@@ -23,8 +23,9 @@ from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts, earlier_overlays
+from .durable import drop_bytecode
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
-from ..state import ABSENT, STATE_DIR
+from ..state import ABSENT, ORIGINALS_DIR, STATE_DIR
 from .ledger import Ledger, state_dir
 from .loader import Overlay
 from .model import ApplyResult, FileChange, RevertResult, StatusReport
@@ -202,25 +203,6 @@ def _changes(plan: _Plan, tree_read: Callable[[str], bytes | None]) -> list[File
     return out
 
 
-def _drop_bytecode(root: Path, rel: str) -> None:
-    p = root / rel
-    if p.suffix != ".py":
-        return
-    cache = p.parent / "__pycache__"
-    try:
-        if not cache.is_dir():
-            return
-        for pyc in cache.glob(f"{p.stem}.*.pyc"):
-            try:
-                pyc.unlink()
-            except OSError:
-                # a directory, an immutable or foreign-owned entry: left as it is; CPython checks a
-                # .pyc's recorded source mtime and size against the source, so a stale one is not run
-                pass
-    except OSError:
-        pass
-
-
 def _lock(root: Path, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> AbstractContextManager[Any]:
     """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
     from .lock import root_lock
@@ -246,7 +228,7 @@ def _put(root: Path, rel: str, data: bytes | None) -> None:
             atomic_write(p, data)
         except OSError as exc:
             raise OverlayError(f"{rel}: cannot write: {exc.strerror}") from None
-    _drop_bytecode(root, rel)
+    drop_bytecode(str(Path(root) / rel))
 
 
 def _unchanged_since_read(root: Path, c: FileChange) -> None:
@@ -292,7 +274,7 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
 
 def _clean_litter(root: Path, rels: Iterable[str]) -> list[str]:
     """Delete the temp files a killed run left next to the targets and in the state directory."""
-    dirs = {state_dir(root), state_dir(root) / "originals"}
+    dirs = {state_dir(root), state_dir(root) / ORIGINALS_DIR}
     legacy: dict[Path, set[str]] = {}
     for rel in rels:
         try:
