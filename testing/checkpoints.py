@@ -255,7 +255,7 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     out = []
     for f in sorted(dest.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
-            for k in fh:
+            for k in fh.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but is not iterable
                 sl = fh.get_slice(k)
                 out.append((k, tuple(sl.get_shape()), sl.get_dtype()))
     return tuple(sorted(out))
