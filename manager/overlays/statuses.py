@@ -119,13 +119,15 @@ def _target_status(states: list, details: list[str]) -> tuple[Status, str]:
     return "pending", detail
 
 
-def edited_since_apply(root: Path, tree: Tree, version: str | None) -> dict[str, dict]:
+def edited_since_apply(root: Path, tree: Tree, version: str | None, led: Ledger | None = None) -> dict[str, dict]:
     """Files the ledger recorded for this package version whose bytes are now neither the
-    original nor what we wrote: somebody edited them after `overlay apply`."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return {}
+    original nor what we wrote: somebody edited them after `overlay apply`. `led`: the ledger
+    the caller already loaded (an apply under its lock), else read here."""
+    if led is None:
+        try:
+            led = Ledger.load(root)
+        except OverlayError:
+            return {}
     if not led.data or led.data.get("package_version") != version:
         return {}
     out = {}
@@ -207,12 +209,15 @@ def overlay_status(
     return OverlayStatus(overlay.id, overall, tuple(targets), m.title, m.sentinel_version)
 
 
-def ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None) -> StatusReport | None:
-    """Statuses straight from the ledger when every target's hash and every manifest digest match."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return None
+def ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None,
+                       led: Ledger | None = None) -> StatusReport | None:
+    """Statuses straight from the ledger when every target's hash and every manifest digest match.
+    `led`: the ledger the caller already loaded (an apply under its lock), else read here."""
+    if led is None:
+        try:
+            led = Ledger.load(root)
+        except OverlayError:
+            return None
     if not led.data or led.data.get("package_version") != version or led.journal_path.exists():
         return None
     out = []

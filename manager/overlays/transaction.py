@@ -150,10 +150,11 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
         ) from None
 
 
-def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
+def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool, led: Ledger | None = None) -> _Plan:
+    """What applying would write; `led`: the ledger already loaded under the root's lock (else read)."""
     tree = Tree(root, _top_level_names(overlays))
     version = package_version(root)
-    edited = edited_since_apply(root, tree, version)
+    edited = edited_since_apply(root, tree, version, led)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
     plan = _Plan(root, version, report, tree)
     for o, st in zip(overlays, report.overlays, strict=False):
@@ -361,12 +362,12 @@ def apply(
         _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
-            fast = ledger_fast_status(overlays, root, version)
+            fast = ledger_fast_status(overlays, root, version, led)  # the ledger loaded once per apply
             quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
             if fast is not None and all(o.status in quiet for o in fast.overlays):
                 skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
                 return ApplyResult(str(root), version, (), fast, skipped, fast_path=True)
-        plan = _plan(overlays, root, explicit)
+        plan = _plan(overlays, root, explicit, led)
         tree = plan.tree
         changes = _changes(plan, tree.read)
         if changes:
