@@ -213,6 +213,7 @@ def engine_apply(argv: list[str]) -> int | None:
         from .catalog import Catalog
         from .overlays import find_root, load_overlays, select
         from .overlays.plans import ENV_CACHE
+        from .applyreport import plain
         from .overlays.prepare import apply_and_record, report_lines
         from .releases import set_progress
 
@@ -220,8 +221,7 @@ def engine_apply(argv: list[str]) -> int | None:
         every = load_overlays(Catalog.locate(catalog_arg))
         recorded = apply_and_record(select(every, ids), find_root(root_arg), explicit=bool(ids), ids=ids,
                                     cache=os.environ.get(ENV_CACHE) or None, on_wait=lambda m: _line("waiting", m))
-        for verb, text, _kind in report_lines(recorded):
-            _line(verb, text)
+        sys.stderr.write(plain(report_lines(recorded)))
         return 0
     except SystemExit:
         raise
@@ -239,23 +239,20 @@ def main() -> None:
     except Exception:  # noqa: BLE001 - any doubt: let the full CLI decide (and report)
         done = None
     if done is not None:
-        for oid, st in done:
-            sys.stderr.write(f"{st:>12}  {oid}\n")
-        sys.stderr.write(f"{'identical':>12}  nothing to do (ledger hashes match)\n")
+        from .applyreport import apply_lines, plain
+
+        sys.stderr.write(plain(apply_lines(statuses=done, identical="nothing to do (ledger hashes match)")))
         sys.exit(0)
     try:
         planned = _from_plan(argv)
     except Exception:  # noqa: BLE001 - the engine redoes (and recovers) whatever the plan path left
         planned = None
     if planned is not None:
-        for oid, why in planned["skipped"]:
-            sys.stderr.write(f"{'skipped':>12}  {oid}: {why}\n")
-        for verb, path, ids in planned["changes"]:
-            sys.stderr.write(f"{verb:>12}  {path}  ({', '.join(ids)})\n")
-        for oid, st in planned["statuses"]:
-            if st in _QUIET:
-                sys.stderr.write(f"{st:>12}  {oid}\n")
-        sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified)\n")
+        from .applyreport import apply_lines, plain
+
+        sys.stderr.write(plain(apply_lines(
+            skipped=planned["skipped"], changes=planned["changes"], statuses=planned["statuses"], shown=_QUIET,
+            closing=("plan", f"{planned['plan']} (prepared plan, hashes verified)", "quiet"))))
         sys.exit(0)
     code = engine_apply(argv)
     if code is not None:

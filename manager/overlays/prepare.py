@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
 from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, read_bounded
+from ..applyreport import apply_lines
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
@@ -38,21 +39,14 @@ def report_lines(recorded: RecordedApply, dry_run: bool = False) -> list[tuple[s
     overlay's status), "quiet". The CLI colours the lines by kind; the start-up path
     (manager.fastpath, stderr not a terminal) prints the same lines plain."""
     result = recorded.result
-    out = [("recovered", note, "note") for note in result.notes]
-    out += [("skipped", f"{oid}: {why}", "skipped") for oid, why in result.skipped]
-    for c in result.changes:
-        verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
-        out.append((verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "change"))
-    if not dry_run:
-        out += [(o.status, o.id, "status") for o in result.statuses.overlays
-                if o.status in APPLY_SKIPS]
-    if not result.changes:
-        out.append(("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "quiet"))
-    if recorded.plan:
-        out.append(("recorded", f"plan {recorded.plan}", "quiet"))
-    elif recorded.note:
-        out.append(("note", recorded.note, "note"))
-    return out
+    closing = (("recorded", f"plan {recorded.plan}", "quiet") if recorded.plan
+               else ("note", recorded.note, "note") if recorded.note else None)
+    return apply_lines(
+        notes=result.notes, skipped=result.skipped,
+        changes=((c.verb, c.path, c.overlays) for c in result.changes),
+        statuses=((o.id, o.status) for o in result.statuses.overlays), shown=APPLY_SKIPS, dry_run=dry_run,
+        identical=f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", closing=closing,
+    )
 
 
 @dataclass(frozen=True)
