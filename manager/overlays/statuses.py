@@ -84,7 +84,7 @@ def source_segment(text: str, node: ast.AST) -> str:
     if end is None or last_col is None:
         return ""
     first, col = node.lineno - 1, node.col_offset  # type: ignore[attr-defined]
-    lines = []
+    lines: list[str] = []
     for m in _LINE_RE.finditer(text):
         if len(lines) == end:
             break

@@ -172,7 +172,7 @@ class AttentionBackend(_Strict):
     min_head_dim: int | None = None
     max_head_dim: int | None = None
     head_dim_multiple_of: int | None = None
-    kv_dtypes: list[KvDtype] = Field(default_factory=lambda: ["auto", "float16", "bfloat16"])
+    kv_dtypes: list[KvDtype] = Field(default_factory=lambda: list[KvDtype](["auto", "float16", "bfloat16"]))
     source: str = ""
 
     def runs_on(self, sm: float) -> bool:
