@@ -197,6 +197,8 @@ def drop_bytecode(path: str) -> None:
         return
     cache = os.path.join(os.path.dirname(path), "__pycache__")
     stem = os.path.basename(path)[:-3] + "."
+    if not os.path.isdir(cache):  # the common case (a wheel's tree has none): one stat, as the engine did
+        return
     try:
         names = os.listdir(cache)
     except OSError:
