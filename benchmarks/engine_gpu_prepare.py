@@ -15,7 +15,7 @@ builds, under DIR:
 3. the compute_70 PTX of the sm70-d512-attention kernels (`overlay build`'s library, NVRTC 12 from
    PyPI wheels) as a packed kernel cache;
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
-   reference) from `manager.testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
+   reference) from `testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
    parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
    group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -83,7 +82,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_5_x86_64", "manylinux1_x86_64", "any")
 
-# factory kinds (manager/testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
+# factory kinds (testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
 # ct-w4a16-moe-g16 takes the non-Marlin path; the ct kinds carry their dequantized model in dequantized/.
 CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16")
 # per tensor-parallel size, the kinds whose head counts, expert shapes and MoE intermediate size divide by it
@@ -201,26 +200,7 @@ def _version_of(wheel: Path) -> str:
 
 
 # The H200 image's Python packages (device KINDS.md, "Python packages already there", read 2026-11-17).
-IMAGE_PACKAGES = frozenset("""
-absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
-charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
-cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools
-formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna
-imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
-lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
-matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals
-networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
-nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13
-nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
-opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
-pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
-pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
-python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
-scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
-statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
-tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
-triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split())
+IMAGE_PACKAGES = frozenset(["absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio", "attrs", "botorch", "build", "certifi", "charset-normalizer", "chex", "click", "cloudpickle", "cmake", "colorama", "contourpy", "coverage", "cuda-bindings", "cuda-core", "cuda-pathfinder", "cuda-toolkit", "cupy-cuda13x", "cycler", "cython", "diffrax", "e3nn", "einops", "equinox", "etils", "execnet", "filelock", "flatbuffers", "flax", "fonttools", "formulaic", "frozenlist", "fsspec", "gpytorch", "grpcio", "h11", "h5py", "hf-xet", "httpcore", "httpx", "huggingface-hub", "humanize", "hypothesis", "idna", "imageio", "iniconfig", "interface-meta", "jax", "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "jaxtyping", "jinja2", "joblib", "kiwisolver", "lazy-loader", "lightning", "lightning-utilities", "linear-operator", "lineax", "llvmlite", "lxml", "markdown", "markdown-it-py", "markupsafe", "matplotlib", "mdurl", "meson", "ml-dtypes", "mpi4py", "mpmath", "msgpack", "multidict", "multipledispatch", "mypy-extensions", "nanobind", "narwhals", "networkx", "ninja", "numba", "numba-cuda", "numpy", "numpyro", "nvidia-cublas", "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13", "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink", "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "opencv-python-headless", "optax", "opt-einsum", "opt-einsum-fx", "optimistix", "orbax-checkpoint", "packaging", "pandas", "pathspec", "patsy", "peft", "pillow", "pip", "pluggy", "portalocker", "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow", "pybind11", "py-cpuinfo", "pygments", "pyparsing", "pyproject-hooks", "pyre-extensions", "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock", "pytest-timeout", "pytest-xdist", "python-dateutil", "pytorch-lightning", "pyyaml", "regex", "requests", "rich", "sacrebleu", "safetensors", "scikit-build-core", "scikit-image", "scikit-learn", "scipy", "seaborn", "sentencepiece", "sentence-transformers", "setuptools", "shellingham", "simplejson", "six", "sortedcontainers", "statsmodels", "sympy", "tabulate", "tensorboard", "tensorboard-data-server", "tensorstore", "threadpoolctl", "tifffile", "tiktoken", "timm", "tokenizers", "toolz", "torch", "torchaudio", "torchdiffeq", "torch-geometric", "torchmetrics", "torchvision", "tqdm", "transformers", "treescope", "triton", "typer", "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp"])
 
 
 def _norm(name: str) -> str:
@@ -369,11 +349,11 @@ def nvrtc12() -> Path:
 
 
 def build_checkpoints(dest: Path, kinds: tuple[str, ...] = CHECKPOINT_KINDS) -> dict:
-    """The tiny checkpoints from the factory (manager.testing.checkpoints), one directory per kind."""
+    """The tiny checkpoints from the factory (testing.checkpoints), one directory per kind."""
     try:
-        from manager.testing import checkpoints as factory
+        from testing import checkpoints as factory
     except ImportError as exc:
-        raise PrepareError(f"manager.testing.checkpoints: {exc} (the factory is not on this branch yet)") from exc
+        raise PrepareError(f"testing.checkpoints: {exc} (the factory is not on this branch yet)") from exc
     out = {}
     for kind in kinds:
         # bfloat16 storage halves what travels; bf16 values are exact in the fp16 engine and fp32 reference
@@ -551,7 +531,7 @@ def main(argv=None) -> int:
         print(f"engine_gpu_prepare: {exc}", file=sys.stderr)
         return 1
     doc = json.loads((args.out / "common" / "manifest.json").read_text())
-    for n, (names, size) in enumerate(zip(m.plan.calls, m.plan.sizes), 1):
+    for n, (names, size) in enumerate(zip(m.plan.calls, m.plan.sizes, strict=False), 1):
         print(f"call {n}: {size / MIB:5.1f} MiB  {' '.join(names)}", file=sys.stderr)
         print(f"  command: {doc['plan']['commands'][n - 1]}\n  carry:   {doc['plan']['carry'][n - 1]}", file=sys.stderr)
     return 0

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from manager.catalog import Catalog  # noqa: E402
-from manager.fits import build_index, fits  # noqa: E402
-from manager.profiles import load_profiles  # noqa: E402
+from manager.catalog import Catalog
+from manager.fits import build_index, fits
+from manager.profiles import load_profiles
 
 
 def sweep(profiles, index) -> tuple[float, int, dict[str, int]]:

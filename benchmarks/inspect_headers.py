@@ -77,7 +77,7 @@ def main() -> None:
             n = 0
             for f in files:
                 with safe_open(str(f), "np") as fh:
-                    for k in fh.keys():
+                    for k in fh.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but is not iterable
                         s = fh.get_slice(k)
                         s.get_dtype()
                         n += len(s.get_shape())

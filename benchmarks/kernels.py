@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -170,7 +169,7 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
             continue
         scale = 1.0 / math.sqrt(hd)
         g = torch.Generator().manual_seed(200 + i)
-        lens = [a + c for a, c in zip(qlens, ctxs)]
+        lens = [a + c for a, c in zip(qlens, ctxs, strict=False)]
         case = make_paged(lens, hk, bs, device=device, kv_shared=shared, seed=50 + i, head_dim=hd, fmt=fmt)
         cu = [0]
         for a in qlens:

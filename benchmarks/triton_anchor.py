@@ -21,8 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 VERSION = "0.20.0"
 FILES = {
-    "vllm/v1/attention/ops/triton_unified_attention.py": "f41f855b762b7ef84c57e900b7fd5baa5dd001277401b7b84df3e4c2d634f1eb",
-    "vllm/v1/attention/ops/triton_attention_helpers.py": "6edac7cd3d021f41c9c5a59af739e0d032836d0f06da4d782b02e5a0b951ff50",
+    "vllm/v1/attention/ops/triton_unified_attention.py":
+        "f41f855b762b7ef84c57e900b7fd5baa5dd001277401b7b84df3e4c2d634f1eb",
+    "vllm/v1/attention/ops/triton_attention_helpers.py":
+        "6edac7cd3d021f41c9c5a59af739e0d032836d0f06da4d782b02e5a0b951ff50",
 }
 STUBS = {
     "vllm/__init__.py": f'__version__ = "{VERSION} (triton_unified_attention only, benchmarks/triton_anchor.py)"\n',
@@ -34,7 +36,8 @@ STUBS = {
     "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/ops/__init__.py": "",
     "vllm/v1/kv_cache_interface.py": (
         "from enum import IntEnum\n\n\nclass KVQuantMode(IntEnum):   # vllm/v1/kv_cache_interface.py (0.20.0)\n"
-        "    NONE = 0\n    FP8_PER_TENSOR = 1\n    INT8_PER_TOKEN_HEAD = 2\n    FP8_PER_TOKEN_HEAD = 3\n    NVFP4 = 4\n\n"
+        "    NONE = 0\n    FP8_PER_TENSOR = 1\n    INT8_PER_TOKEN_HEAD = 2\n"
+        "    FP8_PER_TOKEN_HEAD = 3\n    NVFP4 = 4\n\n"
         "    @property\n    def is_per_token_head(self):\n"
         "        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD)\n"),
 }

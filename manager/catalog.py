@@ -96,7 +96,7 @@ class Catalog:
         return self.root / "compose"
 
     @classmethod
-    def locate(cls, path: str | os.PathLike[str] | None = None) -> "Catalog":
+    def locate(cls, path: str | os.PathLike[str] | None = None) -> Catalog:
         raw = path if path is not None else os.environ.get(ENV_VAR)
         if raw:
             root = Path(raw).expanduser().resolve()

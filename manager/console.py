@@ -44,7 +44,7 @@ class _DataConsole(Console):
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
         if kwargs.get("soft_wrap") is None and not self.is_terminal:
             kwargs["soft_wrap"] = True
-        super().print(*objects, **kwargs)
+        super().print(*objects, **kwargs)  # type: ignore[arg-type]  # rich's own keywords, passed through
 
 
 # Human-readable answers to queries (tables, fits reports, plans): stdout, with rich markup.

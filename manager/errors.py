@@ -46,4 +46,5 @@ class InspectError(ManagerError):
 
 
 class EngineError(ManagerError):
-    """A real engine (a vLLM install used by the test harness) could not be installed, started or queried."""
+    """An engine install could not be read or queried (`overlay engine audit`: a wheel, a site-packages tree, an image);
+    the real-engine test harness (testing/engine.py, not shipped) raises it too."""

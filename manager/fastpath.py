@@ -31,6 +31,12 @@ from .state import (
     vllm_root,
 )
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm no-op never loads (tests/test_fastpath.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .releases import Step
+
 # apply skips these (manager.state): when its ids were named, a superseded/missing-target
 # overlay is an error, so the full CLI must report it
 _QUIET = APPLY_SKIPS
@@ -66,7 +72,7 @@ def json_loads(raw: bytes) -> object:
 
         text = raw.decode("utf-8")
         start = len(text) - len(text.lstrip(_JSON_WS))
-        value, end = make_scanner(_Scanning)(text, start)
+        value, end = make_scanner(_Scanning)(text, start)  # type: ignore[arg-type]  # a class as the context
         if not text[end:].strip(_JSON_WS):
             return value
     except Exception:  # noqa: BLE001 - StopIteration (a syntax error), ImportError, UnicodeDecodeError...
@@ -129,6 +135,8 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
             ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
+    if not isinstance(ledger, dict):  # the engine's validation names what is wrong
+        return None
     if os.path.exists(os.path.join(state, JOURNAL_FILE)):
         return None
     if ledger.get("package_version") != package_version(root):
@@ -164,7 +172,7 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
     return out
 
 
-def _from_plan(argv: list[str]) -> dict | None:
+def _from_plan(argv: list[str]) -> dict[str, Any] | None:
     """A first apply replayed from a prepared plan (manager.overlays.plans), or None."""
     parsed = _parse_apply(argv)
     if parsed is None:
@@ -178,10 +186,10 @@ def _line(verb: str, text: str) -> None:
     sys.stderr.write(f"{verb:>12}  {text}\n")
 
 
-_download: list = []
+_download: list[Any] = []
 
 
-def _download_progress(step) -> None:
+def _download_progress(step: Step) -> None:
     """releases' progress for a release file fetched during the apply: the CLI's reporter (rich),
     imported only when such a step happens (a cache miss of a release-file edit's source)."""
     if not _download:
@@ -204,7 +212,8 @@ def engine_apply(argv: list[str]) -> int | None:
     try:
         from .catalog import Catalog
         from .overlays import find_root, load_overlays, select
-        from .overlays.plans import ENV_CACHE
+        from .overlays.plankey import ENV_CACHE
+        from .applyreport import plain
         from .overlays.prepare import apply_and_record, report_lines
         from .releases import set_progress
 
@@ -212,8 +221,7 @@ def engine_apply(argv: list[str]) -> int | None:
         every = load_overlays(Catalog.locate(catalog_arg))
         recorded = apply_and_record(select(every, ids), find_root(root_arg), explicit=bool(ids), ids=ids,
                                     cache=os.environ.get(ENV_CACHE) or None, on_wait=lambda m: _line("waiting", m))
-        for verb, text, _kind in report_lines(recorded):
-            _line(verb, text)
+        sys.stderr.write(plain(report_lines(recorded)))
         return 0
     except SystemExit:
         raise
@@ -231,23 +239,20 @@ def main() -> None:
     except Exception:  # noqa: BLE001 - any doubt: let the full CLI decide (and report)
         done = None
     if done is not None:
-        for oid, st in done:
-            sys.stderr.write(f"{st:>12}  {oid}\n")
-        sys.stderr.write(f"{'identical':>12}  nothing to do (ledger hashes match)\n")
+        from .applyreport import apply_lines, plain
+
+        sys.stderr.write(plain(apply_lines(statuses=done, identical="nothing to do (ledger hashes match)")))
         sys.exit(0)
     try:
         planned = _from_plan(argv)
     except Exception:  # noqa: BLE001 - the engine redoes (and recovers) whatever the plan path left
         planned = None
     if planned is not None:
-        for oid, why in planned["skipped"]:
-            sys.stderr.write(f"{'skipped':>12}  {oid}: {why}\n")
-        for verb, path, ids in planned["changes"]:
-            sys.stderr.write(f"{verb:>12}  {path}  ({', '.join(ids)})\n")
-        for oid, st in planned["statuses"]:
-            if st in _QUIET:
-                sys.stderr.write(f"{st:>12}  {oid}\n")
-        sys.stderr.write(f"{'plan':>12}  {planned['plan']} (prepared plan, hashes verified{planned.get('auth', '')})\n")
+        from .applyreport import apply_lines, plain
+
+        sys.stderr.write(plain(apply_lines(
+            skipped=planned["skipped"], changes=planned["changes"], statuses=planned["statuses"], shown=_QUIET,
+            closing=("plan", f"{planned['plan']} (prepared plan, hashes verified{planned.get('auth', '')})", "quiet"))))
         sys.exit(0)
     code = engine_apply(argv)
     if code is not None:

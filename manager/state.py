@@ -18,13 +18,17 @@ import os
 import stat
 import sys
 
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm no-op never loads (tests/test_fastpath.py)
+if TYPE_CHECKING:  # annotations only: the leaf imports nothing of the package when it runs
+    from .overlays.model import Status
+
 try:  # the builtin module: no OpenSSL load (~3 ms of every container start)
-    from _sha256 import sha256  # type: ignore[import-not-found]  # Python <= 3.11
+    from _sha256 import sha256 as sha256  # type: ignore[import-not-found,unused-ignore]  # Python <= 3.11
 except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
     try:
-        from _sha2 import sha256  # type: ignore[import-not-found,no-redef]
+        from _sha2 import sha256 as sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
     except ImportError:
-        from hashlib import sha256  # type: ignore[assignment]
+        from hashlib import sha256 as sha256  # type: ignore[assignment,unused-ignore]
 
 STATE_DIR = ".overlay-manager"  # under the package root
 LEDGER_FILE = "ledger.json"
@@ -34,8 +38,8 @@ ABSENT = "absent"  # the recorded hash of a file that does not exist
 
 # apply skips these: the overlay needs nothing written. When its ids were named, a
 # superseded/missing-target overlay is an error (reported by the full CLI); unnamed, it is skipped.
-APPLY_SKIPS = frozenset({"applied", "upstream", "not-applicable"})
-SKIP_UNLESS_NAMED = frozenset({"superseded", "missing-target"})
+APPLY_SKIPS: frozenset[Status] = frozenset({"applied", "upstream", "not-applicable"})
+SKIP_UNLESS_NAMED: frozenset[Status] = frozenset({"superseded", "missing-target"})
 
 # compiled on first use (re's cache), and `re` imported then: the warm no-op never reads a
 # _version.py, and a bare python (an image's) does not import re at start-up (~5 ms)
@@ -89,14 +93,14 @@ def read_bounded(path: str, limit: int = MAX_READ) -> bytes:
         os.close(fd)
 
 
-def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
+def overlay_digest(overlay_dir: os.PathLike[str] | str) -> str:
     """sha256 over an overlay directory: the manifest and every file it may read.
 
     Only regular files inside the directory are read (bounded): a symlink is hashed as its link
     text (never followed: one pointing outside is refused when an edit reads it), and a FIFO,
     device or socket by its kind, so hashing can neither block nor read the host."""
     base = os.fspath(overlay_dir)
-    files = []
+    files: list[str] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         files.extend(os.path.join(dirpath, f) for f in filenames)
@@ -115,10 +119,10 @@ def overlay_digest(overlay_dir: "os.PathLike[str] | str") -> str:
         except OSError as exc:
             data = b"unreadable:" + str(exc).encode()
         h.update(data + b"\0")
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
-def package_version(root: "os.PathLike[str] | str", package: str = "vllm") -> str | None:
+def package_version(root: os.PathLike[str] | str, package: str = "vllm") -> str | None:
     """The installed version, from the dist-info METADATA or `<package>/_version.py`."""
     root = os.fspath(root)
     prefix = package.replace("-", "_") + "-"
@@ -150,18 +154,20 @@ def file_sha(path: str) -> str:
     """sha256 of a regular file; ABSENT when missing, "not-a-regular-file" for anything else
     (a FIFO, a device, a directory, a file over MAX_READ: never blocks, never reads unbounded)."""
     try:
-        return sha256(read_bounded(path)).hexdigest()
+        return str(sha256(read_bounded(path)).hexdigest())
     except (FileNotFoundError, NotADirectoryError):
         return ABSENT
     except UnreadableFile as exc:
         return ABSENT if exc.errno == 21 else "not-a-regular-file"  # matches no recorded hash
 
 
-def catalog_overlay_ids(overlays_dir: str) -> list[str] | None:
-    """Sorted ids of the catalog's overlays (folders with an overlay.yaml), or None when unreadable."""
+def catalog_overlay_ids(overlays_dir: str, *, any_kind: bool = False) -> list[str] | None:
+    """Sorted ids of the catalog's overlays (folders with an overlay.yaml; `.`/`_` folders skipped), or None when
+    unreadable. `any_kind`: an overlay.yaml that is not a regular file counts too (the loader then names it)."""
+    present = os.path.lexists if any_kind else os.path.isfile
     try:
         return sorted(n for n in os.listdir(overlays_dir) if not n.startswith((".", "_"))
-                      and os.path.isfile(os.path.join(overlays_dir, n, "overlay.yaml")))
+                      and present(os.path.join(overlays_dir, n, "overlay.yaml")))
     except OSError:
         return None
 
@@ -177,13 +183,14 @@ def catalog_dir(arg: str | None) -> str | None:
     return os.fspath(found) if found is not None else None
 
 
-def vllm_root(arg: str | None) -> str | None:
-    """`--root DIR`, else the directory holding the `vllm` package on sys.path (not imported)."""
+def vllm_root(arg: str | None, package: str = "vllm") -> str | None:
+    """`--root DIR`, else the directory holding the `package` on sys.path (not imported); None when not found.
+    The one root finder: `overlays.root.find_root` is this plus the checks that raise."""
     if arg:
         return os.path.realpath(os.path.expanduser(arg))
     from importlib.machinery import PathFinder
 
-    spec = PathFinder.find_spec("vllm", sys.path)
+    spec = PathFinder.find_spec(package, sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0]))
+    return os.path.dirname(os.path.realpath(next(iter(spec.submodule_search_locations))))

@@ -11,7 +11,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import click
 
@@ -53,7 +53,8 @@ def accept_catalog_anywhere(group: click.Group) -> None:
         if not any("--catalog" in p.opts for p in cmd.params):
             cmd.params.insert(0, click.Option(
                 ["--catalog"], type=click.Path(file_okay=False, path_type=str), expose_value=False, is_eager=True,
-                callback=_late_catalog, help="Catalog directory (as `overlay --catalog DIR`; default: the shipped catalog)."))
+                callback=_late_catalog,
+                help="Catalog directory (as `overlay --catalog DIR`; default: the shipped catalog)."))
 
 
 def write_output(path: Path, data: bytes, make_dirs: bool = False) -> str:

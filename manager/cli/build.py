@@ -23,7 +23,8 @@ class ConsoleProgress:
 
         style = "green" if item.action == "compiled" else ("yellow" if item.action == "rebuilt" else "cyan")
         # status() shows its subject literally (it escapes once): no escape here, or `\[` shows
-        console.status(item.action, f"{item.overlay}/{item.source} [{item.arch}] {item.key[:12]} ({seconds:.1f}s)", style=style)
+        console.status(item.action, f"{item.overlay}/{item.source} [{item.arch}] {item.key[:12]} ({seconds:.1f}s)",
+                       style=style)
 
 
 @click.command("build")

@@ -153,7 +153,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     import os
 
     from ..overlays import find_root
-    from ..overlays.plans import ENV_CACHE
+    from ..overlays.plankey import ENV_CACHE
     from ..overlays.prepare import apply_and_record, report_lines
 
     _, selected = _selected(app, ids)
@@ -249,12 +249,13 @@ def demo_cmd(app: Application, version: str, dest: str | None, keep: bool) -> No
     import tempfile
 
     from ..overlays import apply, load_overlays, status
+    from ..overlays.manifest import ReleaseFileEdit
     from ..releases import copy_release
 
     # the catalog first: a missing or broken one fails before anything is downloaded
     overlays = [o for o in load_overlays(app.catalog) if o.manifest.kernels is None or o.manifest.edits]
     others = sorted({e.release for o in overlays for e in o.manifest.edits
-                     if getattr(e, "kind", None) == "release-file" and e.release != version})
+                     if isinstance(e, ReleaseFileEdit) and e.release != version})
     root = Path(dest) if dest else Path(tempfile.mkdtemp(prefix=f"overlay-demo-{version}-"))
     say("release", f"vllm=={version} sources from PyPI into {root}"
         + (f"; the overlays copy files from vllm {', '.join(others)} too (its sdist is fetched once, cached)"

@@ -9,7 +9,8 @@ in the user's shell).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
 
 import click
 from click.shell_completion import CompletionItem
@@ -39,8 +40,9 @@ def _profiles(catalog: Catalog) -> Profiles:
 
 
 def _overlay_ids(catalog: Catalog) -> list[str]:
-    d = catalog.overlays_dir
-    return sorted(p.name for p in d.iterdir() if (p / "overlay.yaml").is_file()) if d.is_dir() else []
+    from ..state import catalog_overlay_ids
+
+    return catalog_overlay_ids(str(catalog.overlays_dir)) or []
 
 
 def _slugs(catalog: Catalog) -> list[str]:

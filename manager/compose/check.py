@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
 
 import yaml
 
@@ -53,7 +54,8 @@ class CheckReport:
         return tuple(f for f in self.findings if f.ok and f.warn)
 
 
-def render_all(plans: Mapping[str, ServicePlan], options: RenderOptions = RenderOptions()) -> dict[str, str]:
+def render_all(plans: Mapping[str, ServicePlan], options: RenderOptions | None = None) -> dict[str, str]:
+    options = options if options is not None else RenderOptions()
     return {slug: render_compose(plan, options) for slug, plan in sorted(plans.items())}
 
 

@@ -29,28 +29,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..catalog import Catalog
 from ..dockerclient import docker_client
 from ..errors import ComposeError, ManagerError
+from .recipe import Recipe
 from .wheels import LOCK, WheelServer, WheelSet, sha256_file, wheel_set
 
 RECIPE_FILES = ("Dockerfile", "requirements.txt", "entrypoint.sh")
 CONTEXT_LABEL = "io.overlay-manager.context"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    path: Path
-    tag: str
-    vllm_version: str
-    apply: tuple[str, ...]
-    build: tuple[str, ...]
-    requirements: tuple[str, ...]
 
 
 @dataclass(frozen=True)

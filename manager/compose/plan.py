@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Mapping, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping
 
 from ..catalog import Catalog
 from ..errors import ComposeError

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
+from collections.abc import Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -96,7 +97,7 @@ class Deployment(BaseModel):
         return dict(v)
 
     @model_validator(mode="after")
-    def _tp(self) -> "Deployment":
+    def _tp(self) -> Deployment:
         if self.gpus % self.tp != 0:
             raise ValueError(f"gpus={self.gpus} is not a multiple of tp={self.tp}")
         return self

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Mapping, TypeVar
+from typing import TypeVar
+from collections.abc import Mapping
 
 import jinja2
 import yaml

@@ -16,14 +16,12 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ComposeError
 from ..releases import cache_dir
 from .bundle import _pip, platform_tags
-
-if TYPE_CHECKING:
-    from .image import Recipe
+from .recipe import Recipe
 
 LOCK = "requirements.lock"
 _WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
@@ -43,7 +41,7 @@ def _wheel_key(reqs: tuple[str, ...]) -> str:
     return hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
 
 
-def default_wheel_root(recipe: "Recipe") -> Path:
+def default_wheel_root(recipe: Recipe) -> Path:
     return cache_dir() / "wheels" / recipe.name
 
 
@@ -71,7 +69,7 @@ def _write_lock(d: Path) -> Path:
     return lock
 
 
-def wheel_set(recipe: "Recipe", python: str, platform: str, root: Path | None = None) -> WheelSet:
+def wheel_set(recipe: Recipe, python: str, platform: str, root: Path | None = None) -> WheelSet:
     """Download (once) every wheel of the recipe for python/platform into `root`; idempotent:
     a directory marked complete is reused as it is (pip checks each wheel's hash at install)."""
     from filelock import FileLock
@@ -102,7 +100,7 @@ def wheel_set(recipe: "Recipe", python: str, platform: str, root: Path | None = 
     return WheelSet(d, d / LOCK, len(wheels), sum(w.stat().st_size for w in wheels), cached)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quiet_handler(directory: str) -> type:
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a: Any, **kw: Any) -> None:
@@ -127,7 +125,7 @@ class WheelServer:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "WheelServer":
+    def __enter__(self) -> WheelServer:
         self.thread.start()
         return self
 

@@ -18,7 +18,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator
+from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable, Iterator
 
 from ..dockerclient import docker_client
 from ..errors import EngineError
@@ -175,15 +176,12 @@ class _Collector:
             rel, len(tus), sum(1 for c in fb.containers if self.sm in c.sass()),
             sum(1 for t in tus if t.runs), _arches(fb.entries, "sass"), _arches(fb.entries, "ptx")))
         groups: dict[needs.Rule, list[tuple[TU, fatbin.Container]]] = {}
-        for t, c in zip(tus, fb.containers):
+        for t, c in zip(tus, fb.containers, strict=False):
             groups.setdefault(needs.rule_for(rel, t.name), []).append((t, c))
         for rule, members in groups.items():
             group_tus = tuple(t for t, _c in members)
             entries = [e for _t, c in members for e in c.entries]
-            if rule.whole_library:
-                runs = any(t.runs for t in group_tus)
-            else:
-                runs = all(t.runs for t in group_tus)
+            runs = any(t.runs for t in group_tus) if rule.whole_library else all(t.runs for t in group_tus)
             finding = needs.classify(rule, runs, self.sm)
             self.components.append(Component(
                 rule.component, rel, rule.role, finding.verdict, finding.note, rule.source,
@@ -245,7 +243,7 @@ def audit_wheel(path: Path, sm: int, progress: Callable[[str], None] | None = No
                     raise EngineError(f"{path}: member {info.filename} declares {info.file_size:,} bytes (over {MAX_MEMBER:,})")
                 if progress:
                     progress(info.filename)
-                _through_temp(col, info.filename, lambda: zf.open(info), Path(tmp))
+                _through_temp(col, info.filename, lambda info=info: zf.open(info), Path(tmp))
     return col.report(str(path))
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
+from collections.abc import Iterator
 
 from ..errors import ManagerError
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .core import CONSTRAINT_IDS, Constraint, FitReport, default_engine, fits, valid_tps
+from ..profiles.tp import valid_tps
+from .core import CONSTRAINT_IDS, Constraint, FitReport, default_engine, fits
 from .memory import Memory, kv_bytes, kv_cache_bytes
 from .overlays import DeploymentFacts, OverlayIndex, OverlayInfo, build_index, index_for, matches
 from .plan import Plan, Rejected, plan

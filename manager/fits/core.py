@@ -18,6 +18,7 @@ from ..catalog import Catalog
 from ..errors import ProfileError
 from ..profiles.loader import Profiles
 from ..profiles.schema import Documented, EngineProfile, HardwareProfile, ModelProfile, WeightVariant
+from ..profiles.tp import kv_heads_split, valid_tps
 from . import memory as mem
 from .overlays import DeploymentFacts, OverlayIndex, index_for, shipped_overlays, sm_in_range
 
@@ -92,27 +93,6 @@ def _gb(b: int | float) -> str:
     return f"{b / 1e9:.2f} GB"
 
 
-def _kv_heads_split(kv_heads: int, tp: int) -> bool:
-    """vLLM's rule for KV heads under TP (Gemma4Attention, vllm/model_executor/models/gemma4.py of 0.19.1
-    and later; QKVParallelLinear alike): at least TP heads must divide by TP; fewer must divide TP, and
-    each rank then holds a replica of one head (the KV bytes per rank grow: fits.memory._per_rank)."""
-    return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
-
-
-def _divisors_ok(model: ModelProfile) -> list[int]:
-    out = []
-    for tp in (1, 2, 4, 8, 16):
-        if model.num_attention_heads % tp:
-            continue
-        if all(_kv_heads_split(g.kv_heads, tp) for g in model.layer_groups if g.kind != "linear" and g.kv_heads):
-            out.append(tp)
-    return out
-
-
-def valid_tps(model: ModelProfile) -> list[int]:
-    return _divisors_ok(model)
-
-
 def default_engine(profiles: Profiles, hw: HardwareProfile, model: ModelProfile | None = None) -> EngineProfile:
     """Newest stock engine whose image targets this SM (and serves the model's family); else a fork."""
     cands = [e for e in profiles.engines.values() if e.device == hw.device and e.min_sm <= hw.sm + 1e-9]
@@ -159,11 +139,11 @@ def c_tp_heads(c: _Ctx) -> Constraint:
     for g in m.layer_groups:
         if g.kind == "linear" or not g.kv_heads:
             continue
-        if not _kv_heads_split(g.kv_heads, tp):
+        if not kv_heads_split(g.kv_heads, tp):
             bad.append(f"{g.name} KV heads {g.kv_heads} (neither divides the other)")
         elif g.kv_heads < tp:
             replicated.append(f"{g.name} KV heads {g.kv_heads} replicated {tp // g.kv_heads}x")
-    valid = _divisors_ok(m)
+    valid = valid_tps(m)
     if bad:
         return Constraint("tp-heads", "fail", f"TP {tp} does not divide {', '.join(bad)}; valid TP {valid}")
     kvs = "/".join(str(g.kv_heads) for g in m.layer_groups if g.kind != "linear")
@@ -212,9 +192,7 @@ def _broken_applies(kb, c: _Ctx) -> bool:
         return False
     if kb.min_sm is not None and c.hw.sm < kb.min_sm - 1e-9:
         return False
-    if kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-9:
-        return False
-    return True
+    return not (kb.max_sm is not None and c.hw.sm > kb.max_sm + 1e-09)
 
 
 def _broken_note(kb) -> str:
@@ -257,10 +235,9 @@ def c_dtype(c: _Ctx) -> Constraint:
         msgs.append(f"sm {hw.sm} has no bf16: activations run as fp16 (overflow risk; --dtype float16)")
     else:
         msgs.append(f"compute {m.dtype} on sm {hw.sm}")
-    if w.format == "fp8":
-        if hw.sm < 8.9:
-            result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
-            msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} " + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
+    if w.format == "fp8" and hw.sm < 8.9:
+        result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
+        msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} " + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
     return Constraint("dtype", result, "; ".join(msgs))
 
 

@@ -145,7 +145,7 @@ def compute(model: ModelProfile, variant: WeightVariant, hw: HardwareProfile, en
         replicated.append(f"{variant.replicated_gb} GB of unsharded parts (vision/audio towers)")
     max_window = max((g.window or 0) for g in model.layer_groups)
     ref_ctx = ctx or model.max_context
-    grow_card, slide_card = kv_bytes(model, tp=tp, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=ref_ctx)
+    grow_card, _slide_card = kv_bytes(model, tp=tp, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=ref_ctx)
     grow_all, slide_all = kv_bytes(model, tp=1, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=ref_ctx)
     slide_fixed_card = kv_bytes(model, tp=tp, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=max(max_window, 1))[1]
     if kv_avail <= 0:

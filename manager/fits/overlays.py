@@ -13,17 +13,17 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import ValidationError
 
 from ..catalog import Catalog, default_catalog_dir
 from ..errors import ManagerError
 from ..fsutil import atomic_write, sha256_bytes
 from ..overlays.info import OverlayInfo
-from ..overlays.manifest import NeededWhen, read_manifest, validate_manifest
+from ..overlays.manifest import NeededWhen
+from ..overlays.readinfo import read_overlays, remember_shipped, shipped_overlays
 
 # Statuses on a pristine release (docs/design.md).
 NEEDED = {"pending"}
@@ -116,7 +116,7 @@ class OverlayIndex:
     def digest(self) -> str:
         """Manifests + the overlay engine's own code: either changing invalidates the disk cache."""
         parts = [f"{o.id}:{o.digest}" for o in sorted(self.overlays.values(), key=lambda o: o.id)]
-        return sha256_bytes("|".join(parts + [_engine_digest()]).encode())[:16]
+        return sha256_bytes("|".join([*parts, _engine_digest()]).encode())[:16]
 
     def statuses(self, version: str) -> tuple[dict[str, str], str | None]:
         """id -> status on `version`, and a warning when it came from the versions range."""
@@ -213,76 +213,6 @@ def _engine_digest() -> str:
     return _ENGINE_DIGEST[0]
 
 
-def read_overlay(mf: Path) -> OverlayInfo:
-    """One overlays/<id>/overlay.yaml as an OverlayInfo; a manifest that does not validate keeps
-    the parts that do (its needed_when, when valid) and the first error, shortened."""
-    oid = mf.parent.name
-    try:
-        digest = sha256_bytes(mf.read_bytes())[:16]
-    except OSError as exc:
-        return OverlayInfo(oid, invalid=f"unreadable: {exc}")
-    try:
-        raw = read_manifest(mf)
-    except ManagerError as exc:
-        return OverlayInfo(oid, invalid=_first_error(exc, mf), digest=digest)
-    try:
-        return OverlayInfo.from_manifest(validate_manifest(mf, raw), digest=digest)
-    except ManagerError as exc:
-        invalid = _first_error(exc, mf)
-    try:
-        needed_when = NeededWhen.model_validate(raw.get("needed_when") or {})
-    except ValidationError:
-        needed_when = NeededWhen()
-    rid, versions, provides = raw.get("id"), raw.get("versions"), raw.get("provides_families")
-    return OverlayInfo(
-        rid if isinstance(rid, str) and rid else oid,
-        needed_when=needed_when,
-        versions=versions if isinstance(versions, str) else "",
-        kernel="kernels" in raw,
-        provides_families=tuple(str(f) for f in provides) if isinstance(provides, list) else (),
-        invalid=invalid,
-        digest=digest,
-    )
-
-
-def _first_error(exc: ManagerError, mf: Path) -> str:
-    """The first of a manifest's errors without the path, and how many more there are."""
-    first = str(exc).splitlines()[0].split("; ")[0].replace(str(mf) + ": ", "")
-    n = str(exc).count("; ") + 1
-    return first[:100] + (f" (+{n - 1} more)" if n > 1 else "")
-
-
-def read_overlays(base: Path) -> dict[str, OverlayInfo]:
-    """id -> OverlayInfo for every overlays/<id>/overlay.yaml under `base`."""
-    infos: dict[str, OverlayInfo] = {}
-    if base.is_dir():
-        for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-            mf = d / "overlay.yaml"
-            if mf.is_file():
-                info = read_overlay(mf)
-                infos[info.id] = info
-    return infos
-
-
-_SHIPPED: dict[str, dict[str, OverlayInfo]] = {}
-_SHIPPED_ROOT: list[Path | None] = []  # default_catalog_dir() of this installation, looked up once
-
-
-def shipped_overlays() -> dict[str, OverlayInfo]:
-    """The valid overlays of the catalog shipped with the project (memoized): what fits() can name
-    as needed when a user's own catalog lacks them. The installation's catalog is found once per
-    process (every fits() call asks; the lookup's path resolution was a third of a warm fits())."""
-    if not _SHIPPED_ROOT:
-        _SHIPPED_ROOT.append(default_catalog_dir())
-    root = _SHIPPED_ROOT[0]
-    if root is None:
-        return {}
-    key = str(root)
-    if key not in _SHIPPED:
-        _SHIPPED[key] = {k: v for k, v in read_overlays(Catalog(root).overlays_dir).items() if v.invalid is None}
-    return _SHIPPED[key]
-
-
 def _same_dir(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve()
@@ -297,7 +227,7 @@ def build_index(catalog: Catalog, *, use_releases: bool = True, cache_dir: Path 
     valid_ids = [oid for oid, info in infos.items() if info.invalid is None]
     shipped = default_catalog_dir()
     if shipped is not None and _same_dir(shipped, catalog.root):  # read once: it is the shipped catalog
-        _SHIPPED.setdefault(str(shipped), {oid: infos[oid] for oid in valid_ids})
+        remember_shipped(shipped, {oid: infos[oid] for oid in valid_ids})
     status_fn = None
     if use_releases and valid_ids:
         def status_fn(version: str, _ids=tuple(valid_ids)) -> dict[str, str]:

@@ -9,6 +9,7 @@ from packaging.version import Version
 
 from ..catalog import Catalog
 from ..profiles.loader import Profiles
+from ..profiles.tp import TP_SIZES
 from .core import FitReport, fits
 from .overlays import OverlayIndex
 
@@ -71,7 +72,7 @@ def plan(
         profiles, model, _, _ = with_checkpoint(profiles, checkpoint)
     m = profiles.get("models", model)
     profiles.get("hardware", hardware)
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= gpus]
+    tps = [t for t in TP_SIZES if t <= gpus]
     engs = engines or sorted(profiles.engines)
     options: list[FitReport] = []
     rejected: list[Rejected] = []

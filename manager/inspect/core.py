@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import InspectError, ProfileError
 from ..profiles.importcfg import profile_from_config
 from ..profiles.schema import ModelProfile
+from ..profiles.tp import TP_SIZES, valid_tps
 from .headers import Shard, TensorEntry, read_shard
 from .layout import EngineCheck, Finding, engine_checks, key_findings
 from .quant import QuantScheme, declared, with_evidence
@@ -22,7 +23,6 @@ from .source import LocalSource, Source, check_name, open_source
 from .tensors import RULES, Placement, classify, rank_bytes
 
 INDEX = "model.safetensors.index.json"
-TP_CANDIDATES = (1, 2, 4, 8, 16)
 _K_PROJ = re.compile(r"layers\.(\d+)\.self_attn\.k_proj\.")
 
 
@@ -159,12 +159,10 @@ def _model_id(source: Source, target: str) -> str:
 
 
 def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelProfile, k_eq_v_layers: set[int]) -> WeightBytes:
-    from ..fits.core import valid_tps
-
     total = sum(t.nbytes for t in tensors)
     by_dtype: dict[str, int] = {}
     groups: dict[str, dict[str, Any]] = {}
-    for t, p in zip(tensors, places):
+    for t, p in zip(tensors, places, strict=False):
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
         g = groups.setdefault(p.cls, {"n": 0, "b": 0, "rep": 0, "params": set(), "dims": set(), "rule": p.rule, "why": p.why})
         g["n"] += 1
@@ -188,13 +186,13 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
         m = _K_PROJ.search(t.name) if k_eq_v_layers and "k_proj." in t.name else None
         k_layers.append(bool(m) and int(m.group(1)) in k_eq_v_layers)
     splits = []
-    for tp in TP_CANDIDATES:
+    for tp in TP_SIZES:
         if tp not in heads_ok:
             continue
         rank = 0
         sharded = replicated = dup = 0
         bad: dict[str, str] = {}
-        for t, p, kl in zip(tensors, places, k_layers):
+        for t, p, kl in zip(tensors, places, k_layers, strict=False):
             b = rank_bytes(t, p, tp)
             if b is None:
                 bad.setdefault(p.cls, f"{p.cls}: {t.name.rsplit('.', 1)[-1]} dim {p.dim} = {t.shape[p.dim]} not divisible by TP {tp}")
@@ -273,14 +271,14 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
     quantized: dict[str, int] = {}
     unquantized: dict[str, int] = {}
     mods: dict[str, set[str]] = {}
-    for t, p in zip(tensors, places):
+    for t, p in zip(tensors, places, strict=False):
         mods.setdefault(p.cls, set()).add(t.name.rsplit(".", 1)[0] if p.rule != "experts" else t.name)
     qcls = {p.cls for p in places if p.quantized}
     for cls, names in mods.items():
         if cls in qcls:
             quantized[cls] = len({re.sub(r"_(packed|scale|zero_point|shape)$", "", n) for n in names})
-    for t, p in zip(tensors, places):
-        if p.cls not in qcls and len(t.shape) >= 2 and p.param == "weight" and not p.cls.split(".")[0] in ("vision_tower", "audio_tower"):
+    for t, p in zip(tensors, places, strict=False):
+        if p.cls not in qcls and len(t.shape) >= 2 and p.param == "weight" and p.cls.split(".")[0] not in ("vision_tower", "audio_tower"):
             unquantized[p.cls] = unquantized.get(p.cls, 0) + 1
     scheme = with_evidence(scheme, quantized, unquantized)
     # finish the profile's weight variant: the size is measured, with its source

@@ -106,7 +106,7 @@ def _vllm_key(t: TensorEntry) -> str:
 def key_findings(tensors: list[TensorEntry], places: list[Placement], text: dict[str, Any], cfg: dict[str, Any],
                  scheme: QuantScheme, model, shards: list[Shard]) -> list[Finding]:
     out: list[Finding] = []
-    fused = [t for t, p in zip(tensors, places) if p.rule == "experts" and p.param in ("packed", "scale", "zero_point")]
+    fused = [t for t, p in zip(tensors, places, strict=False) if p.rule == "experts" and p.param in ("packed", "scale", "zero_point")]
     if fused:
         first = min(fused, key=lambda t: (_layer(t.name), t.name))
         shapes = sorted({f"{t.name.rsplit('.', 1)[-1]} {list(t.shape)} {t.dtype}" for t in fused if _layer(t.name) == _layer(first.name)})
@@ -115,7 +115,7 @@ def key_findings(tensors: list[TensorEntry], places: list[Placement], text: dict
             f"fused 3-D quantized expert tensors ({'; '.join(shapes)}): vLLM < 0.22.0 explodes only float "
             f"experts -> KeyError: '{_vllm_key(first)}' unless {PR40886} is applied",
             tuple(t.name for t in sorted(fused, key=lambda t: (_layer(t.name), t.name))[:3]), len(fused), SRC_40886))
-    ple = [t for t, p in zip(tensors, places) if p.cls == "embed_tokens_per_layer" and p.quantized]
+    ple = [t for t, p in zip(tensors, places, strict=False) if p.cls == "embed_tokens_per_layer" and p.quantized]
     if ple:
         order = ("weight_packed", "qweight", "weight")
         params = sorted(t.name.rsplit(".", 1)[-1] for t in ple)
@@ -173,7 +173,7 @@ def _catalog(profiles: Profiles, catalog: Catalog | None) -> Catalog | None:
 
 def _overlay_infos(cat: Catalog | None, ids: tuple[str, ...]) -> dict[str, OverlayInfo]:
     """The few manifests the layout rules name: present? valid? their `versions` and `native_from`."""
-    from ..fits.overlays import read_overlay
+    from ..overlays.readinfo import read_overlay
 
     out: dict[str, OverlayInfo] = {}
     if cat is None:
@@ -196,7 +196,7 @@ _MANIFESTS: dict[tuple[str, int, int], OverlayInfo] = {}  # (path, mtime, size) 
 
 def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProfile, profiles: Profiles,
                   catalog: Catalog | None = None) -> list[EngineCheck]:
-    from ..fits.overlays import shipped_overlays
+    from ..overlays.readinfo import shipped_overlays
 
     infos = _overlay_infos(_catalog(profiles, catalog), (PR40886, CONVERTOR))
     ids = {f.id: f for f in findings}
@@ -213,19 +213,20 @@ def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProf
         fails: list[Failure] = []
         notes: list[str] = []
 
+        # need() runs within this engine's iteration only: its loop variables are current (the B023 noqa below)
         def need(oid: str, finding: str, message: str, source: str) -> None:
             info = infos.get(oid)
             said = info if info is not None and info.invalid is None and info.native_from else shipped_overlays().get(oid)
             nf = said.native_from if said is not None else None
-            if nf and _ge(e.vllm_version, nf):
-                notes.append(f"{finding}: native in vLLM >= {nf} ({oid} not needed)")
+            if nf and _ge(e.vllm_version, nf):  # noqa: B023
+                notes.append(f"{finding}: native in vLLM >= {nf} ({oid} not needed)")  # noqa: B023
                 return
-            if info is not None and not info.invalid and info.in_range(e.vllm_version):
-                overlays.append(oid)
+            if info is not None and not info.invalid and info.in_range(e.vllm_version):  # noqa: B023
+                overlays.append(oid)  # noqa: B023
             else:
                 why = "not in the catalog" if info is None else (f"its manifest is invalid: {info.invalid}" if info.invalid
                                                                  else f"outside its versions {info.versions}")
-                fails.append(Failure(message, f"{source}; {oid} {why}", finding))
+                fails.append(Failure(message, f"{source}; {oid} {why}", finding))  # noqa: B023
 
         arch_from = next((ARCH_FROM[a] for a in archs if a in ARCH_FROM), None)
         served = model.family in e.families or (arch_from is not None and _ge(e.vllm_version, arch_from))

@@ -140,7 +140,7 @@ class HttpSource(Source):
         self._missing: set[str] = set()
 
     @classmethod
-    def for_repo(cls, repo: str, *, revision: str = "main", endpoint: str | None = None) -> "HttpSource":
+    def for_repo(cls, repo: str, *, revision: str = "main", endpoint: str | None = None) -> HttpSource:
         ep = (endpoint or os.environ.get("HF_ENDPOINT") or HF_ENDPOINT).rstrip("/")
         return cls(f"{ep}/{repo}/resolve/{revision}", label=f"{repo}@{revision}")
 

@@ -91,7 +91,7 @@ def _classify(generic: str, ndim: int) -> Placement:
             return Placement(cls, param, "row", 0, quantized=True)
         return Placement(cls, param, "replicated", None, "1-D or scalar (norm, router scale, per-tensor scale, shape)", quant)
     transposed = param in TRANSPOSED
-    if cls in VOCAB or leaf in VOCAB and "layers" not in cls:
+    if cls in VOCAB or (leaf in VOCAB and "layers" not in cls):
         return Placement(cls, param, "vocab", 0, quantized=quant)
     if leaf in COLUMN:
         return Placement(cls, param, "column", 1 if transposed else 0, quantized=quant)

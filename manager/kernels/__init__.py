@@ -9,7 +9,11 @@ pull in the builder and its dependencies on every `overlay` start.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ loads lazily, for type checkers and editors
+    from .builder import BuildItem, BuildResult, build, default_cache_dir
+    from .spec import EntryPoint, KernelSource, KernelsSpec, Param, load_kernels_spec
 
 _EXPORTS = {
     "BuildItem": "builder", "BuildResult": "builder", "build": "builder", "default_cache_dir": "builder",

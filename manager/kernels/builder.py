@@ -28,11 +28,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable, Iterator, Protocol
+from contextlib import AbstractContextManager
+from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator
 
 from filelock import FileLock
 from ..errors import BuildError
 from ..fsutil import TMP_MARK, atomic_write, fsync_dir, sha256_bytes, write_if_changed
+from ..state import catalog_overlay_ids
 from . import nvrtc as _nvrtc
 from .spec import KernelsSpec, load_kernels_spec
 
@@ -64,7 +67,7 @@ class BuildItem:
 class BuildProgress(Protocol):
     """What a caller is told during a build (the records themselves are returned)."""
 
-    def compiling(self, overlay: str, source: str, arch: str, compiler: str) -> ContextManager[object]:
+    def compiling(self, overlay: str, source: str, arch: str, compiler: str) -> AbstractContextManager[object]:
         """Entered around one NVRTC compilation."""
         ...
 
@@ -274,7 +277,7 @@ def kernel_overlays(overlays_dir: Path, ids: Iterable[str] | None) -> list[tuple
         return found
     if not overlays_dir.is_dir():
         return found
-    for d in sorted(p for p in overlays_dir.iterdir() if (p / "overlay.yaml").is_file()):
+    for d in (overlays_dir / oid for oid in catalog_overlay_ids(str(overlays_dir)) or []):
         spec = load_kernels_spec(d)
         if spec is not None:
             found.append((d.name, d, spec))

@@ -50,9 +50,7 @@ class Nvrtc:
     def supports(self, arch: str) -> bool:
         """Whether this NVRTC can target `arch` (sm_70 / compute_70 need NVRTC <= 12)."""
         num = int(arch.split("_", 1)[1].rstrip("af"))
-        if self.version[0] >= 13 and num < 75:
-            return False
-        return True
+        return not (self.version[0] >= 13 and num < 75)
 
 
 _LIBS: dict[str, ctypes.CDLL] = {}

@@ -16,7 +16,8 @@ import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..errors import BuildError
 from .spec import EntryPoint
@@ -30,7 +31,7 @@ _CU_JIT_ERROR_LOG_BUFFER = 5
 _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
 
 _driver_lock = threading.Lock()
-_driver: "Driver | None" = None
+_driver: Driver | None = None
 
 
 class Driver:
@@ -140,7 +141,7 @@ class Kernel:
         if len(args) != len(params):
             raise BuildError(f"{self.entry.name}: {len(args)} arguments given, {len(params)} declared")
         holders = []
-        for p, a in zip(params, args):
+        for p, a in zip(params, args, strict=False):
             holders.append(ctypes.c_uint64(_ptr(a)) if p.type == "ptr" else _CTYPES[p.type](a))
         argv = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
         if stream is None:

@@ -122,7 +122,7 @@ class KernelsSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _unique_entries(self) -> "KernelsSpec":
+    def _unique_entries(self) -> KernelsSpec:
         seen: set[str] = set()
         for src in self.sources:
             for e in src.entries:

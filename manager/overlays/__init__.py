@@ -7,6 +7,15 @@ Names load lazily (PEP 562): the container-restart path (`manager.fastpath`) rea
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names __getattr__ loads lazily, for type checkers and editors
+    from .loader import Overlay, load_overlays, select
+    from .manifest import Manifest, load_manifest
+    from .model import ApplyResult, FileChange, OverlayStatus, RevertResult, StatusReport, TargetStatus
+    from .root import find_root, package_version
+    from .statuses import status, status_on_release
+    from .transaction import apply, diff, revert, unified_diff
 
 _EXPORTS = {
     "Overlay": "loader", "load_overlays": "loader", "select": "loader",

@@ -15,7 +15,7 @@ An earlier overlay the catalog no longer holds cannot be compared and is passed 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..errors import OverlayError
 from .loader import Overlay

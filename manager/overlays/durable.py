@@ -13,6 +13,12 @@ import _thread
 import json
 import os
 
+from ..state import JOURNAL_FILE, LEDGER_FILE, ORIGINALS_DIR
+
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
+if TYPE_CHECKING:
+    from typing import Any
+
 # Crash safety is the engine's: originals stored, journal, atomic replace of each target, ledger
 # last, journal removed. What follows is where the data is made durable, i.e. survives a power
 # loss or a kernel crash (a kill -9 never needs an fsync: the page cache outlives the process).
@@ -68,7 +74,7 @@ def _fsync_all(fds: list[int], strict: bool = True) -> None:
         done = _thread.allocate_lock()
         done.acquire()
 
-        def run(fd: int = fd, done=done) -> None:
+        def run(fd: int = fd, done: _thread.LockType = done) -> None:
             try:
                 one(fd)
             finally:
@@ -184,17 +190,21 @@ class _Staged:
         self.pending.clear()
 
 
-def _drop_bytecode(path: str) -> None:
+def drop_bytecode(path: str) -> None:
+    """Remove the cached bytecode of the source file `path` (`__pycache__/<stem>.*.pyc`, every tag and
+    optimisation level): the one bytecode dropper of both write paths (the engine's and plan replay)."""
     if not path.endswith(".py"):
         return
     cache = os.path.join(os.path.dirname(path), "__pycache__")
     stem = os.path.basename(path)[:-3] + "."
+    if not os.path.isdir(cache):  # the common case (a wheel's tree has none): one stat, as the engine did
+        return
     try:
         names = os.listdir(cache)
     except OSError:
         return
     for n in names:
-        if n.startswith(stem) and n.endswith(".pyc") and n.count(".") == 2:
+        if n.startswith(stem) and n.endswith(".pyc"):
             try:
                 os.unlink(os.path.join(cache, n))
             except OSError:  # a directory, immutable, foreign-owned: left (CPython revalidates a .pyc)
@@ -202,22 +212,23 @@ def _drop_bytecode(path: str) -> None:
 
 
 def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[str, bytes | None],
-                 inputs: dict[str, str], journal: dict, ledger: dict, state_made: bool,
+                 inputs: dict[str, str], journal: dict[str, Any], ledger: dict[str, Any], state_made: bool,
                  paths: dict[str, str] | None = None) -> None:
     """The engine's apply transaction for the plan's writes, with the three durability barriers
     described above. `new`: rel -> bytes to write (None: delete); `base`: rel -> bytes read;
     `paths`: rel -> the real path written (an in-root symlink is written through and kept)."""
     paths = paths or {}
     staged = _Staged()
-    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
-    originals = os.path.join(state, "originals")
+    ledger_path, journal_path = os.path.join(state, LEDGER_FILE), os.path.join(state, JOURNAL_FILE)
+    originals = os.path.join(state, ORIGINALS_DIR)
     first: list[str] = []  # renamed at barrier 2: originals, then the journal
     try:
         for rel in new:
             if base[rel] is not None:
                 orig = os.path.join(originals, inputs[rel])
-                if orig not in staged.pending and not os.path.exists(orig):
-                    staged.add(orig, base[rel], mode=0o644)
+                data = base[rel]
+                if data is not None and orig not in staged.pending and not os.path.exists(orig):
+                    staged.add(orig, data, mode=0o644)
                     first.append(orig)
         if journal:
             staged.add(journal_path, json.dumps(journal, indent=2, sort_keys=True).encode())
@@ -244,7 +255,7 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
             else:
                 staged.rename(path)
             last.add(os.path.dirname(path))
-            _drop_bytecode(path)
+            drop_bytecode(path)
         staged.rename(ledger_path)  # ledger last
         _fsync_dirs(last)  # barrier 3: the targets and the ledger, while the journal covers them
     finally:

@@ -32,7 +32,7 @@ import io
 import re
 import tokenize
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 import libcst as cst
 
@@ -57,7 +57,7 @@ class Excerpt:
         if len(module.body) != len(self.spans) or module.header or module.footer:
             raise ValueError("an edit changed the excerpt's top-level statements")  # a bug: edits work inside them
         out, at = [], 0
-        for (start, end), old, new in zip(self.spans, self.module.body, module.body):
+        for (start, end), old, new in zip(self.spans, self.module.body, module.body, strict=False):
             out.append(self.source[at:start])
             out.append(self.source[start:end] if new is old else module.code_for_node(new))
             at = end

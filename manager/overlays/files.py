@@ -119,7 +119,7 @@ class Tree:
     names (manager.overlays.excerpt): `module()` then parses only them when that is safe, and
     `excerpt()` says how to render the result back into the whole file."""
 
-    def __init__(self, root: Path, names: "dict[str, frozenset[str]] | None" = None) -> None:
+    def __init__(self, root: Path, names: dict[str, frozenset[str]] | None = None) -> None:
         self.root = root
         self._bytes: dict[str, bytes | None] = {}
         self._modules: dict[str, object] = {}

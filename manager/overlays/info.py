@@ -36,7 +36,7 @@ class OverlayInfo:
     drop_when: str = ""
 
     @classmethod
-    def from_manifest(cls, m: Manifest, *, digest: str = "") -> "OverlayInfo":
+    def from_manifest(cls, m: Manifest, *, digest: str = "") -> OverlayInfo:
         up = m.upstream
         return cls(
             m.id,

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from collections.abc import Callable
 
 from .. import __version__
 from ..errors import OverlayError
@@ -127,18 +128,21 @@ class Ledger:
 
     @property
     def files(self) -> dict[str, dict[str, Any]]:
-        return self.data.setdefault("files", {})
+        section: dict[str, dict[str, Any]] = self.data.setdefault("files", {})
+        return section
 
     @property
     def overlays(self) -> dict[str, dict[str, Any]]:
-        return self.data.setdefault("overlays", {})
+        section: dict[str, dict[str, Any]] = self.data.setdefault("overlays", {})
+        return section
 
     @property
     def observed(self) -> dict[str, str]:
-        return self.data.setdefault("observed", {})
+        section: dict[str, str] = self.data.setdefault("observed", {})
+        return section
 
     @classmethod
-    def load(cls, root: Path) -> "Ledger":
+    def load(cls, root: Path) -> Ledger:
         led = cls(root)
         try:
             led.data = json.loads(led.path.read_text())
@@ -155,7 +159,7 @@ class Ledger:
         return led
 
     def save(self, package_version: str | None) -> None:
-        self.files, self.overlays, self.observed  # every section present, even when empty
+        _ = (self.files, self.overlays, self.observed)  # the properties create every section, even when empty
         self.data["tool_version"] = __version__
         self.data["package_version"] = package_version
         self.data["updated_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -206,7 +210,7 @@ class Ledger:
         except FileNotFoundError:
             pass
 
-    def recover(self, current_sha) -> list[str]:
+    def recover(self, current_sha: Callable[[str], str]) -> list[str]:
         """Fold a journal left by an interrupted apply into the ledger. Returns notes."""
         try:
             entries = validate_journal(json.loads(self.journal_path.read_text()))

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
+from ..state import catalog_overlay_ids
 from .manifest import Manifest, load_manifest, manifest_digest
+
+if TYPE_CHECKING:
+    from .edits import Edit
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Overlay:
         """The manifest edits for one target (an edit without `target` serves every target)."""
         return [e for e in self.manifest.edits if e.target in (None, target)]
 
-    def make_edits(self, target: str) -> list:
+    def make_edits(self, target: str) -> list[Edit]:
         from .edits import EditContext, make_edit
 
         ctx = EditContext(self.id, self.manifest.sentinel_version, self.dir)
@@ -42,10 +48,9 @@ def load_overlays(catalog: Catalog) -> list[Overlay]:
     if not base.is_dir():
         return []
     overlays, errors = [], []
-    for d in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+    for oid in catalog_overlay_ids(os.fspath(base), any_kind=True) or []:
+        d = base / oid
         mf = d / "overlay.yaml"
-        if not mf.exists():
-            continue
         try:
             overlays.append(Overlay(load_manifest(mf), d))
         except OverlayError as exc:
@@ -78,7 +83,7 @@ def _ordered(overlays: list[Overlay]) -> list[Overlay]:
                 if r in seen:
                     continue
                 if r in on_path:
-                    raise OverlayError(f"overlay requires cycle: {' -> '.join(path[path.index(r):] + [r])}")
+                    raise OverlayError(f"overlay requires cycle: {' -> '.join([*path[path.index(r):], r])}")
                 path.append(r)
                 on_path.add(r)
                 todo.append(list(reversed(by_id[r].manifest.requires)))

@@ -9,18 +9,18 @@ import datetime as _dt
 import posixpath
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal
 
 import yaml
 from packaging.specifiers import SpecifierSet
 from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
 
 from ..errors import OverlayError
+from ..kernels.spec import KernelsSpec
+from ..schema import Strict, check_specifier, check_version
 from ..state import UnreadableFile, overlay_digest, read_bounded
 
 MANIFEST_MAX = 1 << 20  # a hand-written manifest is a few KiB
-from ..schema import Strict, check_specifier, check_version
-from ..kernels.spec import KernelsSpec
 
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
@@ -40,7 +40,7 @@ class Upstream(_Strict):
     url: str | None = None
 
     @model_validator(mode="after")
-    def _merge_matches_state(self) -> "Upstream":
+    def _merge_matches_state(self) -> Upstream:
         if self.state == "merged" and not self.merge_commit:
             raise ValueError("state 'merged' needs merge_commit")
         if self.state != "merged" and self.merge_commit:
@@ -100,7 +100,7 @@ class Probe(_Strict):
     description: str | None = None
 
     @model_validator(mode="after")
-    def _one_condition(self) -> "Probe":
+    def _one_condition(self) -> Probe:
         if not (self.defines or self.contains):
             raise ValueError("a probe needs 'defines' or 'contains'")
         if self.contains:
@@ -234,7 +234,7 @@ class UpstreamTests(_Strict):
 
 
 EditSpec = Annotated[
-    Union[InsertEdit, DictEntryEdit, SetValueEdit, DictCacheEdit, NewFileEdit, TextInsertEdit, ReleaseFileEdit],
+    InsertEdit | DictEntryEdit | SetValueEdit | DictCacheEdit | NewFileEdit | TextInsertEdit | ReleaseFileEdit,
     Field(discriminator="kind"),
 ]
 
@@ -295,7 +295,7 @@ class Manifest(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _edits_target_known(self) -> "Manifest":
+    def _edits_target_known(self) -> Manifest:
         names = [e.name for e in self.edits]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

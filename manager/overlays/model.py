@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal, get_args
 
+# An overlay's (or one target's) status: these strings are printed and in --json; mypy checks every literal use.
 # Worst first: an overlay's status is the worst of its targets' statuses.
-SEVERITY = [
+Status = Literal[
     "error",
     "modified",
     "partial",
@@ -17,24 +19,25 @@ SEVERITY = [
     "upstream",
     "not-applicable",
 ]
-FAILING = {"drift", "partial", "modified", "error"}  # `overlay status` exits non-zero
+SEVERITY: list[Status] = list(get_args(Status))
+FAILING: frozenset[Status] = frozenset({"drift", "partial", "modified", "error"})  # `overlay status` exits non-zero
 
 
-def worst(statuses: list[str]) -> str:
+def worst(statuses: list[Status]) -> Status:
     return min(statuses, key=SEVERITY.index) if statuses else "not-applicable"
 
 
 @dataclass(frozen=True)
 class TargetStatus:
     path: str
-    status: str
+    status: Status
     detail: str = ""
 
 
 @dataclass(frozen=True)
 class OverlayStatus:
     id: str
-    status: str
+    status: Status
     targets: tuple[TargetStatus, ...] = ()
     title: str = ""
     sentinel_version: int = 0

@@ -36,7 +36,7 @@ from ..state import sha256 as _sha256
 try:
     from _operator import _compare_digest
 except ImportError:  # another Python implementation
-    from hmac import compare_digest as _compare_digest
+    from hmac import compare_digest as _compare_digest  # type: ignore[no-redef]
 
 ENV_KEY = "OVERLAY_PLAN_KEY"
 ENV_CACHE = "OVERLAY_PLAN_CACHE"
@@ -53,7 +53,7 @@ class PlanKeyError(Exception):
 class PlanKey:
     """A loaded plan key: the file it came from and its 32 bytes (never shown)."""
 
-    __slots__ = ("path", "secret", "key_id")
+    __slots__ = ("key_id", "path", "secret")
 
     def __init__(self, path: str, secret: bytes) -> None:
         self.path = path

@@ -26,6 +26,9 @@ Only the standard library here; recording and `overlay prepare` (the engine) are
 `manager.overlays.prepare`.
 
 The durable write transaction the replay uses is `manager.overlays.durable`.
+
+Size: just over 400 lines: finding, checking (scope, hashes, the plan key through plankey.py) and replaying a
+plan are one job that must stay in one module the warm start imports without `typing` or `re`.
 """
 
 from __future__ import annotations
@@ -35,11 +38,18 @@ import os
 import sys
 
 from .. import __version__
-from ..state import ABSENT, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version, read_bounded
+from ..state import (
+    ABSENT, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version,
+    read_bounded,
+)
 from ..state import sha256 as _sha256
 from .durable import transaction
 from .plankey import ENV_CACHE, PlanKey, PlanKeyError, cache_dir, cache_plans, key_from_env, signature
 from .targets import manifest_targets
+
+TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
+if TYPE_CHECKING:
+    from typing import Any
 
 FORMAT = "overlay-manager-plan/1"
 ENV_PLANS = "OVERLAY_PLANS"
@@ -65,7 +75,7 @@ def plan_key(package_version_: str | None, explicit: bool, requested: dict[str, 
     """The file name stem of the plan for a request: tool version, package version, whether
     the ids were named, and (id, digest) of every requested overlay."""
     raw = json.dumps([FORMAT, __version__, package_version_, bool(explicit), sorted(requested.items())])
-    return _sha256(raw.encode()).hexdigest()
+    return str(_sha256(raw.encode()).hexdigest())
 
 
 def plan_dirs(arg: str | None = None) -> list[str]:
@@ -99,7 +109,7 @@ def _inside(root: str, rel: str, where: str) -> str:
     return os.path.join(root, rel)
 
 
-def apply_hunks(base: bytes, hunks: list, where: str) -> bytes:
+def apply_hunks(base: bytes, hunks: list[Any], where: str) -> bytes:
     """base with each [start, end, text] replaced (byte offsets into base, ascending)."""
     out, pos = [], 0
     for h in hunks:
@@ -113,7 +123,7 @@ def apply_hunks(base: bytes, hunks: list, where: str) -> bytes:
     return b"".join(out)
 
 
-def check_plan(plan: object, where: str) -> dict:
+def check_plan(plan: object, where: str) -> dict[str, Any]:
     """Structure and internal consistency of a loaded plan (raises PlanRefused)."""
     if not isinstance(plan, dict) or plan.get("format") != FORMAT:
         raise PlanRefused(f"{where}: not an {FORMAT} plan")
@@ -182,11 +192,11 @@ def _requested(catalog: str, ids: list[str]) -> tuple[dict[str, str], bool] | No
     return {i: overlay_digest(os.path.join(overlays_dir, i)) for i in wanted}, bool(ids)
 
 
-def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list] | None:
+def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | None], list[Any]] | None:
     """(bytes of every input file (None: absent), their stat signatures), or None when a hash
     differs from the plan's."""
     out: dict[str, bytes | None] = {}
-    sigs = []
+    sigs: list[tuple[int, int, int, int] | None] = []
     for rel, want in inputs.items():
         path = os.path.join(root, rel)
         try:  # non-blocking, fstat()ed, bounded: a FIFO, a device or a huge file -> the engine decides
@@ -204,8 +214,8 @@ def _read_inputs(root: str, inputs: dict[str, str]) -> tuple[dict[str, bytes | N
     return out, sigs
 
 
-def _signatures(root: str, inputs: dict[str, str]) -> list:
-    sigs = []
+def _signatures(root: str, inputs: dict[str, str]) -> list[Any]:
+    sigs: list[Any] = []
     for rel in inputs:
         try:
             st = os.stat(os.path.join(root, rel))
@@ -216,7 +226,7 @@ def _signatures(root: str, inputs: dict[str, str]) -> list:
     return sigs
 
 
-def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
+def find_plan(dirs: list[str], key: str) -> tuple[str, dict[str, Any]] | None:
     """The first readable `<dir>/<key>.json` (raises PlanRefused when it is not valid JSON, or
     not a regular file of at most PLAN_MAX bytes: a FIFO there never blocks)."""
     for d in dirs:
@@ -235,7 +245,7 @@ def find_plan(dirs: list[str], key: str) -> tuple[str, dict] | None:
 
 
 def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cache: str | None = None,
-               key: PlanKey | None = None) -> dict | None:
+               key: PlanKey | None = None) -> dict[str, Any] | None:
     """Apply the matching prepared plan as the engine's first apply would, or return None.
 
     `dirs` (--plans, $OVERLAY_PLANS) first, then the plan cache under `key`'s id; with a `key`, only
@@ -249,7 +259,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
     if not dirs and not cache:
         return None
     state = os.path.join(root, STATE_DIR)
-    ledger_path, journal_path = os.path.join(state, "ledger.json"), os.path.join(state, "journal.json")
+    ledger_path, journal_path = os.path.join(state, LEDGER_FILE), os.path.join(state, JOURNAL_FILE)
     if os.path.exists(ledger_path) or os.path.exists(journal_path):
         return None  # not a first apply: the warm path or the engine decides
     version = package_version(root)
@@ -319,10 +329,10 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
         new[rel] = data
     # where each write lands: through an in-root file symlink, as the engine writes (the link is kept)
     paths = {}
-    for rel, data in new.items():
+    for rel, written in new.items():
         full = os.path.join(root, rel)
         if os.path.islink(full):
-            if data is None:
+            if written is None:
                 return None  # the engine refuses to delete a symlink or its target, in one line
             paths[rel] = os.path.realpath(full)
     state_made = not os.path.isdir(state)
@@ -356,7 +366,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
         verb = "create" if w["pre_sha256"] == ABSENT else "delete" if w["post_sha256"] == ABSENT else "updated"
         owners = led["files"][rel]["overlays"]
         changes.append((verb, rel, [i for i in order if i in owners]))
-    report = plan.get("report") if isinstance(plan.get("report"), dict) else {}
+    report: dict[str, Any] = plan["report"] if isinstance(plan.get("report"), dict) else {}
     written_by = {i for _, _, ids_ in changes for i in ids_}
     skipped = [(s[0], s[1]) for s in report.get("skipped", []) if isinstance(s, list) and len(s) == 2
                and isinstance(s[0], str) and isinstance(s[1], str) and s[0] in requested and s[0] not in written_by]
@@ -373,7 +383,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
 # --- the fast path's entry --------------------------------------------------------------
 
 
-def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict | None:
+def main_apply(argv_parsed: tuple[str | None, str | None, list[str], str | None]) -> dict[str, Any] | None:
     """fastpath: the plan apply for `[--catalog C] apply [IDS] [--root R] [--plans D]`, or None."""
     from ..state import catalog_dir as _catalog_dir, vllm_root as _root
 

@@ -18,12 +18,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
 from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, read_bounded
+from ..applyreport import apply_lines
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
@@ -46,21 +47,14 @@ def report_lines(recorded: RecordedApply, dry_run: bool = False) -> list[tuple[s
     overlay's status), "quiet". The CLI colours the lines by kind; the start-up path
     (manager.fastpath, stderr not a terminal) prints the same lines plain."""
     result = recorded.result
-    out = [("recovered", note, "note") for note in result.notes]
-    out += [("skipped", f"{oid}: {why}", "skipped") for oid, why in result.skipped]
-    for c in result.changes:
-        verb = {"create": "would create", "updated": "would update", "delete": "would delete"}.get(c.verb, c.verb)
-        out.append((verb if dry_run else c.verb, f"{c.path}  ({', '.join(c.overlays)})", "change"))
-    if not dry_run:
-        out += [(o.status, o.id, "status") for o in result.statuses.overlays
-                if o.status in APPLY_SKIPS]
-    if not result.changes:
-        out.append(("identical", f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", "quiet"))
-    if recorded.plan:
-        out.append(("recorded", f"plan {recorded.plan}", "quiet"))
-    elif recorded.note:
-        out.append(("note", recorded.note, "note"))
-    return out
+    closing = (("recorded", f"plan {recorded.plan}", "quiet") if recorded.plan
+               else ("note", recorded.note, "note") if recorded.note else None)
+    return apply_lines(
+        notes=result.notes, skipped=result.skipped,
+        changes=((c.verb, c.path, c.overlays) for c in result.changes),
+        statuses=((o.id, o.status) for o in result.statuses.overlays), shown=APPLY_SKIPS, dry_run=dry_run,
+        identical=f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", closing=closing,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,7 +102,7 @@ def _sha_or_absent(path: Path) -> str:
         return "not-a-regular-file"
 
 
-def _signing_key(key: "PlanKey | None | str", unsigned: bool) -> tuple["PlanKey | None", str | None]:
+def _signing_key(key: PlanKey | str | None, unsigned: bool) -> tuple[PlanKey | None, str | None]:
     """(the key to sign with, or why nothing is recorded)."""
     if key == FROM_ENV:
         try:
@@ -123,7 +117,7 @@ def _signing_key(key: "PlanKey | None | str", unsigned: bool) -> tuple["PlanKey 
 def apply_and_record(
     overlays: Sequence[Overlay], root: Path, *, explicit: bool = False, ids: Iterable[str] = (),
     cache: str | None = None, dry_run: bool = False, wait: float = 600.0, on_wait=None,
-    key: "PlanKey | None | str" = FROM_ENV, unsigned: bool = False,
+    key: PlanKey | str | None = FROM_ENV, unsigned: bool = False,
 ) -> RecordedApply:
     """The engine's `apply`; when it is a first apply (no ledger, no journal) and succeeds, the
     plan that replays it is written (a read-only cache is a note): signed with `key` into the
@@ -201,7 +195,7 @@ def record(
 
 def prepare(
     every: Sequence[Overlay], versions: Sequence[str], ids: Sequence[str], out: Path,
-    key: "PlanKey | None | str" = FROM_ENV,
+    key: PlanKey | str | None = FROM_ENV,
 ) -> tuple[PreparedPlan, ...]:
     """For each release, the plan of `overlay apply [IDS]` on its pristine sources, into `out`,
     signed with `key` (default: `$OVERLAY_PLAN_KEY`'s; None or no such key: unsigned).

@@ -2,30 +2,30 @@
 
 from __future__ import annotations
 
-import importlib.machinery
+import os
 import sys
 from pathlib import Path
 
 from ..errors import OverlayError
 from ..state import package_version as _package_version
+from ..state import vllm_root
 
 
 def find_root(root_arg: str | Path | None, package: str = "vllm") -> Path:
-    """`--root DIR`, else where `import <package>` would find it (without importing it)."""
+    """`--root DIR`, else where `import <package>` would find it (without importing it: state.vllm_root)."""
     if root_arg is not None:
-        root = Path(root_arg).expanduser().resolve()
+        root = Path(vllm_root(os.fspath(root_arg) or ".", package) or ".")
         if not root.is_dir():
             raise OverlayError(f"--root {root_arg}: not a directory")
         if not (root / package).is_dir():
             raise OverlayError(f"--root {root_arg}: no {package}/ package inside")
         return root
-    spec = importlib.machinery.PathFinder.find_spec(package, sys.path)
-    if spec is None or not spec.submodule_search_locations:
+    found = vllm_root(None, package)
+    if found is None:
         raise OverlayError(
             f"package {package!r} not found on sys.path ({sys.executable}); pass --root DIR (the directory holding {package}/)"
         )
-    pkg_dir = Path(list(spec.submodule_search_locations)[0]).resolve()
-    return pkg_dir.parent
+    return Path(found)
 
 
 def package_version(root: Path, package: str = "vllm") -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..catalog import Catalog
 from ..errors import OverlayError
@@ -16,7 +16,7 @@ from ..state import ABSENT
 from .files import Tree, read_regular, resolve_in_root
 from .ledger import Ledger
 from .loader import Overlay, load_overlays, select
-from .model import OverlayStatus, StatusReport, TargetStatus, worst
+from .model import OverlayStatus, Status, StatusReport, TargetStatus, worst
 from .root import package_version
 
 
@@ -84,7 +84,7 @@ def source_segment(text: str, node: ast.AST) -> str:
     if end is None or last_col is None:
         return ""
     first, col = node.lineno - 1, node.col_offset  # type: ignore[attr-defined]
-    lines = []
+    lines: list[str] = []
     for m in _LINE_RE.finditer(text):
         if len(lines) == end:
             break
@@ -95,7 +95,7 @@ def source_segment(text: str, node: ast.AST) -> str:
                     lines[end - 1].encode()[:last_col].decode()])
 
 
-def _target_status(states: list, details: list[str]) -> tuple[str, str]:
+def _target_status(states: list, details: list[str]) -> tuple[Status, str]:
     from .edits import EditState as S
 
     vals = [s for s in states if s != S.NOT_APPLICABLE]
@@ -119,13 +119,15 @@ def _target_status(states: list, details: list[str]) -> tuple[str, str]:
     return "pending", detail
 
 
-def edited_since_apply(root: Path, tree: Tree, version: str | None) -> dict[str, dict]:
+def edited_since_apply(root: Path, tree: Tree, version: str | None, led: Ledger | None = None) -> dict[str, dict]:
     """Files the ledger recorded for this package version whose bytes are now neither the
-    original nor what we wrote: somebody edited them after `overlay apply`."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return {}
+    original nor what we wrote: somebody edited them after `overlay apply`. `led`: the ledger
+    the caller already loaded (an apply under its lock), else read here."""
+    if led is None:
+        try:
+            led = Ledger.load(root)
+        except OverlayError:
+            return {}
     if not led.data or led.data.get("package_version") != version:
         return {}
     out = {}
@@ -173,7 +175,7 @@ def overlay_status(
             if hit:
                 targets = [TargetStatus(t, "upstream", hit) for t in m.targets]
                 return OverlayStatus(overlay.id, "upstream", tuple(targets), m.title, m.sentinel_version)
-    from .edits import EditFailed, PythonEdit
+    from .edits import EditFailed
 
     for t in m.targets:
         try:
@@ -184,7 +186,7 @@ def overlay_status(
                 continue
             states, details = [], []
             for e in edits:
-                res = e.inspect(tree.module(t)) if isinstance(e, PythonEdit) else e.inspect(tree.text(t))
+                res = e.inspect(tree.module(t) if e.language == "python" else tree.text(t))
                 states.append(res.state)
                 details.append(res.detail)
             status, detail = _target_status(states, details)
@@ -207,12 +209,15 @@ def overlay_status(
     return OverlayStatus(overlay.id, overall, tuple(targets), m.title, m.sentinel_version)
 
 
-def ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None) -> StatusReport | None:
-    """Statuses straight from the ledger when every target's hash and every manifest digest match."""
-    try:
-        led = Ledger.load(root)
-    except OverlayError:
-        return None
+def ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | None,
+                       led: Ledger | None = None) -> StatusReport | None:
+    """Statuses straight from the ledger when every target's hash and every manifest digest match.
+    `led`: the ledger the caller already loaded (an apply under its lock), else read here."""
+    if led is None:
+        try:
+            led = Ledger.load(root)
+        except OverlayError:
+            return None
     if not led.data or led.data.get("package_version") != version or led.journal_path.exists():
         return None
     out = []

@@ -69,10 +69,7 @@ def add_guards(code: str, overlay_id: str, version: int, edit: str) -> str:
     out: list[cst.BaseStatement] = []
     placed = False
     for stmt in mod.body:
-        if isinstance(stmt, cst.FunctionDef):
-            out.append(stmt.with_changes(body=into(stmt.body)))
-            placed = True
-        elif isinstance(stmt, cst.If):
+        if isinstance(stmt, (cst.FunctionDef, cst.If)):
             out.append(stmt.with_changes(body=into(stmt.body)))
             placed = True
         else:

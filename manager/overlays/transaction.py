@@ -15,24 +15,32 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OverlayError
 from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts, earlier_overlays
+from .durable import drop_bytecode
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
-from .ledger import ABSENT, STATE_DIR, Ledger, state_dir
+from ..state import ABSENT, ORIGINALS_DIR, STATE_DIR
+from .ledger import Ledger, state_dir
 from .loader import Overlay
 from .model import ApplyResult, FileChange, RevertResult, StatusReport
 from .root import package_version
 from .statuses import edited_since_apply, ledger_fast_status, overlay_status
 
+if TYPE_CHECKING:
+    from .edits import Edit
+    from .excerpt import Excerpt
+
 # Overlay statuses that `apply` skips (nothing to write) and those it refuses unless unnamed.
 _SKIP = APPLY_SKIPS
 _SKIP_UNLESS_NAMED = SKIP_UNLESS_NAMED
 
-# A test seam (manager.testing.faults): called before each target file is written.
+# A test seam (testing.faults): called before each target file is written.
 BEFORE_WRITE: list[Callable[[], None]] = []
 
 
@@ -44,15 +52,16 @@ class _Plan:
     root: Path
     version: str | None
     report: StatusReport
-    tree: "Tree | None" = None  # the files as read (and parsed) for this plan
+    tree: Tree  # the files as read (and parsed) for this plan
     texts: dict[str, str | None] = field(default_factory=dict)  # new text per file
-    modules: dict[str, object] = field(default_factory=dict)  # the new text's libcst module, when built
-    excerpts: dict[str, object] = field(default_factory=dict)  # the Excerpt that module is of, if any
+    modules: dict[str, Any] = field(default_factory=dict)  # the new text's libcst module, when built
+    excerpts: dict[str, Excerpt | None] = field(default_factory=dict)  # the Excerpt that module is of, if any
     overlays_by_file: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *, excerpt=None, remove: bool = False):
+def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *, excerpt: Excerpt | None = None,
+               remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
     and text edits on the text; returns (new text, its libcst module or None, the excerpt that
     module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
@@ -60,14 +69,14 @@ def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *,
     Raises EditFailed."""
     import libcst as cst
 
-    from .edits import EditFailed, PythonEdit
+    from .edits import EditFailed
 
-    def render(mod) -> str:
-        return excerpt.render(mod) if excerpt is not None else mod.code
+    def render(mod: Any) -> str:
+        return excerpt.render(mod) if excerpt is not None else str(mod.code)
 
     module = None
     for e in edits:
-        if isinstance(e, PythonEdit):
+        if e.language == "python":  # edits.Edit: a libcst module in and out; else the text
             if module is None:
                 if text is None:
                     raise EditFailed(f"{rel} does not exist")
@@ -83,7 +92,8 @@ def _run_edits(edits: Sequence, rel: str, text: str | None, tree_module=None, *,
     return text, module, (excerpt if module is not None else None)
 
 
-def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module=None, excerpt=None):
+def _apply_edits(overlay: Overlay, rel: str, text: str | None, tree_module: Any = None,
+                 excerpt: Excerpt | None = None) -> tuple[str | None, Any, Excerpt | None]:
     """Apply one overlay's edits for `rel` on `text`; returns _run_edits' (text, module, excerpt)."""
     from .edits import EditFailed
 
@@ -140,13 +150,14 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
         ) from None
 
 
-def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
+def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool, led: Ledger | None = None) -> _Plan:
+    """What applying would write; `led`: the ledger already loaded under the root's lock (else read)."""
     tree = Tree(root, _top_level_names(overlays))
     version = package_version(root)
-    edited = edited_since_apply(root, tree, version)
+    edited = edited_since_apply(root, tree, version, led)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version, edited) for o in overlays))
     plan = _Plan(root, version, report, tree)
-    for o, st in zip(overlays, report.overlays):
+    for o, st in zip(overlays, report.overlays, strict=False):
         if st.status in _SKIP:
             continue
         if st.status in _SKIP_UNLESS_NAMED and not explicit:
@@ -183,7 +194,7 @@ def _plan(overlays: Sequence[Overlay], root: Path, explicit: bool) -> _Plan:
     return plan
 
 
-def _changes(plan: _Plan, tree_read) -> list[FileChange]:
+def _changes(plan: _Plan, tree_read: Callable[[str], bytes | None]) -> list[FileChange]:
     out = []
     for rel, text in sorted(plan.texts.items()):
         before = tree_read(rel)
@@ -193,26 +204,7 @@ def _changes(plan: _Plan, tree_read) -> list[FileChange]:
     return out
 
 
-def _drop_bytecode(root: Path, rel: str) -> None:
-    p = root / rel
-    if p.suffix != ".py":
-        return
-    cache = p.parent / "__pycache__"
-    try:
-        if not cache.is_dir():
-            return
-        for pyc in cache.glob(f"{p.stem}.*.pyc"):
-            try:
-                pyc.unlink()
-            except OSError:
-                # a directory, an immutable or foreign-owned entry: left as it is; CPython checks a
-                # .pyc's recorded source mtime and size against the source, so a stale one is not run
-                pass
-    except OSError:
-        pass
-
-
-def _lock(root: Path, wait: float = 600.0, on_wait=None):
+def _lock(root: Path, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> AbstractContextManager[Any]:
     """The root's lock (manager.overlays.lock): names its holder, waits visibly, at most `wait` s."""
     from .lock import root_lock
 
@@ -237,7 +229,7 @@ def _put(root: Path, rel: str, data: bytes | None) -> None:
             atomic_write(p, data)
         except OSError as exc:
             raise OverlayError(f"{rel}: cannot write: {exc.strerror}") from None
-    _drop_bytecode(root, rel)
+    drop_bytecode(str(Path(root) / rel))
 
 
 def _unchanged_since_read(root: Path, c: FileChange) -> None:
@@ -283,7 +275,7 @@ def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled:
 
 def _clean_litter(root: Path, rels: Iterable[str]) -> list[str]:
     """Delete the temp files a killed run left next to the targets and in the state directory."""
-    dirs = {state_dir(root), state_dir(root) / "originals"}
+    dirs = {state_dir(root), state_dir(root) / ORIGINALS_DIR}
     legacy: dict[Path, set[str]] = {}
     for rel in rels:
         try:
@@ -311,13 +303,13 @@ def glob_escape(name: str) -> str:
     return glob.escape(name)
 
 
-def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: "Tree") -> StatusReport:
+def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: Tree) -> StatusReport:
     """Recompute status after writing and store it (with every target's hash) in the ledger.
 
     `tree` holds the bytes (and parsed modules) just written, so nothing is parsed twice."""
     version = package_version(root)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version) for o in overlays))
-    for o, st in zip(overlays, report.overlays):
+    for o, st in zip(overlays, report.overlays, strict=False):
         led.overlays[o.id] = {
             "version": o.manifest.sentinel_version,
             "requires": list(o.manifest.requires),
@@ -349,7 +341,7 @@ def _settle_journal(led: Ledger, version: str | None) -> None:
 
 def apply(
     overlays: Sequence[Overlay], root: Path, *, dry_run: bool = False, explicit: bool = False,
-    wait: float = 600.0, on_wait=None,
+    wait: float = 600.0, on_wait: Callable[[str], None] | None = None,
 ) -> ApplyResult:
     """Apply the overlays transactionally. `explicit`: the user named them (superseded is then an error).
     `wait`: seconds to wait for a lock another run holds (`on_wait(message)` is told once)."""
@@ -370,12 +362,12 @@ def apply(
         _settle_journal(led, version)
         notes += _clean_litter(root, [t for o in overlays for t in o.manifest.targets] + list(led.files))
         if not notes:
-            fast = ledger_fast_status(overlays, root, version)
+            fast = ledger_fast_status(overlays, root, version, led)  # the ledger loaded once per apply
             quiet = _SKIP if explicit else _SKIP | _SKIP_UNLESS_NAMED
             if fast is not None and all(o.status in quiet for o in fast.overlays):
                 skipped = tuple((o.id, f"{o.status}: {o.detail}") for o in fast.overlays if o.status not in _SKIP)
                 return ApplyResult(str(root), version, (), fast, skipped, fast_path=True)
-        plan = _plan(overlays, root, explicit)
+        plan = _plan(overlays, root, explicit, led)
         tree = plan.tree
         changes = _changes(plan, tree.read)
         if changes:
@@ -416,7 +408,7 @@ def diff(overlays: Sequence[Overlay], root: Path, explicit: bool = False) -> str
 
 
 def unified_diff(changes: Sequence[FileChange]) -> str:
-    out = []
+    out: list[str] = []
     for c in changes:
         a = (c.before or b"").decode("utf-8", "replace").splitlines(keepends=True)
         b = (c.after or b"").decode("utf-8", "replace").splitlines(keepends=True)
@@ -433,7 +425,8 @@ def unified_diff(changes: Sequence[FileChange]) -> str:
 
 
 def revert(
-    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0, on_wait=None
+    overlays: Sequence[Overlay], all_overlays: Sequence[Overlay], root: Path, *, wait: float = 600.0,
+    on_wait: Callable[[str], None] | None = None,
 ) -> RevertResult:
     """Restore original bytes for the selected overlays' files.
 
@@ -508,14 +501,14 @@ def revert(
                 changes.append(FileChange(rel, before, after, tuple(owners[rel])))
         _write(root, changes, led)
         for rel in texts:
-            rec = led.files.get(rel)
-            if rec is None:
+            kept = led.files.get(rel)
+            if kept is None:
                 continue
-            remaining = {i: v for i, v in rec["overlays"].items() if i not in selected}
+            remaining = {i: v for i, v in kept["overlays"].items() if i not in selected}
             if remaining:
-                rec["overlays"] = remaining
+                kept["overlays"] = remaining
                 written = next((c.after for c in changes if c.path == rel), tree.read(rel))
-                rec["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
+                kept["post_sha256"] = sha256_bytes(written) if written is not None else ABSENT
             else:
                 del led.files[rel]
         for i in selected:

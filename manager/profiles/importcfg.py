@@ -103,7 +103,7 @@ def _layer_shapes(t: dict[str, Any], file: str) -> list[dict[str, Any]]:
 
 
 def _groups(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: "OrderedDict[tuple, dict[str, Any]]" = OrderedDict()
+    groups: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
     for layer in layers:
         key = (layer["kind"], layer["kv_heads"], layer["head_dim"], layer["window"], layer["k_eq_v"])
         g = groups.get(key)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, overload
+from collections.abc import Mapping
 
 import yaml
 from pydantic import ValidationError
@@ -33,9 +34,21 @@ class Profiles:
             raise ProfileError(f"unknown profile kind {kind!r} (one of {', '.join(KINDS)})")
         return getattr(self, kind)
 
-    def get(self, kind: str, pid: str) -> Any:  # the kind's profile class (callers name the kind)
+    @overload
+    def get(self, kind: Literal["models"], pid: str | None) -> ModelProfile: ...
+    @overload
+    def get(self, kind: Literal["engines"], pid: str | None) -> EngineProfile: ...
+    @overload
+    def get(self, kind: Literal["drafters"], pid: str | None) -> DrafterProfile: ...
+    @overload
+    def get(self, kind: Literal["hardware"], pid: str | None) -> HardwareProfile: ...
+    @overload
+    def get(self, kind: str, pid: str | None) -> Documented: ...
+
+    def get(self, kind: str, pid: str | None) -> Documented:
+        """The profile `kind/pid` (typed by the kind named), or one ProfileError line listing the known ids."""
         table = self.kind(kind)
-        if pid not in table:
+        if pid is None or pid not in table:
             known = ", ".join(sorted(table)) or "none"
             raise ProfileError(f"{kind}/{pid}: no such profile (known: {known})")
         return table[pid]

@@ -63,7 +63,7 @@ class LayerGroup(_Strict):
     kv_shared: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
-    def _window_for_sliding(self) -> "LayerGroup":
+    def _window_for_sliding(self) -> LayerGroup:
         if self.kind == "sliding" and self.window is None:
             raise ValueError("a sliding layer group needs `window`")
         if self.kind != "sliding" and self.window is not None:
@@ -98,10 +98,10 @@ class WeightVariant(_Documented):
     moe_fallback: Literal["moe-wna16", "none"] | None = None
     # Why there is no usable fallback (moe_fallback "none"), read from the release: shown by fits().
     moe_fallback_reason: str | None = None
-    known_broken: list["KnownBroken"] = Field(default_factory=list)
+    known_broken: list[KnownBroken] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _quant_fields(self) -> "WeightVariant":
+    def _quant_fields(self) -> WeightVariant:
         if self.replicated_gb > self.size_gb:
             raise ValueError(f"replicated_gb {self.replicated_gb} exceeds size_gb {self.size_gb}")
         return self
@@ -148,7 +148,7 @@ class ModelProfile(_Documented):
     _v = field_validator("min_transformers")(lambda cls, v: v if v is None else _check_version(v))
 
     @model_validator(mode="after")
-    def _layers_add_up(self) -> "ModelProfile":
+    def _layers_add_up(self) -> ModelProfile:
         total = sum(g.count for g in self.layer_groups)
         if total != self.num_layers:
             raise ValueError(f"layer_groups count to {total}, num_layers is {self.num_layers}")
@@ -172,7 +172,7 @@ class AttentionBackend(_Strict):
     min_head_dim: int | None = None
     max_head_dim: int | None = None
     head_dim_multiple_of: int | None = None
-    kv_dtypes: list[KvDtype] = Field(default_factory=lambda: ["auto", "float16", "bfloat16"])
+    kv_dtypes: list[KvDtype] = Field(default_factory=lambda: list[KvDtype](["auto", "float16", "bfloat16"]))
     source: str = ""
 
     def runs_on(self, sm: float) -> bool:
@@ -185,9 +185,7 @@ class AttentionBackend(_Strict):
             return False
         if self.max_head_dim is not None and d > self.max_head_dim:
             return False
-        if self.head_dim_multiple_of and d % self.head_dim_multiple_of:
-            return False
-        return True
+        return not (self.head_dim_multiple_of and d % self.head_dim_multiple_of)
 
 
 class ForcedAttention(_Strict):
@@ -248,7 +246,7 @@ class EngineProfile(_Documented):
     _v = field_validator("vllm_version", "transformers_version")(lambda cls, v: _check_version(v))
 
     @model_validator(mode="after")
-    def _ref_matches(self) -> "EngineProfile":
+    def _ref_matches(self) -> EngineProfile:
         if self.fork and not re.fullmatch(r"[0-9a-f]{7,40}", self.upstream_ref):
             raise ValueError(f"fork image: upstream_ref must be a commit sha, got {self.upstream_ref!r}")
         if not self.fork and self.upstream_ref != f"v{self.vllm_version}":
@@ -258,7 +256,7 @@ class EngineProfile(_Documented):
         return self
 
     @model_validator(mode="after")
-    def _cpu_build(self) -> "EngineProfile":
+    def _cpu_build(self) -> EngineProfile:
         if self.device == "cpu" and (self.cuda_version or self.cuda_arch_list or self.min_sm):
             raise ValueError("device cpu: a CPU build has no cuda_version, cuda_arch_list or min_sm (use 0)")
         return self
@@ -282,7 +280,7 @@ class DrafterProfile(_Documented):
     _v = field_validator("min_vllm")(lambda cls, v: v if v is None else _check_version(v))
 
     @model_validator(mode="after")
-    def _tokens(self) -> "DrafterProfile":
+    def _tokens(self) -> DrafterProfile:
         if self.default_tokens > self.max_tokens:
             raise ValueError(f"default_tokens {self.default_tokens} > max_tokens {self.max_tokens}")
         return self
@@ -306,7 +304,7 @@ class HardwareProfile(_Documented):
     safe_mem_util: float = Field(gt=0, le=1)
 
     @model_validator(mode="after")
-    def _cpu_host(self) -> "HardwareProfile":
+    def _cpu_host(self) -> HardwareProfile:
         if self.device == "cpu" and self.sm != 0:
             raise ValueError(f"device cpu: a CPU host has no compute capability (sm must be 0, got {self.sm})")
         return self
@@ -327,20 +325,20 @@ SCHEMAS: dict[str, type[_Documented]] = {
 }
 
 __all__ = [
+    "KINDS",
+    "KV_DTYPES",
+    "KV_DTYPE_BYTES",
+    "SCHEMAS",
     "AttentionBackend",
     "Device",
     "DrafterProfile",
     "EngineProfile",
     "ForcedAttention",
     "HardwareProfile",
-    "KINDS",
-    "KV_DTYPES",
-    "KV_DTYPE_BYTES",
     "KnownBroken",
     "LayerGroup",
     "ModelProfile",
     "Moe",
-    "SCHEMAS",
     "Server",
     "WeightVariant",
     "_check_specifier",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import releases
 from ..catalog import Catalog
@@ -29,10 +29,33 @@ from .report import render_markdown
 from .verdict import VERDICTS, ProbeFacts, Verdict, decide
 
 __all__ = [
-    "Ancestry", "CheckReport", "DEFAULT_API_URL", "EngineInfo", "EngineProbe", "FactCache", "Fetched",
-    "GitHubClient", "OverlayInfo", "PRFacts", "PRUnavailable", "PairResult", "ProbeFacts", "Unavailable",
-    "VERDICTS", "Verdict", "catalog_inputs", "check", "compare_ancestry", "decide", "default_cache_dir",
-    "evaluate", "git_ancestry", "parse_fail_on", "pr_facts", "render_markdown", "sdist_commit",
+    "DEFAULT_API_URL",
+    "VERDICTS",
+    "Ancestry",
+    "CheckReport",
+    "EngineInfo",
+    "EngineProbe",
+    "FactCache",
+    "Fetched",
+    "GitHubClient",
+    "OverlayInfo",
+    "PRFacts",
+    "PRUnavailable",
+    "PairResult",
+    "ProbeFacts",
+    "Unavailable",
+    "Verdict",
+    "catalog_inputs",
+    "check",
+    "compare_ancestry",
+    "decide",
+    "default_cache_dir",
+    "evaluate",
+    "git_ancestry",
+    "parse_fail_on",
+    "pr_facts",
+    "render_markdown",
+    "sdist_commit",
 ]
 
 

@@ -21,7 +21,8 @@ import os
 import re
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from ..boundedhttp import Answer
 from ..errors import UpstreamError
@@ -163,7 +164,7 @@ class GitHubClient:
             self._http.close()
             self._http = None
 
-    def __enter__(self) -> "GitHubClient":
+    def __enter__(self) -> GitHubClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

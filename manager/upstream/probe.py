@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import cast
+from collections.abc import Iterable, Sequence
 
 from .. import releases
 from ..catalog import Catalog
 from ..errors import ManagerError
-from ..overlays.model import OverlayStatus, TargetStatus
+from ..overlays.model import OverlayStatus, Status, TargetStatus
 from .check import EngineInfo, EngineProbe, OverlayInfo, sdist_commit
 from .verdict import ProbeFacts
 
@@ -134,12 +135,12 @@ def probe_report_file(engine: EngineInfo, path: Path) -> EngineProbe:
     report = status if isinstance(status, dict) else data
     overlays = report.get("overlays") if isinstance(report, dict) else None
     if isinstance(overlays, dict):  # the verify summary: {id: status}
-        items = [OverlayStatus(str(k), _str(v)) for k, v in overlays.items()]
+        items = [OverlayStatus(str(k), _status(v)) for k, v in overlays.items()]
     elif isinstance(overlays, list):
         items = [
             OverlayStatus(
-                str(o["id"]), _str(o.get("status")),
-                tuple(TargetStatus(_str(t.get("path")), _str(t.get("status")), _str(t.get("detail")))
+                str(o["id"]), _status(o.get("status")),
+                tuple(TargetStatus(_str(t.get("path")), _status(t.get("status")), _str(t.get("detail")))
                       for t in o.get("targets") or () if isinstance(t, dict)),
             )
             for o in overlays if isinstance(o, dict) and o.get("id")
@@ -147,6 +148,11 @@ def probe_report_file(engine: EngineInfo, path: Path) -> EngineProbe:
     else:
         return EngineProbe(unavailable=f"--probe-report {engine.id}={path}: no overlay statuses in it")
     return EngineProbe(statuses=_facts(items, where))
+
+
+def _status(value: object) -> Status:
+    """A status string of a report file, as written (only compared against known statuses, never trusted)."""
+    return cast(Status, _str(value))
 
 
 def _str(value: object) -> str:

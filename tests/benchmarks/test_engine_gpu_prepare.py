@@ -361,7 +361,7 @@ def test_the_pinned_dependency_set_is_closed_over_the_image_when_cached():
 
 
 def test_prepare_and_the_gpu_side_name_the_same_tp2_kinds_and_the_factory_builds_them():
-    from manager.testing import checkpoints as factory
+    from testing import checkpoints as factory
 
     tp2 = prep.checkpoint_kinds(2)
     assert tp2 == ("dense-tp2", "moe-tp2", "ct-w4a16-moe-tp2")

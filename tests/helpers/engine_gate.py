@@ -9,7 +9,8 @@ pass by skipping the engine.
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 import pytest
 

@@ -156,7 +156,7 @@ class FakeGitHub:
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "FakeGitHub":
+    def __enter__(self) -> FakeGitHub:
         self.thread.start()
         return self
 

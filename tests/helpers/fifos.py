@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 
 def error_without_blocking(read: Callable[[], object], fifo: Path, timeout: float = 10.0) -> BaseException | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from collections.abc import Callable
 
 
 def trickle(seconds: float = 8.0, every: float = 0.2) -> Callable:
@@ -84,7 +84,7 @@ class HostileServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def __enter__(self) -> "HostileServer":
+    def __enter__(self) -> HostileServer:
         self.thread.start()
         return self
 

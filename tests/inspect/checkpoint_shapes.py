@@ -20,7 +20,7 @@ Where the shapes come from:
 - NVFP4 compressed-tensors layout (weight_packed U8 [out, in/2], weight_scale F8_E4M3 [out, in/16],
   weight_global_scale / input_global_scale F32 [1]) with the per-layer embedding quantized, which
   is what a user report's KeyError 'embed_tokens_per_layer.weight_packed' implies.
-A factory-made tiny real checkpoint (manager/testing/checkpoints.py, branch `engine`) can be
+A factory-made tiny real checkpoint (testing/checkpoints.py, branch `engine`) can be
 added as another case next to these: the tests take a directory.
 """
 

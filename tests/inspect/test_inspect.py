@@ -2,7 +2,7 @@
 
 Cases are checkpoint directories built by helpers (tests/inspect/checkpoint_shapes.py for header-only sets
 with the public checkpoints' names/dtypes/shapes; `_tiny_real` below for small real safetensors
-files). A case from the tiny-checkpoint factory (manager/testing/checkpoints.py, branch `engine`)
+files). A case from the tiny-checkpoint factory (testing/checkpoints.py, branch `engine`)
 fits the same tests: they only need a directory.
 """
 
@@ -624,7 +624,7 @@ def test_gptq_qweight_layout_splits_the_transposed_dimension(tmp_path):
 def factory_checkpoints(tmp_path_factory) -> dict[str, Path]:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from manager.testing.checkpoints import build_checkpoint
+    from testing.checkpoints import build_checkpoint
 
     base = tmp_path_factory.mktemp("factory")
     return {k: build_checkpoint(k, base / k).path for k in ("dense", "moe", "ct-w4a16-moe")}

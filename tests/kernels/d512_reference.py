@@ -56,7 +56,7 @@ def make_paged(seq_lens: list[int], num_kv_heads: int, block_size: int, device: 
         vs = ks
     kq = (k.float() / ks).to(dt)
     vq = kq if kv_shared else (v.float() / vs).to(dt)
-    scale = lambda x: torch.tensor([x], dtype=torch.float32, device=device)  # noqa: E731
+    scale = lambda x: torch.tensor([x], dtype=torch.float32, device=device)
     return PagedCase(kq, vq, bt, sl, block_size, fmt, scale(ks), scale(vs))
 
 

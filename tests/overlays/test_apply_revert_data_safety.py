@@ -477,7 +477,7 @@ def test_kernel_source_symlinked_out_of_the_overlay_is_refused(tmp_path):
 
 
 def test_crlf_c_source_keeps_crlf_through_text_insert_apply_and_revert(tmp_path):
-    cu = "__global__ void k(float* x) {\r\n  int i = threadIdx.x;\r\n  x[i] = 0.f;\r\n}\r\n".encode()
+    cu = b"__global__ void k(float* x) {\r\n  int i = threadIdx.x;\r\n  x[i] = 0.f;\r\n}\r\n"
     root = synthetic_root(tmp_path, {"vllm/csrc/k.cu": cu})
     cat = synthetic_catalog(tmp_path, targets=("vllm/csrc/k.cu",), snippets={"k.cu": "if (i > 4) return;\n"},
                             edits="  - {name: guard, kind: text-insert, anchor: 'x[i] = 0.f;', code: snippets/k.cu}\n")

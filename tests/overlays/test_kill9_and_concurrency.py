@@ -78,7 +78,7 @@ def _states(root: Path, expected) -> dict[str, str]:
 
 def _duration(args: list[str], env: dict) -> float:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "manager.testing.faults", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "testing.faults", *args], capture_output=True, text=True,
                           env={**os.environ, **env}, cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return time.monotonic() - start

@@ -14,7 +14,7 @@ import pytest
 from manager import fsutil
 from manager.catalog import Catalog
 from manager.errors import OverlayError
-from manager.overlays import apply, ledger, load_overlays, select, status
+from manager.overlays import apply, ledger, load_overlays, select
 from tests.helpers.catalogs import OVERLAY_IDS, TARGETS, shipped_catalog_dir
 
 VERSION = "0.20.0"

@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.helpers import REPO_ROOT
 
 PKG = REPO_ROOT / "manager"
-ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__", "manager.testing.faults")  # entry points
+ENTRY = ("manager.fastpath", "manager.cli", "manager.__main__")  # entry points
 
 
 def _modules() -> dict[str, Path]:
@@ -54,14 +54,22 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the modules of the package it imports (at module level or inside functions)."""
+def _own_submodule_imports(tree: ast.AST) -> set[int]:
+    """ids of `from .sub import name` statements (a package __init__ naming its own submodules)."""
+    return {id(n) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (at module level or inside functions);
+    `type_only`: the imports under `if TYPE_CHECKING:` count too (a layering circle hidden from the interpreter)."""
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         deps = graph.setdefault(mod, set())
         tree = ast.parse(path.read_text(), str(path))
         skip = _type_only(tree)
+        if type_only:  # count them, except a package's mirror of its lazy `__getattr__` exports (its own submodules)
+            skip = {i for i in skip if path.name == "__init__.py"} & _own_submodule_imports(tree)
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
                 deps.update(t for t in _targets(mod, path, node, mods) if t != mod)
@@ -107,6 +115,17 @@ def test_the_import_graph_has_no_circle():
     assert _cycles(import_graph()) == []
 
 
+def test_the_import_graph_has_no_circle_counting_type_checking_imports():
+    """fits and inspect once imported each other, one way under TYPE_CHECKING: layering holds for annotations too."""
+    assert _cycles(import_graph(type_only=True)) == []
+
+
+def test_type_checking_imports_are_edges_of_the_full_graph():
+    full, runtime = import_graph(type_only=True), import_graph()
+    assert all(runtime[m] <= full[m] for m in runtime)
+    assert any(full[m] - runtime[m] for m in runtime)  # the package has TYPE_CHECKING imports: the switch matters
+
+
 def test_a_circle_would_be_found():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
@@ -116,6 +135,17 @@ def test_no_library_module_imports_the_entry_point():
     below = {m: deps & set(ENTRY) for m, deps in graph.items()
              if not m.startswith(ENTRY) and m != "manager"}
     assert {m: sorted(d) for m, d in below.items() if d} == {}
+
+
+def test_no_package_module_imports_the_test_support():
+    """testing/ and tests/ are not in the wheel: a package module importing them would break every installed copy."""
+    bad = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{mod}: {n}" for n in names if n.split(".")[0] in {"testing", "tests"}]
+    assert bad == []
 
 
 def test_the_leaf_imports_nothing_of_the_package_at_module_level():

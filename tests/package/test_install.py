@@ -65,6 +65,19 @@ def test_wheel_carries_the_catalog_license_and_no_hard_extras(artifacts: dict[st
         assert f"Provides-Extra: {extra}" in meta
 
 
+def test_wheel_carries_no_test_code(artifacts: dict[str, Path]) -> None:
+    """Test support (testing/: the vLLM venv harness, the checkpoint factory, the write-delay seam) and tests/ stay in
+    the repository: the wheel installed into every serving container holds the package and its catalog only."""
+    names = zipfile.ZipFile(artifacts["wheel"]).namelist()
+    modules = [n for n in names if n.endswith(".py")]
+    assert "manager/fits/core.py" in modules  # the check below looks at real contents
+    assert [n for n in modules if not n.startswith("manager/")] == []
+    assert [n for n in modules if n.startswith(("manager/testing/", "manager/tests/"))] == []
+    assert [n for n in names if n.split("/")[0] in {"testing", "tests", "benchmarks"}] == []
+    top = {n.split("/")[0] for n in names}
+    assert top == {"manager", next(t for t in top if t.endswith(".dist-info"))}, top
+
+
 def test_sdist_carries_the_catalog_top_level(artifacts: dict[str, Path]) -> None:
     import tarfile
 

@@ -13,7 +13,7 @@ from manager.profiles.schema import ModelProfile
 from tests.helpers import REPO_ROOT
 
 transformers = pytest.importorskip("transformers")
-from transformers import Gemma4Config, Gemma4TextConfig  # noqa: E402
+from transformers import Gemma4Config, Gemma4TextConfig
 
 
 # Public values (the public config.json of google/gemma-4-26B-A4B-it; tests/fixtures/hf-configs/README.md).

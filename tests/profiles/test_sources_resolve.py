@@ -6,7 +6,6 @@ of these says why it has no source (a default, an estimate, a derivation, not pu
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml

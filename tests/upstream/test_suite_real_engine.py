@@ -20,7 +20,7 @@ from tests.helpers.engine_gate import require
 
 pytestmark = pytest.mark.engine
 
-eng = pytest.importorskip("manager.testing.engine")
+eng = pytest.importorskip("testing.engine")
 suite = pytest.importorskip("manager.upstream.suite")
 
 REGISTRY = "tests/models/test_registry.py"

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from .base import EditContext, EditFailed, EditState, Inspection
+from collections.abc import Callable
+
+from .base import Edit, EditContext, EditFailed, EditState, Inspection
 from .dictcache import DictCache
 from .python import DictEntry, InsertStatements, PythonEdit, SetValue
 from .release import ReleaseFile
 from .text import NewFile, TextEdit, TextInsert
 
-_PYTHON = {"insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache}
-_TEXT = {"new-file": NewFile, "text-insert": TextInsert, "release-file": ReleaseFile}
+_PYTHON: dict[str, Callable[..., Edit]] = {"insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache}
+_TEXT: dict[str, Callable[..., Edit]] = {"new-file": NewFile, "text-insert": TextInsert, "release-file": ReleaseFile}
 
 
-def make_edit(spec, ctx: EditContext, target: str):
+def make_edit(spec, ctx: EditContext, target: str) -> Edit:
     """Instantiate the edit kind for one manifest edit on one target file."""
     if spec.kind in _PYTHON:
         if not target.endswith(".py"):
@@ -22,18 +24,19 @@ def make_edit(spec, ctx: EditContext, target: str):
 
 
 __all__ = [
+    "DictCache",
+    "DictEntry",
+    "Edit",
     "EditContext",
     "EditFailed",
     "EditState",
-    "Inspection",
-    "PythonEdit",
-    "TextEdit",
-    "make_edit",
     "InsertStatements",
-    "DictEntry",
-    "SetValue",
-    "DictCache",
+    "Inspection",
     "NewFile",
+    "PythonEdit",
     "ReleaseFile",
+    "SetValue",
+    "TextEdit",
     "TextInsert",
+    "make_edit",
 ]

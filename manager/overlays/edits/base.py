@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 
 class EditState(str, enum.Enum):
@@ -23,6 +24,27 @@ class EditState(str, enum.Enum):
 class Inspection:
     state: EditState
     detail: str = ""
+
+
+class Edit(Protocol):
+    """The interface the engine drives (transaction, statuses): every edit kind has it.
+
+    `language` says what `inspect`/`apply`/`remove` take and return: "python", one libcst Module of the target
+    (python.PythonEdit and its kinds, dictcache.DictCache); "text", the target's text, None when it is absent
+    (text.TextEdit and its kinds, release.ReleaseFile). The engine hands each edit the form its language names,
+    and raises EditFailed's message as one error line."""
+
+    language: str
+    spec: Any  # the manifest edit it was made from (manager.overlays.manifest)
+
+    @property
+    def name(self) -> str: ...
+
+    def inspect(self, subject: Any) -> Inspection: ...
+
+    def apply(self, subject: Any) -> Any: ...
+
+    def remove(self, subject: Any) -> Any: ...
 
 
 class EditFailed(Exception):

@@ -28,7 +28,7 @@ def _overlay_dict_cache(fn=None, *, maxsize=None):
 
     @_functools.wraps(fn)
     def _wrapper(*args, **kwargs):
-        key = args + (_kwargs_mark, *sorted(kwargs.items())) if kwargs else args
+        key = (*args, _kwargs_mark, *sorted(kwargs.items())) if kwargs else args
         if key in _cache:
             _stats[0] += 1
             return _cache[key]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
 
@@ -257,7 +257,7 @@ class DictCache(PythonEdit):
 
         def restore(was: str, dec: cst.Decorator) -> cst.Decorator:
             new = cst.parse_module(was + "\ndef _f(): pass\n").body[0].decorators[0]  # type: ignore[attr-defined]
-            return new.with_changes(leading_lines=tuple(l for l in dec.leading_lines if ours(l) is None))
+            return new.with_changes(leading_lines=tuple(ln for ln in dec.leading_lines if ours(ln) is None))
 
         class _Restore(cst.CSTTransformer):
             def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
@@ -266,12 +266,12 @@ class DictCache(PythonEdit):
                 changed = False
                 for i, d in enumerate(decorators):
                     lines = list(d.leading_lines) + (leading if i == 0 else [])
-                    found = [(l, ours(l)) for l in lines if ours(l) is not None]
+                    found = [(ln, ours(ln)) for ln in lines if ours(ln) is not None]
                     if not found:
                         continue
                     line, sen = found[0]
                     decorators[i] = restore(decode_value(sen.get("was") or ""), d)
-                    leading = [l for l in leading if l is not line]
+                    leading = [ln for ln in leading if ln is not line]
                     changed = True
                 if not changed:
                     return updated
@@ -292,7 +292,7 @@ def _after_imports(body: list[cst.BaseStatement]) -> int:
             for s in stmt.body
         ):
             at = i + 1
-        elif isinstance(stmt, cst.SimpleStatementLine) or isinstance(stmt, cst.If):
+        elif isinstance(stmt, (cst.SimpleStatementLine, cst.If)):
             # `if TYPE_CHECKING:` import blocks and simple constants may interleave; stop at defs
             if isinstance(stmt, cst.If):
                 continue

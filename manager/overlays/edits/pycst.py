@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import textwrap
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
@@ -281,7 +281,7 @@ def _collect(module: cst.Module, block: cst.CSTNode, overlay: str, edit: str, ou
 
 _SUITE_HOLDERS = (cst.BaseSuite, cst.BaseCompoundStatement, cst.Else, cst.Finally, cst.ExceptHandler)
 if hasattr(cst, "MatchCase"):
-    _SUITE_HOLDERS = _SUITE_HOLDERS + (cst.MatchCase, cst.ExceptStarHandler)  # type: ignore[attr-defined]
+    _SUITE_HOLDERS = (*_SUITE_HOLDERS, cst.MatchCase, cst.ExceptStarHandler)  # type: ignore[attr-defined]
 
 
 def _path_to(node: cst.CSTNode, target: cst.CSTNode) -> list[tuple[cst.CSTNode, str, int | None]] | None:

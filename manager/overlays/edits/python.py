@@ -168,7 +168,7 @@ def block_mismatch(module: cst.Module, mb: MarkedBlock, edit, tag: str) -> str:
 def sentinel_line(module: cst.Module, mb: MarkedBlock) -> int | str:
     """1-based line of the block's sentinel comment in the module's code ('?' if not found)."""
     stmt = mb.owner.body[mb.index]  # type: ignore[attr-defined]
-    comments = [l.comment.value.strip() for l in stmt.leading_lines if l.comment is not None]
+    comments = [ln.comment.value.strip() for ln in stmt.leading_lines if ln.comment is not None]
     mine = [c for c in comments if (parse_python(c) or None) == mb.sentinel]
     if not mine:
         return "?"
@@ -299,9 +299,9 @@ class DictEntry(_AssignmentEdit):
             return Inspection(EditState.DRIFT, f"edit {self.name}: {self.spec.dict_name} is not a dict literal")
         want = ast.dump(ast.parse(self.spec.key, mode="eval"))
         for el in value.elements:
-            if isinstance(el, cst.DictElement):
-                if ast.dump(ast.parse(module.code_for_node(el.key).strip(), mode="eval")) == want:
-                    return Inspection(EditState.NATIVE, f"edit {self.name}: key {self.spec.key} already in {self.spec.dict_name}")
+            if isinstance(el, cst.DictElement) and (
+                    ast.dump(ast.parse(module.code_for_node(el.key).strip(), mode="eval")) == want):
+                return Inspection(EditState.NATIVE, f"edit {self.name}: key {self.spec.key} already in {self.spec.dict_name}")
         return Inspection(EditState.PENDING, f"edit {self.name}: dict {self.spec.dict_name} found once")
 
     def insert(self, module: cst.Module) -> cst.Module:
@@ -359,7 +359,7 @@ class SetValue(_AssignmentEdit):
                 raise EditFailed(f"edit {self.name}: sentinel without was= cannot be reverted")
             stmt = mb.owner.body[mb.index]  # type: ignore[attr-defined]
             restored = parse_statements(decode_value(was) + "\n", module)[0]
-            keep = tuple(l for l in stmt.leading_lines if sentinel_of(stmt.with_changes(leading_lines=(l,))) is None)
+            keep = tuple(ln for ln in stmt.leading_lines if sentinel_of(stmt.with_changes(leading_lines=(ln,))) is None)
             body = list(mb.owner.body)  # type: ignore[attr-defined]
             body[mb.index] = restored.with_changes(leading_lines=keep)
             module = replace_body(module, mb.owner, body)

@@ -16,7 +16,7 @@ _C_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".cu", ".cuh"}
 
 
 def _body_sha(lines: list[str]) -> str:
-    return short_hash("\n".join(l[:-1] if l.endswith("\r") else l for l in lines))
+    return short_hash("\n".join(ln[:-1] if ln.endswith("\r") else ln for ln in lines))
 
 
 def comment_style(path: str) -> str:
@@ -99,7 +99,7 @@ class TextInsert(TextEdit):
         if not self.spec.within:
             return 0, len(lines)
         rx = re.compile(self.spec.within)
-        starts = [i for i, l in enumerate(lines) if rx.search(l)]
+        starts = [i for i, ln in enumerate(lines) if rx.search(ln)]
         if len(starts) != 1:
             return None if not starts else (-len(starts), 0)
         depth, opened = 0, False
@@ -131,11 +131,11 @@ class TextInsert(TextEdit):
         """Our lines (split on LF); `cr` = "\r" in a CRLF file, so every line keeps its ending.
         The sha covers the body without the CRs (the same block hashes the same either way)."""
         code = self.ctx.read(self.spec.code).replace("\r\n", "\n").rstrip("\n").split("\n")
-        body = [(indent + l) if l.strip() else "" for l in code]
+        body = [(indent + ln) if ln.strip() else "" for ln in code]
         digest = short_hash("\n".join(body))
         begin = Sentinel(self.ctx.overlay_id, self.ctx.version, self.name, (("begin", ""), ("sha", digest)))
         end = Sentinel(self.ctx.overlay_id, self.ctx.version, self.name, (("end", ""),))
-        return [l + cr for l in (indent + self._line(begin), *body, indent + self._line(end))]
+        return [ln + cr for ln in (indent + self._line(begin), *body, indent + self._line(end))]
 
     def _sites(self, lines: list[str]) -> list[int] | str:
         region = self._region(lines)

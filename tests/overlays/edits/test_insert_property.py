@@ -190,8 +190,8 @@ def test_insert_on_generated_modules(case):
 
 # --- dict-cache on generated decorator stacks ---------------------------------------------------
 
-from manager.overlays.edits import DictCache  # noqa: E402
-from manager.overlays.manifest import DictCacheEdit  # noqa: E402
+from manager.overlays.edits import DictCache
+from manager.overlays.manifest import DictCacheEdit
 
 CACHE_SPELLINGS = [
     "@functools.cache", "@cache", "@lru_cache", "@lru_cache()", "@lru_cache(maxsize=None)",

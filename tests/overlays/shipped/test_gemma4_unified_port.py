@@ -226,9 +226,7 @@ def test_bundle_carries_the_release_files_and_the_image_needs_no_network(tmp_pat
 
 # vLLM 0.20.0's import-time dependencies that the test venv lacks (found by importing the ported module
 # until it imported, 2026-11-30), installed --no-deps into a cached --target directory, not into the venv.
-IMPORT_DEPS = ("aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 cachetools==8.0.2 cbor2==6.3.0 einops==0.8.2 "
-               "frozenlist==1.8.0 gguf==0.19.0 multidict==7.2.1 openai==3.57.0 openai_harmony==0.0.8 pillow==13.0.0 "
-               "propcache==0.5.4 psutil==7.2.2 pybase64==1.5.1 pyzmq==27.3.0 sniffio==1.3.1 yarl==1.25.1").split()
+IMPORT_DEPS = ["aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "cachetools==8.0.2", "cbor2==6.3.0", "einops==0.8.2", "frozenlist==1.8.0", "gguf==0.19.0", "multidict==7.2.1", "openai==3.57.0", "openai_harmony==0.0.8", "pillow==13.0.0", "propcache==0.5.4", "psutil==7.2.2", "pybase64==1.5.1", "pyzmq==27.3.0", "sniffio==1.3.1", "yarl==1.25.1"]
 IMPORT_PORTED = ("import vllm.model_executor.models.gemma4_unified as m; "
                  "print('IMPORTED', m.Gemma4UnifiedForConditionalGeneration.__mro__[1].__module__)")
 

@@ -57,9 +57,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
-from ..errors import ManagerError
+from manager.errors import ManagerError
 
 LAYER_TYPES = ("sliding_attention", "sliding_attention", "full_attention") * 2
 TINY = dict(
@@ -254,7 +255,7 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     out = []
     for f in sorted(dest.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
-            for k in fh.keys():
+            for k in fh.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but is not iterable
                 sl = fh.get_slice(k)
                 out.append((k, tuple(sl.get_shape()), sl.get_dtype()))
     return tuple(sorted(out))
@@ -428,7 +429,7 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
 UNIFIED_TOKENS = dict(boi_token_id=3, eoi_token_id=4, image_token_id=5, video_token_id=6, boa_token_id=7,
                       eoa_token_index=8, audio_token_id=9)
 # "<|video|>": Gemma4UnifiedProcessor adds that exact token to the tokenizer; having it already keeps the vocab at 512.
-UNIFIED_SPECIAL_TOKENS = SPECIAL_TOKENS + ("<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>")
+UNIFIED_SPECIAL_TOKENS = (*SPECIAL_TOKENS, "<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>")
 UNIFIED_TOKENIZER_ATTRS = dict(boi_token="<boi>", eoi_token="<eoi>", image_token="<image>", boa_token="<boa>",
                                eoa_token="<eoa>", audio_token="<audio>")
 # Tiny encoder-free embedders: patches of 4 x 4 pixels pooled 2 x 2 (model patch 8 -> 192 raw channels), audio frames
@@ -636,7 +637,7 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
             nxt = int(idx[0])
             toks.append(nxt)
             lps.append(float(vals[0]))
-            tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals)))
+            tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals, strict=False)))
             ids.append(nxt)
     return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
                      torch.__version__, dtype)
