@@ -357,6 +357,95 @@ def unpack_int4(packed: Any) -> Any:
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 8).to(torch.int8)
 
 
+# NVFP4 (compressed-tensors "nvfp4-pack-quantized"): E2M1 values, one float8_e4m3fn scale per 16 inputs and one
+# float32 global scale per tensor; value = e2m1 * weight_scale / weight_global_scale (vLLM 0.19.1
+# vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py, dequantize_to_dtype; the scheme's
+# tensors in compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py, create_weights).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_GROUP = 16
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_nvfp4(w: Any) -> tuple[Any, Any, Any, Any]:
+    """NVFP4 per-group (16) quantization along the last (input) dim of a [..., N, K] weight, the compressed-tensors way.
+
+    Returns (codes uint8 in [0, 15]: sign bit 3 + E2M1 index, weight_scale float8_e4m3fn [..., N, K/16],
+    weight_global_scale float32 [...] (one per matrix: 448 * 6 / amax), dequantized float32).
+    """
+    import torch
+
+    *lead, n, k = w.shape
+    if k % NVFP4_GROUP:
+        raise CheckpointError(f"NVFP4 needs the input dim to be a multiple of {NVFP4_GROUP}, got {k}")
+    wf = w.float()
+    amax = wf.abs().reshape(*lead, -1).amax(dim=-1).clamp(min=1e-12)
+    gscale = (FP8_E4M3_MAX * E2M1_VALUES[-1] / amax).to(torch.float32)
+    g = gscale.reshape(*lead, 1, 1)
+    wg = wf.reshape(*lead, n, k // NVFP4_GROUP, NVFP4_GROUP)
+    scale = (wg.abs().amax(dim=-1) / E2M1_VALUES[-1] * g).clamp(min=2.0**-9, max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    step = (scale.float() / g).unsqueeze(-1)
+    grid = torch.tensor(E2M1_VALUES, device=w.device)
+    idx = (wg.abs() / step).unsqueeze(-1).sub(grid).abs().argmin(dim=-1)
+    neg = (wg < 0) & (idx > 0)
+    codes = (idx | (neg.to(torch.int64) << 3)).to(torch.uint8).reshape(*lead, n, k)
+    deq = (grid[idx] * torch.where(neg, -1.0, 1.0) * step).reshape(*lead, n, k)
+    return codes, scale, gscale, deq
+
+
+def pack_fp4(codes: Any) -> Any:
+    """Two E2M1 codes per byte along the last dim, the even index in the low nibble (weight_packed, uint8)."""
+    import torch
+
+    if codes.shape[-1] % 2:
+        raise CheckpointError(f"fp4 packing needs an even last dim, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()
+
+
+def dequantize_nvfp4(packed: Any, scale: Any, gscale: Any) -> Any:
+    """float32 [..., N, K] from weight_packed uint8 [..., N, K/2], weight_scale e4m3 [..., N, K/16] and the global scale."""
+    import torch
+
+    lo, hi = packed & 0xF, packed >> 4
+    codes = torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2).to(torch.int64)
+    vals = torch.tensor(E2M1_VALUES, device=packed.device)[codes & 7] * torch.where((codes & 8) > 0, -1.0, 1.0)
+    *lead, n, k = vals.shape
+    step = scale.float() / gscale.float().reshape(*lead, 1, 1)
+    return (vals.reshape(*lead, n, k // NVFP4_GROUP, NVFP4_GROUP) * step.unsqueeze(-1)).reshape(*lead, n, k)
+
+
+def quantize_w4_groups_asym(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any, Any]:
+    """Asymmetric int4 per-group quantization along the last dim (compressed-tensors symmetric: false).
+
+    Returns (nibbles uint8 in [0, 15], scale [..., G] in scale_dtype, zero points int [..., G] in [0, 15],
+    dequantized float32 = (nibble - zero) * scale). G = ceil(K / group): a last partial group is allowed.
+    """
+    import torch
+
+    *lead, k = w.shape
+    g = -(-k // group)
+    wf = torch.nn.functional.pad(w.float(), (0, g * group - k)).reshape(*lead, g, group)
+    lo, hi = wf.amin(dim=-1).clamp(max=0), wf.amax(dim=-1).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(scale_dtype)
+    zero = torch.clamp(torch.round(-lo / scale.float()), 0, 15)
+    q = torch.clamp(torch.round(wf / scale.float().unsqueeze(-1)) + zero.unsqueeze(-1), 0, 15)
+    deq = ((q - zero.unsqueeze(-1)) * scale.float().unsqueeze(-1)).reshape(*lead, g * group)[..., :k]
+    return q.reshape(*lead, g * group)[..., :k].to(torch.uint8), scale, zero.to(torch.int64), deq
+
+
+def pack_int4_rows(z: Any) -> Any:
+    """compressed-tensors zero-point packing: unsigned nibbles, 8 per int32 along the output dim (dim -2), LSB first;
+    [..., N, G] -> [..., ceil(N/8), G] int32."""
+    import torch
+
+    *lead, n, g = z.shape
+    zp = torch.nn.functional.pad(z.to(torch.int64), (0, 0, 0, -n % 8)).reshape(*lead, -1, 8, g)
+    packed = torch.zeros((*lead, zp.shape[-3], g), dtype=torch.int64, device=z.device)
+    for i in range(8):
+        packed |= (zp[..., i, :] & 0xF) << (4 * i)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
 def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] | None = None) -> Builder:
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
