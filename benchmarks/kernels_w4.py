@@ -8,8 +8,9 @@
    format x group, K = 704, top-8 of 128, empty experts (max |err| / max |ref|);
 3. device copy bandwidth (the same run's achievable HBM figure);
 4. MoE decode (1/4/8 tokens, Gemma-4 26B-A4B: hidden 2816, 128 experts, top-8, intermediate 704): kernel time of
-   gate_up + down, bytes of the activated experts' packed weights + scales, % of HBM peak and of the copy;
-5. MoE prefill (2048 tokens) TFLOPS against one torch fp16 GEMM of the same FLOPs on dequantized weights (the
+   gate_up + down (CUDA-graph replay; `us_eager` = launched from Python), bytes of the activated experts' packed
+   weights + scales, % of HBM peak and of the copy;
+5. MoE prefill (2048 and 8192 tokens) TFLOPS against one torch fp16 GEMM of the same FLOPs on dequantized weights (the
    cuBLAS ceiling a grouped GEMM can reach) and, when vLLM is importable, its Triton fused_moe;
 6. linear decode / prefill (12B-like 3840 -> 15360) against torch fp16 GEMM on dequantized weights.
 Writes results.json and results.md under --out.
@@ -37,7 +38,8 @@ PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "V100": 0.9e12}
 H, E, TOPK, INTER = 2816, 128, 8, 704
 
 
-def timed(fn, iters=20, warm=3):
+def timed_eager(fn, iters=20, warm=3):
+    """Median of per-call CUDA-event times, launched from Python each time (includes host launch gaps)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -46,6 +48,36 @@ def timed(fn, iters=20, warm=3):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(ts)
+
+
+def timed(fn, iters=20, warm=3):
+    """Median GPU time of `fn` captured once into a CUDA graph and replayed (the kernels' own time, as vLLM's
+    CUDA-graph decode sees it); falls back to timed_eager when capture fails."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as exc:  # noqa: BLE001
+        print(f"graph capture failed ({exc}); eager timing", file=sys.stderr)
+        return timed_eager(fn, iters, warm)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e-3)
@@ -83,7 +115,7 @@ def grid(k, quick):
 def copy_bw():
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    t = timed(lambda: b.copy_(a), iters=10)
+    t = timed_eager(lambda: b.copy_(a), iters=10)   # one 1 GiB copy: host gaps are negligible
     return 2 * a.numel() / t
 
 
@@ -93,7 +125,7 @@ def bench_moe(k, mod, peak, copy):
         w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=21, with_deq=False)
         w2 = make_weights(fmt, E, H, INTER, group, seed=22, with_deq=False)
         per_expert = w13.bytes_per_expert() + w2.bytes_per_expert()
-        for tokens in (1, 4, 8, 2048):
+        for tokens in (1, 4, 8, 2048, 8192):
             path = "decode" if tokens <= 8 else "prefill"
             tw, ti = route(tokens, E, TOPK, seed=tokens)
             align = mod.moe_align(ti, mod.TILES[path][0], E)
@@ -106,18 +138,21 @@ def bench_moe(k, mod, peak, copy):
                 k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, zeros=w13.zeros, gscale=w13.gscale,
                        sorted_ids=sid, expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path=path)
                 k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, zeros=w2.zeros, gscale=w2.gscale,
-                       sorted_ids=sid, expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path=path)
+                       sorted_ids=sid, expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path=path,
+                       out_div=TOPK)
 
             t = timed(run)
+            t_eager = timed_eager(run)
             t_full = timed(lambda: k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
                                                gscale13=w13.gscale, gscale2=w2.gscale, path=path, align=align))
             used = int(ti.unique().numel())
             nbytes = used * per_expert + (x.numel() + a.numel()) * 2
             flops = 2 * nv * (2 * INTER * H + H * INTER)
             row = dict(fmt=fmt, group=group, tokens=tokens, path=path, experts_used=used, us=t * 1e6,
+                       us_eager=t_eager * 1e6,
                        us_fused_moe=t_full * 1e6, bytes=nbytes, gbps=nbytes / t / 1e9,
                        pct_peak=100 * nbytes / t / peak, pct_copy=100 * nbytes / t / copy, tflops=flops / t / 1e12)
-            if tokens == 2048:
+            if tokens >= 2048:
                 # Anchor: one cuBLAS fp16 GEMM pair with the same FLOPs (tokens*top_k rows through one expert's shape).
                 b13 = torch.randn((2 * INTER, H), device="cuda").half()
                 b2 = torch.randn((H, INTER), device="cuda").half()
@@ -149,6 +184,50 @@ def bench_linear(k, peak, copy):
     return rows
 
 
+def bench_decode_variants(k, mod, peak):
+    """The decode tile candidates (DECODE_VARIANTS) against the default: correctness at K=704, occupancy, time of a
+    12B-like linear at M=1 and of the 26B-A4B MoE pair at 1 and 8 tokens."""
+    rows = []
+    for fmt, group in (("int4", 128), ("fp4", 16)):
+        wl = make_weights(fmt, 1, 15360, 3840, group, seed=41, with_deq=False)
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=42, with_deq=False)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=43, with_deq=False)
+        wc = make_weights(fmt, 1, 700, 704, group, seed=44)
+        xc = torch.randn((3, 704), device="cuda").half()
+        x1 = torch.randn((1, 3840), device="cuda").half()
+        for variant in (None, "v2", "v3", "v4"):
+            name = f"w4_gemm_{fmt}_decode" + (f"_{variant}" if variant else "")
+            row = dict(fmt=fmt, group=group, variant=variant or "default", occupancy=k.k[name].occupancy())
+            out = k.gemm(xc, wc.w, wc.scales, fmt, k=704, group=group, gscale=wc.gscale, path="decode", variant=variant)
+            row["err_k704"] = rel_err(out, ref_linear(xc, wc))
+            t = timed(lambda: k.gemm(x1, wl.w, wl.scales, fmt, k=3840, group=group, gscale=wl.gscale, path="decode",
+                                     variant=variant))
+            row.update(linear_m1_us=t * 1e6, linear_m1_pct_peak=100 * wl.bytes_per_expert() / t / peak)
+            for tokens in (1, 8):
+                tw, ti = route(tokens, E, TOPK, seed=tokens)
+                sid, eid, npost = mod.moe_align(ti, 16, E)
+                x = torch.randn((tokens, H), device="cuda").half()
+                nv = tokens * TOPK
+                a = torch.randn((nv, INTER), device="cuda").half()
+
+                def run():
+                    k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                           expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path="decode", variant=variant)
+                    k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                           expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode", out_div=TOPK,
+                           variant=variant)
+
+                t = timed(run)
+                used = int(ti.unique().numel())
+                nbytes = used * (w13.bytes_per_expert() + w2.bytes_per_expert())
+                row[f"moe_{tokens}_us"] = t * 1e6
+                row[f"moe_{tokens}_pct_peak"] = 100 * nbytes / t / peak
+            rows.append(row)
+        del w13, w2, wl
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
@@ -172,7 +251,8 @@ def main():
         res["driver"] = f"unknown ({exc})"
     for key, fn in (("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
                     ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
-                    ("linear", lambda: bench_linear(k, peak, res["copy_bw"]))):
+                    ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
+                    ("decode_variants", lambda: bench_decode_variants(k, mod, peak))):
         t0 = time.time()
         try:
             res[key] = fn()
@@ -189,7 +269,7 @@ def main():
         worst = max(res["grid"], key=lambda r: r["err"])
         md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
         md += [json.dumps(r) for r in res["grid"]]
-    for key in ("moe", "linear"):
+    for key in ("moe", "linear", "decode_variants"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
     (out / "results.md").write_text("\n".join(md) + "\n")

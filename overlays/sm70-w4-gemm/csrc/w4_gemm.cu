@@ -18,9 +18,11 @@
 // Rows: with sorted_ids (vLLM's moe_align_block_size output, block size BM) block m covers
 // sorted_ids[m*BM .. m*BM+BM), all routed to expert_ids[m]; an id t >= num_valid is padding; the
 // activation row is t / a_div (top_k for gate_up, whose X is per token; 1 for down, whose X is per
-// (token, k) pair); the output row is t.  Without sorted_ids (linear layers) row t = m*BM + r, expert 0.
-// K must be a multiple of 32 (704 = 22 x 32 works without padding: the last 64-wide chunk is half
-// filled); any N (rows past N are masked); group sizes >= 16 (16/32/128; NVFP4 is always 16).
+// (token, k) pair); the output row is t, or with out32 (fp32, zeroed by the caller) row t / out_div accumulated
+// atomically: split K over gridDim.z (k_split columns of K per block, a multiple of BK) and/or the top-k sum of
+// the down projection (out_div = top_k) fused into the epilogue.  Without sorted_ids (linear layers) row t = m*BM + r, expert 0.
+// K must be a multiple of 32 (704 = 22 x 32 works without padding: a last partial chunk runs only
+// its valid 16-wide steps); any N (rows past N are masked); group sizes >= 16 (16/32/128; NVFP4 is always 16).
 #include <cuda_fp16.h>
 
 typedef long long i64;
@@ -71,13 +73,15 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 __device__ __forceinline__ __half2 u2h2(unsigned v) { return *reinterpret_cast<__half2*>(&v); }
 __device__ __forceinline__ unsigned h22u(__half2 v) { return *reinterpret_cast<unsigned*>(&v); }
 
-// int4: 8 nibbles of one word -> 4 half2 of (nibble - zero) * scale, in k order.
-// (n | 0x6400) read as fp16 is 1024 + n, so subtracting 1024 + zero is exact.
+// Both formats hold 8 values per 32-bit word, nibble i = k offset i.  The dequantizers emit the pairs
+// (nibble j, nibble j + 4), j = 0..3, which one mask extracts: shared memory holds every 8-wide k group of the
+// weights AND of the activations in the order 0,4,1,5,2,6,3,7 (stage_x8 permutes the activations the same way),
+// which leaves every dot product unchanged.
+// int4: (n | 0x6400) read as fp16 is 1024 + n, so subtracting 1024 + zero is exact; then times the scale.
 __device__ __forceinline__ void deq_int4_word(unsigned w, __half2 sub, __half2 sc, unsigned out[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    unsigned t = w >> (8 * j);
-    unsigned v = (t & 0xFu) | ((t & 0xF0u) << 12) | 0x64006400u;
+    unsigned v = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
     out[j] = h22u(__hmul2(__hsub2(u2h2(v), sub), sc));
   }
 }
@@ -88,10 +92,16 @@ __device__ __forceinline__ void deq_fp4_word(unsigned w, __half2 sc, unsigned ou
   const __half2 k14 = __float2half2_rn(16384.f);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    unsigned t = w >> (8 * j);
-    unsigned v = ((t & 0x7u) << 9) | ((t & 0x8u) << 12) | ((t & 0x70u) << 21) | ((t & 0x80u) << 24);
+    unsigned t = w >> (4 * j);
+    unsigned v = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
     out[j] = h22u(__hmul2(__hmul2(u2h2(v), k14), sc));
   }
+}
+
+// 8 activations (k0..k7) -> the order 0,4,1,5,2,6,3,7.
+__device__ __forceinline__ uint4 stage_x8(uint4 v) {
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                    __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
 }
 
 // E4M3 (bias 7) -> float: the 7 magnitude bits shifted into fp16's exponent/mantissa give the value
@@ -122,7 +132,8 @@ __device__ __forceinline__ void w4_gemm(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
-    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x) {
+    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
+    float* __restrict__ out32, int out_div, int k_split) {
   typedef Cfg<FMT, BM, BN, BK, WM, WN, WK> C;
   __shared__ __align__(128) unsigned char smem[C::SMEM];
   half* sx = reinterpret_cast<half*>(smem);
@@ -131,6 +142,8 @@ __device__ __forceinline__ void w4_gemm(
   __shared__ int s_rows[BM];
 
   const int mb = blockIdx.x, n0 = blockIdx.y * BN;
+  // Split K (decode): block z covers [k_begin, k_end) and adds its fp32 partial into out32.
+  const int k_begin = blockIdx.z * k_split, k_end = min(K, k_begin + k_split);
   const int tid = threadIdx.x, warp = tid >> 5;
   int e = 0;
   if (sorted_ids) {
@@ -161,36 +174,38 @@ __device__ __forceinline__ void w4_gemm(
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[i][j].x[q] = 0.f;
 
-  uint4 wreg[C::WV], xreg[C::XV];
-  unsigned sraw[C::WV][2], zraw[C::WV][2];
-  // Issue the global loads of one K chunk into registers.
-  auto fetch = [&](int kc) {
+  // Two register sets: chunk c + 2's global loads are issued while chunk c + 1's are still in flight.
+  struct Regs { uint4 w[C::WV], x[C::XV]; unsigned s[C::WV][2], z[C::WV][2]; };
+  Regs R0, R1;
+  // Issue the global loads of one K chunk into registers (nothing past this block's K range).
+  auto fetch = [&](Regs& R, int kc) {
+    if (kc >= k_end) return;
 #pragma unroll
     for (int i = 0; i < C::WV; ++i) {
       int v = tid + i * C::NT;
       int n = v / (BK / 32), seg = v % (BK / 32);
       int k0 = kc + seg * 32, ng = n0 + n;
-      wreg[i] = make_uint4(0, 0, 0, 0);
-      sraw[i][0] = sraw[i][1] = 0u;
-      zraw[i][0] = zraw[i][1] = 8u;
+      R.w[i] = make_uint4(0, 0, 0, 0);
+      R.s[i][0] = R.s[i][1] = 0u;
+      R.z[i][0] = R.z[i][1] = 8u;
       if (v < C::W_VECS && ng < N && k0 < K) {
-        wreg[i] = ldg_stream(we + ng * row_bytes + k0 / 2);
+        R.w[i] = ldg_stream(we + ng * row_bytes + k0 / 2);
         // The scales (and zero points) of the two 16-wide halves of this 32-value segment.
         if (FMT == 2) {
           const unsigned short* s16 = reinterpret_cast<const unsigned short*>(
               reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + ng) * G + k0 / 16);
           unsigned b2 = *s16;
-          sraw[i][0] = b2 & 0xFFu;
-          sraw[i][1] = b2 >> 8;
+          R.s[i][0] = b2 & 0xFFu;
+          R.s[i][1] = b2 >> 8;
         } else {
           const unsigned short* sh = reinterpret_cast<const unsigned short*>(scales) + ((i64)e * N + ng) * G;
           int g0 = k0 / group, g1 = (k0 + 16) / group;
-          sraw[i][0] = sh[g0];
-          sraw[i][1] = sh[g1];
+          R.s[i][0] = sh[g0];
+          R.s[i][1] = sh[g1];
           if (FMT == 1) {
             const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + ng / 8) * G;
-            zraw[i][0] = (zr[g0] >> (4 * (ng % 8))) & 0xFu;
-            zraw[i][1] = (zr[g1] >> (4 * (ng % 8))) & 0xFu;
+            R.z[i][0] = (zr[g0] >> (4 * (ng % 8))) & 0xFu;
+            R.z[i][1] = (zr[g1] >> (4 * (ng % 8))) & 0xFu;
           }
         }
       }
@@ -200,15 +215,15 @@ __device__ __forceinline__ void w4_gemm(
       int v = tid + i * C::NT;
       int r = v / (BK / 8), seg = v % (BK / 8);
       int k0 = kc + seg * 8;
-      xreg[i] = make_uint4(0, 0, 0, 0);
+      R.x[i] = make_uint4(0, 0, 0, 0);
       if (v < C::X_VECS && k0 < K) {
         int t = s_rows[r];
-        if (t >= 0) xreg[i] = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k0);
+        if (t >= 0) R.x[i] = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k0);
       }
     }
   };
   // Dequantize the registers into shared memory ([BN][BK] fp16 = the col-major B operand).
-  auto stage = [&](int kc) {
+  auto stage = [&](const Regs& R, int kc) {
 #pragma unroll
     for (int i = 0; i < C::WV; ++i) {
       int v = tid + i * C::NT;
@@ -216,18 +231,18 @@ __device__ __forceinline__ void w4_gemm(
       int n = v / (BK / 32), seg = v % (BK / 32);
       int k0 = kc + seg * 32, ng = n0 + n;
       unsigned o[16];
-      const unsigned words[4] = {wreg[i].x, wreg[i].y, wreg[i].z, wreg[i].w};
+      const unsigned words[4] = {R.w[i].x, R.w[i].y, R.w[i].z, R.w[i].w};
       if (ng < N && k0 < K) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (FMT == 2) {
-            __half2 s2 = __float2half2_rn(e4m3_to_float(sraw[i][h]) * gs);
+            __half2 s2 = __float2half2_rn(e4m3_to_float(R.s[i][h]) * gs);
             deq_fp4_word(words[2 * h], s2, o + 8 * h);
             deq_fp4_word(words[2 * h + 1], s2, o + 8 * h + 4);
           } else {
-            unsigned short sb = (unsigned short)sraw[i][h];
+            unsigned short sb = (unsigned short)R.s[i][h];
             __half2 s2 = __half2half2(*reinterpret_cast<__half*>(&sb));
-            __half2 sub = __float2half2_rn(1024.f + (float)zraw[i][h]);
+            __half2 sub = __float2half2_rn(1024.f + (float)R.z[i][h]);
             deq_int4_word(words[2 * h], sub, s2, o + 8 * h);
             deq_int4_word(words[2 * h + 1], sub, s2, o + 8 * h + 4);
           }
@@ -245,17 +260,12 @@ __device__ __forceinline__ void w4_gemm(
       int v = tid + i * C::NT;
       if (v >= C::X_VECS) break;
       int r = v / (BK / 8), seg = v % (BK / 8);
-      *reinterpret_cast<uint4*>(sx + r * C::LDA + seg * 8) = xreg[i];
+      *reinterpret_cast<uint4*>(sx + r * C::LDA + seg * 8) = stage_x8(R.x[i]);
     }
   };
 
-  fetch(0);
-  for (int kc = 0; kc < K; kc += BK) {
-    __syncthreads();                 // the previous chunk's fragments are read
-    stage(kc);
-    __syncthreads();
-    if (kc + BK < K) fetch(kc + BK);   // next chunk's loads fly while this one multiplies
-    const int ksteps = min(C::KSTEPS, (K - kc) / 16);
+  auto multiply = [&](int kc) {
+    const int ksteps = min(C::KSTEPS, (k_end - kc) / 16);
     for (int ks = wk; ks < ksteps; ks += WK) {
       frag_ab a[C::FM], b;
 #pragma unroll
@@ -267,6 +277,22 @@ __device__ __forceinline__ void w4_gemm(
         for (int i = 0; i < C::FM; ++i) mma_row_col(acc[i][j], a[i], b);
       }
     }
+  };
+
+  fetch(R0, k_begin);
+  fetch(R1, k_begin + BK);
+  for (int kc = k_begin; kc < k_end; kc += 2 * BK) {
+    __syncthreads();                 // the previous chunk's fragments are read
+    stage(R0, kc);
+    __syncthreads();
+    fetch(R0, kc + 2 * BK);
+    multiply(kc);
+    if (kc + BK >= k_end) break;
+    __syncthreads();
+    stage(R1, kc + BK);
+    __syncthreads();
+    fetch(R1, kc + 3 * BK);
+    multiply(kc + BK);
   }
   __syncthreads();
 #pragma unroll
@@ -283,25 +309,36 @@ __device__ __forceinline__ void w4_gemm(
 #pragma unroll
     for (int q = 0; q < WK; ++q) v += sc[q * BM * BN + idx];
     if (topk_w) v *= topk_w[t];
-    out[(i64)t * N + n] = __float2half_rn(v);
+    if (out32) atomicAdd(out32 + (i64)(t / out_div) * N + n, v);   // split K and/or the top-k sum
+    else out[(i64)t * N + n] = __float2half_rn(v);
   }
 }
 
-// Decode: 16 rows per block (one WMMA tile; a decode step puts 1-8 tokens on an expert), 32 columns,
-// 4 warps splitting the 256-wide K chunk (2 x 2), so that many blocks stream weights at once.
+// Decode: 16 rows per block (one WMMA tile; a decode step puts 1-8 tokens on an expert), 64 columns,
+// 4 warps (2 along N x 2 splitting each 256-wide K chunk), 4 x 16 bytes of packed weights in flight per
+// thread, K split over gridDim.z by the launcher so that a few experts still fill the GPU.
 // Prefill: 64 x 128 tiles, 8 warps of 32 x 32.
-#define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK)                                                     \
-  extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK) NAME(                                 \
+#define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK, MINB)                                               \
+  extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) NAME(                           \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,            \
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,          \
-      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x) {                \
+      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,   \
+      int out_div, int k_split) {                                                                       \
     w4_gemm<FMT, BM, BN, BK, WM, WN, WK>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids,      \
-                                         num_post, topk_w, num_valid, a_div, N, K, group, ld_x);        \
+                                         num_post, topk_w, num_valid, a_div, N, K, group, ld_x, out32,  \
+                                         out_div, k_split);                                             \
   }
 
-W4_ENTRY(w4_gemm_int4_decode, 0, 16, 32, 256, 1, 2, 2)
-W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 32, 256, 1, 2, 2)
-W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 32, 256, 1, 2, 2)
-W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1)
-W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1)
-W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1)
+W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 256, 1, 2, 2, 1)
+W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 256, 1, 2, 2, 1)
+W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 256, 1, 2, 2, 1)
+W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 1)
+W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 1)
+W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 1)
+// Decode tile candidates measured against the one above (benchmarks/kernels_w4.py --decode-variants).
+W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4)
+W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4)
+W4_ENTRY(w4_gemm_int4_decode_v3, 0, 16, 32, 256, 1, 2, 4, 4)
+W4_ENTRY(w4_gemm_fp4_decode_v3, 2, 16, 32, 256, 1, 2, 4, 4)
+W4_ENTRY(w4_gemm_int4_decode_v4, 0, 16, 16, 512, 1, 1, 8, 2)
+W4_ENTRY(w4_gemm_fp4_decode_v4, 2, 16, 16, 512, 1, 1, 8, 2)

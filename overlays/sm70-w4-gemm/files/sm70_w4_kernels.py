@@ -28,7 +28,12 @@ from manager.kernels.runtime import KernelSet, load_overlay_kernels
 OVERLAY_ID = "sm70-w4-gemm"
 FORMATS = ("int4", "int4zp", "fp4")
 # (rows, columns) of one block's tile per path: BM/BN of the W4_ENTRY lines in csrc/w4_gemm.cu.
-TILES = {"decode": (16, 32), "prefill": (64, 128)}
+TILES = {"decode": (16, 64), "prefill": (64, 128)}
+CHUNK_K = {"decode": 256, "prefill": 64}   # BK: a split of K is a multiple of it
+# Decode tile candidates (entry suffix -> (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
+DECODE_VARIANTS = {"v2": ((16, 64), 128), "v3": ((16, 32), 256), "v4": ((16, 16), 512)}
+# Split K on the decode path until the grid holds about this many blocks per multiprocessor.
+DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
 DECODE_MAX_ROWS_PER_EXPERT = 16
 _lock = threading.Lock()
@@ -93,15 +98,31 @@ def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int) -> tuple[i
 
 
 class W4Kernels:
-    def __init__(self, kernels: KernelSet):
+    def __init__(self, kernels: KernelSet, num_sms: int = 132):
         self.k = kernels
+        self.num_sms = num_sms
         self.ran: set[str] = set()
+
+    def pick_split(self, path: str, k: int, blocks: int, bk: int | None = None) -> int:
+        """K columns per block: all of K on the prefill path; on the decode path split K (in BK chunks) until the
+        grid holds ~DECODE_BLOCKS_PER_SM blocks per multiprocessor (a decode step activates few experts)."""
+        bk = bk or CHUNK_K[path]
+        chunks = (k + bk - 1) // bk
+        if path != "decode" or blocks <= 0:
+            return chunks * bk
+        splits = max(1, min(chunks, (self.num_sms * DECODE_BLOCKS_PER_SM + blocks - 1) // blocks))
+        return (chunks + splits - 1) // splits * bk
 
     def gemm(self, x: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
              gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
              topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, path: str = "prefill",
-             out: Any = None) -> Any:
-        """One launch: out[t, n] = sum_k x[row(t), k] * W[e(t)][n, k] (see csrc/w4_gemm.cu for row(t), e(t))."""
+             out: Any = None, out_div: int | None = None, active_blocks: int | None = None,
+             variant: str | None = None) -> Any:
+        """One launch: out[t, n] = sum_k x[row(t), k] * W[e(t)][n, k] (see csrc/w4_gemm.cu for row(t), e(t)).
+
+        out_div (e.g. top_k for the down projection): the fp32 sum over t // out_div, returned as [rows, N] fp16.
+        The decode path splits K (fp32 atomics into a zeroed buffer) when the grid would be small;
+        active_blocks: the expected non-empty row blocks (default min(rows, experts) with sorted_ids)."""
         import torch
 
         _e, n = _check(x, w, scales, fmt, k, group)
@@ -110,6 +131,9 @@ class W4Kernels:
         if fmt == "fp4" and gscale is None:
             raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
         bm, bn = TILES[path]
+        bk = CHUNK_K[path]
+        if variant:
+            (bm, bn), bk = DECODE_VARIANTS[variant]
         if sorted_ids is None:
             num_valid = x.shape[0] if num_valid is None else num_valid
             m_blocks = (num_valid + bm - 1) // bm
@@ -117,16 +141,25 @@ class W4Kernels:
             if num_valid is None:
                 raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
             m_blocks = sorted_ids.numel() // bm
-        if out is None:
+        n_tiles = (n + bn - 1) // bn
+        if active_blocks is None:
+            active_blocks = m_blocks if sorted_ids is None else min(m_blocks, num_valid, _e)
+        k_split = self.pick_split(path, k, active_blocks * n_tiles, bk)
+        splits = (k + k_split - 1) // k_split
+        out32 = None
+        if splits > 1 or out_div is not None:
+            rows = num_valid if out_div is None else (num_valid + out_div - 1) // out_div
+            out32 = torch.zeros((rows, n), dtype=torch.float32, device=x.device)
+        elif out is None:
             out = torch.empty((num_valid, n), dtype=torch.float16, device=x.device)
-        name = f"w4_gemm_{fmt}_{path}"
+        name = f"w4_gemm_{fmt}_{path}" + (f"_{variant}" if variant else "")
         scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
         if m_blocks and n:
-            self.k[name].launch((m_blocks, (n + bn - 1) // bn), [
+            self.k[name].launch((m_blocks, n_tiles, splits), [
                 out, x, w, scales_arg, zeros, gscale, sorted_ids, expert_ids, num_post, topk_w,
-                num_valid, a_div, n, k, group, x.stride(0)])
+                num_valid, a_div, n, k, group, x.stride(0), out32, out_div or 1, k_split])
             self.ran.add(name)
-        return out
+        return out if out32 is None else out32.half()
 
     def linear(self, x: Any, w: Any, scales: Any, fmt: str, *, group: int, zeros: Any = None, gscale: Any = None,
                path: str | None = None) -> Any:
@@ -161,10 +194,10 @@ class W4Kernels:
             a = torch.nn.functional.silu(gate) * up
         else:
             raise BuildError(f"activation {activation!r}: expected gelu_tanh or silu")
-        y2 = self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
-                       expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
-                       num_valid=nv, a_div=1, path=path)
-        return y2.view(m, top_k, -1).sum(dim=1)
+        # down: routing weight and the top-k sum fused (fp32 atomics over the k rows of a token)
+        return self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
+                         expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
+                         num_valid=nv, a_div=1, path=path, out_div=top_k)
 
 
 def load(cache: Path | None = None, prefer: str = "auto", overlay_dir: Path | None = None) -> W4Kernels:
@@ -176,5 +209,5 @@ def load(cache: Path | None = None, prefer: str = "auto", overlay_dir: Path | No
     with _lock:
         if key not in _loaded:
             ks = load_overlay_kernels(OVERLAY_ID, cache=cache, prefer=prefer, device=dev, overlay_dir=overlay_dir)
-            _loaded[key] = W4Kernels(ks)
+            _loaded[key] = W4Kernels(ks, torch.cuda.get_device_properties(dev).multi_processor_count)
         return _loaded[key]
