@@ -184,9 +184,9 @@ def bench_linear(k, peak, copy):
     return rows
 
 
-def bench_decode_variants(k, mod, peak):
-    """The decode tile candidates (DECODE_VARIANTS) against the default: correctness at K=704, occupancy, time of a
-    12B-like linear at M=1 and of the 26B-A4B MoE pair at 1 and 8 tokens."""
+def bench_variants(k, mod, peak):
+    """The tile candidates (VARIANTS) against the defaults: correctness at K=704, occupancy (blocks per SM), time of a
+    12B-like linear (M=1 decode, M=2048 prefill) and of the 26B-A4B MoE pair (1 and 8 tokens decode, 2048 prefill)."""
     rows = []
     for fmt, group in (("int4", 128), ("fp4", 16)):
         wl = make_weights(fmt, 1, 15360, 3840, group, seed=41, with_deq=False)
@@ -195,26 +195,31 @@ def bench_decode_variants(k, mod, peak):
         wc = make_weights(fmt, 1, 700, 704, group, seed=44)
         xc = torch.randn((3, 704), device="cuda").half()
         x1 = torch.randn((1, 3840), device="cuda").half()
-        for variant in (None, "v2", "v3", "v4"):
-            name = f"w4_gemm_{fmt}_decode" + (f"_{variant}" if variant else "")
-            row = dict(fmt=fmt, group=group, variant=variant or "default", occupancy=k.k[name].occupancy())
-            out = k.gemm(xc, wc.w, wc.scales, fmt, k=704, group=group, gscale=wc.gscale, path="decode", variant=variant)
-            row["err_k704"] = rel_err(out, ref_linear(xc, wc))
-            t = timed(lambda: k.gemm(x1, wl.w, wl.scales, fmt, k=3840, group=group, gscale=wl.gscale, path="decode",
+        x2k = torch.randn((2048, 3840), device="cuda").half()
+        for variant, path in ((None, "decode"), ("v2", "decode"), ("v3", "decode"), ("v4", "decode"),
+                              (None, "prefill"), ("p2", "prefill")):
+            name = f"w4_gemm_{fmt}_{path}" + (f"_{variant}" if variant else "")
+            row = dict(fmt=fmt, group=group, path=path, variant=variant or "default", occupancy=k.k[name].occupancy())
+            xm = xc if path == "decode" else torch.randn((200, 704), device="cuda").half()
+            out = k.gemm(xm, wc.w, wc.scales, fmt, k=704, group=group, gscale=wc.gscale, path=path, variant=variant)
+            row["err_k704"] = rel_err(out, ref_linear(xm, wc))
+            xl = x1 if path == "decode" else x2k
+            t = timed(lambda: k.gemm(xl, wl.w, wl.scales, fmt, k=3840, group=group, gscale=wl.gscale, path=path,
                                      variant=variant))
-            row.update(linear_m1_us=t * 1e6, linear_m1_pct_peak=100 * wl.bytes_per_expert() / t / peak)
-            for tokens in (1, 8):
+            row.update(linear_us=t * 1e6, linear_m=xl.shape[0], linear_pct_peak=100 * wl.bytes_per_expert() / t / peak,
+                       linear_tflops=2 * xl.shape[0] * 15360 * 3840 / t / 1e12)
+            for tokens in ((1, 8) if path == "decode" else (2048,)):
                 tw, ti = route(tokens, E, TOPK, seed=tokens)
-                sid, eid, npost = mod.moe_align(ti, 16, E)
+                sid, eid, npost = mod.moe_align(ti, 16 if path == "decode" else 64, E)
                 x = torch.randn((tokens, H), device="cuda").half()
                 nv = tokens * TOPK
                 a = torch.randn((nv, INTER), device="cuda").half()
 
                 def run():
                     k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
-                           expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path="decode", variant=variant)
+                           expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path=path, variant=variant)
                     k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                           expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode", out_div=TOPK,
+                           expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path=path, out_div=TOPK,
                            variant=variant)
 
                 t = timed(run)
@@ -222,6 +227,7 @@ def bench_decode_variants(k, mod, peak):
                 nbytes = used * (w13.bytes_per_expert() + w2.bytes_per_expert())
                 row[f"moe_{tokens}_us"] = t * 1e6
                 row[f"moe_{tokens}_pct_peak"] = 100 * nbytes / t / peak
+                row[f"moe_{tokens}_tflops"] = 2 * nv * 3 * INTER * H / t / 1e12
             rows.append(row)
         del w13, w2, wl
         torch.cuda.empty_cache()
@@ -252,7 +258,7 @@ def main():
     for key, fn in (("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
                     ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
                     ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
-                    ("decode_variants", lambda: bench_decode_variants(k, mod, peak))):
+                    ("variants", lambda: bench_variants(k, mod, peak))):
         t0 = time.time()
         try:
             res[key] = fn()
@@ -269,7 +275,7 @@ def main():
         worst = max(res["grid"], key=lambda r: r["err"])
         md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
         md += [json.dumps(r) for r in res["grid"]]
-    for key in ("moe", "linear", "decode_variants"):
+    for key in ("moe", "linear", "variants"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
     (out / "results.md").write_text("\n".join(md) + "\n")

@@ -335,10 +335,13 @@ W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 256, 1, 2, 2, 1)
 W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 1)
 W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 1)
 W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 1)
-// Decode tile candidates measured against the one above (benchmarks/kernels_w4.py --decode-variants).
+// Decode tile candidates measured against the one above (benchmarks/kernels_w4.py, bench_variants).
 W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4)
 W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4)
 W4_ENTRY(w4_gemm_int4_decode_v3, 0, 16, 32, 256, 1, 2, 4, 4)
 W4_ENTRY(w4_gemm_fp4_decode_v3, 2, 16, 32, 256, 1, 2, 4, 4)
 W4_ENTRY(w4_gemm_int4_decode_v4, 0, 16, 16, 512, 1, 1, 8, 2)
 W4_ENTRY(w4_gemm_fp4_decode_v4, 2, 16, 16, 512, 1, 1, 8, 2)
+// Prefill with at most 128 registers, so that two 256-thread blocks fit on an SM.
+W4_ENTRY(w4_gemm_int4_prefill_p2, 0, 64, 128, 64, 2, 4, 1, 2)
+W4_ENTRY(w4_gemm_fp4_prefill_p2, 2, 64, 128, 64, 2, 4, 1, 2)

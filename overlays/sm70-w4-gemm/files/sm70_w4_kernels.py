@@ -30,8 +30,9 @@ FORMATS = ("int4", "int4zp", "fp4")
 # (rows, columns) of one block's tile per path: BM/BN of the W4_ENTRY lines in csrc/w4_gemm.cu.
 TILES = {"decode": (16, 64), "prefill": (64, 128)}
 CHUNK_K = {"decode": 256, "prefill": 64}   # BK: a split of K is a multiple of it
-# Decode tile candidates (entry suffix -> (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
-DECODE_VARIANTS = {"v2": ((16, 64), 128), "v3": ((16, 32), 256), "v4": ((16, 16), 512)}
+# Tile candidates (entry suffix -> path, (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
+VARIANTS = {"v2": ("decode", (16, 64), 128), "v3": ("decode", (16, 32), 256), "v4": ("decode", (16, 16), 512),
+            "p2": ("prefill", (64, 128), 64)}
 # Split K on the decode path until the grid holds about this many blocks per multiprocessor.
 DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
@@ -133,7 +134,7 @@ class W4Kernels:
         bm, bn = TILES[path]
         bk = CHUNK_K[path]
         if variant:
-            (bm, bn), bk = DECODE_VARIANTS[variant]
+            path, (bm, bn), bk = VARIANTS[variant]
         if sorted_ids is None:
             num_valid = x.shape[0] if num_valid is None else num_valid
             m_blocks = (num_valid + bm - 1) // bm
