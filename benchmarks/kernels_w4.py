@@ -197,7 +197,8 @@ def bench_variants(k, mod, peak):
         x1 = torch.randn((1, 3840), device="cuda").half()
         x2k = torch.randn((2048, 3840), device="cuda").half()
         for variant, path in ((None, "decode"), ("v2", "decode"), ("v3", "decode"), ("v4", "decode"),
-                              (None, "prefill"), ("p2", "prefill")):
+                              ("v5", "decode"), ("v6", "decode"), (None, "prefill"), ("p2", "prefill"),
+                              ("p3", "prefill")):
             name = f"w4_gemm_{fmt}_{path}" + (f"_{variant}" if variant else "")
             row = dict(fmt=fmt, group=group, path=path, variant=variant or "default", occupancy=k.k[name].occupancy())
             xm = xc if path == "decode" else torch.randn((200, 704), device="cuda").half()

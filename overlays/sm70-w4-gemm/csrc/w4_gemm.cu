@@ -127,7 +127,7 @@ struct Cfg {
   static constexpr int SMEM = SMEM_AB > SMEM_C ? SMEM_AB : SMEM_C;
 };
 
-template <int FMT, int BM, int BN, int BK, int WM, int WN, int WK>
+template <int FMT, int BM, int BN, int BK, int WM, int WN, int WK, bool DBUF>
 __device__ __forceinline__ void w4_gemm(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
@@ -279,6 +279,16 @@ __device__ __forceinline__ void w4_gemm(
     }
   };
 
+  if constexpr (!DBUF) {             // one register set: fewer registers, more resident blocks
+    fetch(R0, k_begin);
+    for (int kc = k_begin; kc < k_end; kc += BK) {
+      __syncthreads();
+      stage(R0, kc);
+      __syncthreads();
+      fetch(R0, kc + BK);
+      multiply(kc);
+    }
+  } else {
   fetch(R0, k_begin);
   fetch(R1, k_begin + BK);
   for (int kc = k_begin; kc < k_end; kc += 2 * BK) {
@@ -293,6 +303,7 @@ __device__ __forceinline__ void w4_gemm(
     __syncthreads();
     fetch(R1, kc + 3 * BK);
     multiply(kc + BK);
+  }
   }
   __syncthreads();
 #pragma unroll
@@ -318,30 +329,37 @@ __device__ __forceinline__ void w4_gemm(
 // 4 warps (2 along N x 2 splitting each 256-wide K chunk), 4 x 16 bytes of packed weights in flight per
 // thread, K split over gridDim.z by the launcher so that a few experts still fill the GPU.
 // Prefill: 64 x 128 tiles, 8 warps of 32 x 32.
-#define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK, MINB)                                               \
+#define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK, MINB, DBUF)                                               \
   extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) NAME(                           \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,            \
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,          \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,   \
       int out_div, int k_split) {                                                                       \
-    w4_gemm<FMT, BM, BN, BK, WM, WN, WK>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids,      \
+    w4_gemm<FMT, BM, BN, BK, WM, WN, WK, DBUF>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids,      \
                                          num_post, topk_w, num_valid, a_div, N, K, group, ld_x, out32,  \
                                          out_div, k_split);                                             \
   }
 
-W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 256, 1, 2, 2, 1)
-W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 256, 1, 2, 2, 1)
-W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 256, 1, 2, 2, 1)
-W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 1)
-W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 1)
-W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 1)
+W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 256, 1, 2, 2, 1, true)
+W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 256, 1, 2, 2, 1, true)
+W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 256, 1, 2, 2, 1, true)
+W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 1, true)
+W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 1, true)
+W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 1, true)
 // Decode tile candidates measured against the one above (benchmarks/kernels_w4.py, bench_variants).
-W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4)
-W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4)
-W4_ENTRY(w4_gemm_int4_decode_v3, 0, 16, 32, 256, 1, 2, 4, 4)
-W4_ENTRY(w4_gemm_fp4_decode_v3, 2, 16, 32, 256, 1, 2, 4, 4)
-W4_ENTRY(w4_gemm_int4_decode_v4, 0, 16, 16, 512, 1, 1, 8, 2)
-W4_ENTRY(w4_gemm_fp4_decode_v4, 2, 16, 16, 512, 1, 1, 8, 2)
+W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4_decode_v3, 0, 16, 32, 256, 1, 2, 4, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode_v3, 2, 16, 32, 256, 1, 2, 4, 4, true)
+W4_ENTRY(w4_gemm_int4_decode_v4, 0, 16, 16, 512, 1, 1, 8, 2, true)
+W4_ENTRY(w4_gemm_fp4_decode_v4, 2, 16, 16, 512, 1, 1, 8, 2, true)
 // Prefill with at most 128 registers, so that two 256-thread blocks fit on an SM.
-W4_ENTRY(w4_gemm_int4_prefill_p2, 0, 64, 128, 64, 2, 4, 1, 2)
-W4_ENTRY(w4_gemm_fp4_prefill_p2, 2, 64, 128, 64, 2, 4, 1, 2)
+W4_ENTRY(w4_gemm_int4_prefill_p2, 0, 64, 128, 64, 2, 4, 1, 2, true)
+W4_ENTRY(w4_gemm_fp4_prefill_p2, 2, 64, 128, 64, 2, 4, 1, 2, true)
+// One register set (DBUF false): decode 16 x 64 x 256 with 8 warps (2 along N x 4 along K), and the prefill tile.
+W4_ENTRY(w4_gemm_int4_decode_v5, 0, 16, 64, 256, 1, 2, 4, 3, false)
+W4_ENTRY(w4_gemm_fp4_decode_v5, 2, 16, 64, 256, 1, 2, 4, 3, false)
+W4_ENTRY(w4_gemm_int4_decode_v6, 0, 16, 64, 256, 1, 2, 4, 2, true)
+W4_ENTRY(w4_gemm_fp4_decode_v6, 2, 16, 64, 256, 1, 2, 4, 2, true)
+W4_ENTRY(w4_gemm_int4_prefill_p3, 0, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_fp4_prefill_p3, 2, 64, 128, 64, 2, 4, 1, 2, false)

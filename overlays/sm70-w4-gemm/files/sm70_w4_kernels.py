@@ -32,7 +32,8 @@ TILES = {"decode": (16, 64), "prefill": (64, 128)}
 CHUNK_K = {"decode": 256, "prefill": 64}   # BK: a split of K is a multiple of it
 # Tile candidates (entry suffix -> path, (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
 VARIANTS = {"v2": ("decode", (16, 64), 128), "v3": ("decode", (16, 32), 256), "v4": ("decode", (16, 16), 512),
-            "p2": ("prefill", (64, 128), 64)}
+            "v5": ("decode", (16, 64), 256), "v6": ("decode", (16, 64), 256),
+            "p2": ("prefill", (64, 128), 64), "p3": ("prefill", (64, 128), 64)}
 # Split K on the decode path until the grid holds about this many blocks per multiprocessor.
 DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
