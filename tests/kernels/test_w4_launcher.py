@@ -56,3 +56,41 @@ def test_decode_splits_k_in_whole_chunks_until_the_grid_fills_the_gpu_and_prefil
     assert split % bk == 0 and 1 < -(-2816 // split) <= -(-2816 // bk)
     assert k.pick_split("decode", 2816, 10_000) >= 2816   # a full grid: no split
     assert k.pick_split("prefill", 704, 8) >= 704
+
+
+def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_parameter_list():
+    import re
+
+    from manager.kernels.spec import load_kernels_spec
+    from tests.kernels.w4_launcher import W4_DIR
+
+    spec = load_kernels_spec(W4_DIR)
+    src = (W4_DIR / "csrc" / "w4_gemm.cu").read_text()
+    in_source = re.findall(r"^W4_ENTRY\((\w+),", src, flags=re.M)
+    declared = [e.name for s in spec.sources for e in s.entries]
+    assert sorted(in_source) == sorted(declared)
+    params = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries}
+    assert len(params) == 1 and len(next(iter(params))) == 19
+    mod = w4_launcher()
+    for variant, (path, _tile, _bk) in mod.VARIANTS.items():
+        for fmt in ("int4", "fp4"):
+            assert f"w4_gemm_{fmt}_{path}_{variant}" in declared
+
+
+def test_sources_compile_to_compute_70_ptx_declaring_every_entry(tmp_path):
+    from manager.kernels import builder
+    from tests.helpers import SHIPPED_OVERLAYS
+    from tests.helpers.nvrtc12 import nvrtc12_lib
+
+    result = builder.build(SHIPPED_OVERLAYS, ["sm70-w4-gemm"], archs=["compute_70"], cache=tmp_path,
+                           nvrtc_path=str(nvrtc12_lib()), progress=False)
+    ptx = [i for i in result.items if i.kind == "ptx"]
+    assert len(ptx) == 1 and ptx[0].arch == "compute_70"
+    text = open(ptx[0].path).read()
+    from manager.kernels.spec import load_kernels_spec
+    from tests.kernels.w4_launcher import W4_DIR
+
+    for s in load_kernels_spec(W4_DIR).sources:
+        for e in s.entries:
+            assert f".visible .entry {e.name}(" in text
+    assert ".local" not in text   # no spilled arrays in the PTX (register-indexed fragments only)
