@@ -325,10 +325,10 @@ __device__ __forceinline__ void w4_gemm(
   }
 }
 
-// Decode: 16 rows per block (one WMMA tile; a decode step puts 1-8 tokens on an expert), 64 columns,
-// 4 warps (2 along N x 2 splitting each 256-wide K chunk), 4 x 16 bytes of packed weights in flight per
-// thread, K split over gridDim.z by the launcher so that a few experts still fill the GPU.
-// Prefill: 64 x 128 tiles, 8 warps of 32 x 32.
+// Defaults (the fastest candidates of the 2026-12-02 16:33 UTC H200 run, docs/kernels.md): decode 16 x 64 tiles,
+// 128-wide K chunks, 8 warps (4 along N x 2 splitting each chunk), capped at 64 registers (4 blocks per SM), two
+// register sets; K split over gridDim.z by the launcher so that a few experts still fill the GPU.  Prefill 64 x 128
+// tiles, 8 warps of 32 x 32, one register set, capped at 128 registers (2 blocks per SM).
 #define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK, MINB, DBUF)                                               \
   extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) NAME(                           \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,            \
@@ -340,12 +340,12 @@ __device__ __forceinline__ void w4_gemm(
                                          out_div, k_split);                                             \
   }
 
-W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 256, 1, 2, 2, 1, true)
-W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 256, 1, 2, 2, 1, true)
-W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 256, 1, 2, 2, 1, true)
-W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 1, true)
-W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 1, true)
-W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 1, true)
+W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 2, false)
 // Decode tile candidates measured against the one above (benchmarks/kernels_w4.py, bench_variants).
 W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4, true)
 W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4, true)

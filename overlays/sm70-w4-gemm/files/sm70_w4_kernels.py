@@ -29,7 +29,7 @@ OVERLAY_ID = "sm70-w4-gemm"
 FORMATS = ("int4", "int4zp", "fp4")
 # (rows, columns) of one block's tile per path: BM/BN of the W4_ENTRY lines in csrc/w4_gemm.cu.
 TILES = {"decode": (16, 64), "prefill": (64, 128)}
-CHUNK_K = {"decode": 256, "prefill": 64}   # BK: a split of K is a multiple of it
+CHUNK_K = {"decode": 128, "prefill": 64}   # BK: a split of K is a multiple of it
 # Tile candidates (entry suffix -> path, (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
 VARIANTS = {"v2": ("decode", (16, 64), 128), "v3": ("decode", (16, 32), 256), "v4": ("decode", (16, 16), 512),
             "v5": ("decode", (16, 64), 256), "v6": ("decode", (16, 64), 256),
