@@ -103,9 +103,10 @@ def test_read_trace_file_reports_missing_expected_overlays(tmp_path):
 
 
 def test_cli_trace_prints_lines_and_exits_1_on_missing_expectation(tmp_path, cli_run):
+    # --expect names catalog overlays (an unknown id is a usage error: tests/cli/test_newcomer_defects.py)
     log = tmp_path / "server.log"
-    log.write_text("x overlay-trace: a v1 e pid=5 module=m\n")
-    ok = cli_run("trace", str(log), "--expect", "a")
-    assert ok.exit_code == 0 and "a v1 e pid=5 module=m" in ok.stdout
-    bad = cli_run("trace", str(log), "--expect", "zz", "--json")
-    assert bad.exit_code == 1 and '"missing": [\n    "zz"\n  ]' in bad.stdout
+    log.write_text("x overlay-trace: dynamo-dict-caches v3 e pid=5 module=m\n")
+    ok = cli_run("trace", str(log), "--expect", "dynamo-dict-caches")
+    assert ok.exit_code == 0 and "dynamo-dict-caches v3 e pid=5 module=m" in ok.stdout
+    bad = cli_run("trace", str(log), "--expect", "gemma4-unified-port", "--json")
+    assert bad.exit_code == 1 and '"missing": [\n    "gemma4-unified-port"\n  ]' in bad.stdout
