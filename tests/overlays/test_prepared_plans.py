@@ -357,6 +357,9 @@ def test_plan_replay_makes_journal_and_originals_durable_before_any_target_and_u
         events.append(("unlink", os.path.realpath(path)))
         return real_unlink(path, *a, **kw)
 
+    planned_dirs = {os.path.dirname(os.path.realpath(root / w["path"])) for w in json.loads(plan_path.read_text())["writes"]}
+    ancestors = {a for d in planned_dirs for a in [d, *Path(d).parents] if str(a).startswith(os.path.realpath(root))}
+    missing_before = {str(a) for a in ancestors if not os.path.isdir(a)}  # a new file's folder the replay creates
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "unlink", unlink)
@@ -394,7 +397,11 @@ def test_plan_replay_makes_journal_and_originals_durable_before_any_target_and_u
         assert any(k == "fsync" and p == d for k, p in events[led_at:gone]), d
     # instead of the engine's 2 fsyncs per file: each temp file once, then directories once each
     # (state, originals/ and the root, which got the state directory; the target directories and state)
-    assert sum(k == "fsync" for k, _ in events) == len(renames) + 3 + len({os.path.dirname(t) for t in targets}) + 1
+    # and, for each folder the replay had to create, its parent once (the new entry made durable)
+    tdirs = {os.path.dirname(t) for t in targets}
+    created_parents = {os.path.dirname(d) for d in missing_before} - tdirs - {os.path.realpath(root), state}
+    assert {p for k, p in events if k == "fsync"} >= created_parents
+    assert sum(k == "fsync" for k, _ in events) == len(renames) + 3 + len(tdirs) + 1 + len(created_parents)
     assert not os.path.exists(journal)
 
 

