@@ -13,8 +13,7 @@ the entry point.
 - The ledger/journal format, owned here only: the record shapes (`LedgerFile`, `JournalEntry`,
   `OverlayRecord`, typed for checkers), their constructors (`journal_entry`, `ledger_file`,
   `overlay_record`), their validation (`validate_ledger`, `validate_journal`, `check_rel_path`)
-  and the warm no-op decision (`warm_records`), which the restart path and `status` both ask.
-  `overlays.ledger.Ledger` is the one writer of ledger.json.
+  and the warm no-op decision (`warm_records`) the restart path and `status` ask. `Ledger` writes ledger.json.
 """
 
 from __future__ import annotations
@@ -389,9 +388,9 @@ def warm_records(ledger: object, version: str | None, journal_exists: bool, want
     out = []
     for oid in want:
         rec = records.get(oid)
-        if not rec or (quiet is not None and rec.get("status") not in quiet) or rec.get("digest") != digest_of(oid):
-            return None
-        if not rec.get("targets"):  # a record vouching for no file is no proof of anything
+        # a record vouching for no file (no targets) is no proof of anything
+        if not rec or not rec.get("targets") or (quiet is not None and rec.get("status") not in quiet) \
+                or rec.get("digest") != digest_of(oid):
             return None
         for path in targets_of(oid) if targets_of is not None else [t["path"] for t in rec["targets"]]:
             seen = observed.get(path)
