@@ -29,6 +29,7 @@ from .state import (
     overlay_digest,
     package_version,
     vllm_root,
+    warm_records,
 )
 
 TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm no-op never loads (tests/test_fastpath.py)
@@ -135,41 +136,15 @@ def nothing_to_do(argv: list[str]) -> list[tuple[str, str]] | None:
             ledger = json_loads(fh.read())
     except (OSError, ValueError):
         return None
-    if not isinstance(ledger, dict):  # the engine's validation names what is wrong
-        return None
-    if os.path.exists(os.path.join(state, JOURNAL_FILE)):
-        return None
-    if ledger.get("package_version") != package_version(root):
-        return None
     overlays_dir = os.path.join(catalog, "overlays")
     every = catalog_overlay_ids(overlays_dir)
     if every is None:
         return None
-    records = ledger.get("overlays", {})
-    wanted = list(ids) if ids else every
-    # a named overlay brings the ones it requires (as recorded with it)
-    i = 0
-    while i < len(wanted):
-        rec = records.get(wanted[i])
-        if rec is None or wanted[i] not in every:
-            return None
-        wanted.extend(r for r in rec.get("requires", []) if r not in wanted)
-        i += 1
-    quiet = _QUIET if ids else _QUIET_UNNAMED
-    observed = ledger.get("observed", {})
-    out = []
-    for oid in wanted:
-        rec = records[oid]
-        if rec.get("status") not in quiet or rec.get("digest") != overlay_digest(os.path.join(overlays_dir, oid)):
-            return None
-        if not rec.get("targets"):  # a record vouching for no file is no proof of anything
-            return None
-        for t in rec["targets"]:
-            want = observed.get(t["path"])
-            if want is None or file_sha(os.path.join(root, t["path"])) != want:
-                return None
-        out.append((oid, rec["status"]))
-    return out
+    found = warm_records(ledger, package_version(root), os.path.exists(os.path.join(state, JOURNAL_FILE)),
+                         ids or every, lambda oid: overlay_digest(os.path.join(overlays_dir, oid)),
+                         lambda rel: file_sha(os.path.join(root, rel)),
+                         quiet=_QUIET if ids else _QUIET_UNNAMED, known=every)
+    return None if found is None else [(oid, rec["status"]) for oid, rec in found]
 
 
 def _from_plan(argv: list[str]) -> dict[str, Any] | None:

@@ -10,6 +10,10 @@ the entry point.
   under a package root and its files.
 - `APPLY_SKIPS` / `SKIP_UNLESS_NAMED`: the overlay statuses `apply` leaves alone.
 - `catalog_dir` / `vllm_root`: where a `--catalog` / `--root` argument (or their defaults) point.
+- The ledger/journal format, owned here only: the record shapes (`LedgerFile`, `JournalEntry`,
+  `OverlayRecord`, typed for checkers), their constructors (`journal_entry`, `ledger_file`,
+  `overlay_record`), their validation (`validate_ledger`, `validate_journal`, `check_rel_path`)
+  and the warm no-op decision (`warm_records`) the restart path and `status` ask. `Ledger` writes ledger.json.
 """
 
 from __future__ import annotations
@@ -194,3 +198,203 @@ def vllm_root(arg: str | None, package: str = "vllm") -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return os.path.dirname(os.path.realpath(next(iter(spec.submodule_search_locations))))
+
+
+# --- the ledger/journal format: record shapes, constructors, validation, the warm no-op ---------------------------
+# ledger.json (written by `overlays.ledger.Ledger` only):
+#   {"files": {rel: LedgerFile}, "overlays": {id: OverlayRecord}, "observed": {rel: sha256},
+#    "package_version", "tool_version", "updated_at"}
+# journal.json (an apply in progress): {rel: JournalEntry}
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Mapping, Sequence
+    from typing import Any, TypedDict
+
+    class LedgerFile(TypedDict):
+        base_sha256: str  # the original bytes (in originals/) or ABSENT
+        post_sha256: str  # what the apply wrote
+        overlays: dict[str, int]  # overlay id -> sentinel version
+
+    class JournalEntry(LedgerFile):
+        pre_sha256: str  # the bytes this apply replaced
+
+    class TargetRecord(TypedDict):
+        path: str
+        status: str
+        detail: str
+
+    class OverlayRecord(TypedDict, total=False):
+        version: int
+        requires: list[str]
+        digest: str
+        status: str
+        targets: list[TargetRecord]
+
+LEDGER_FILE_KEYS = ("base_sha256", "post_sha256", "overlays")
+JOURNAL_FILE_KEYS = ("base_sha256", "pre_sha256", "post_sha256", "overlays")
+_HEX = frozenset("0123456789abcdef")
+
+
+def journal_entry(base: str, pre: str, post: str, overlays: Mapping[str, int]) -> JournalEntry:
+    """The journal's record of one file an apply is about to write."""
+    return {"base_sha256": base, "pre_sha256": pre, "post_sha256": post, "overlays": dict(overlays)}
+
+
+def ledger_file(entry: JournalEntry | LedgerFile) -> LedgerFile:
+    """The ledger's record of a file written under `entry` (a journal entry or a ledger record)."""
+    return {"base_sha256": entry["base_sha256"], "post_sha256": entry["post_sha256"],
+            "overlays": dict(entry["overlays"])}
+
+
+def overlay_record(version: int, requires: Sequence[str], digest: str, status: str,
+                   targets: Sequence[tuple[str, str, str]]) -> OverlayRecord:
+    """The ledger's record of one overlay after an apply: `targets` as (path, status, detail)."""
+    return {"version": version, "requires": list(requires), "digest": digest, "status": status,
+            "targets": [{"path": p, "status": s, "detail": d} for p, s, d in targets]}
+
+
+def check_rel_path(rel: object) -> str | None:
+    """Why `rel` is not a relative path inside a root (None when it is one)."""
+    if not isinstance(rel, str) or not rel:
+        return "not a non-empty string"
+    if rel.startswith("/") or "\\" in rel or (len(rel) > 1 and rel[1] == ":"):
+        return "an absolute path"
+    if ".." in rel.split("/"):
+        return "a path with '..'"
+    if "\0" in rel:
+        return "a path with a NUL byte"
+    return None
+
+
+def is_sha256(value: object, absent_ok: bool = True) -> bool:
+    """A lowercase hex sha256 (or ABSENT when `absent_ok`)."""
+    return isinstance(value, str) and ((len(value) == 64 and _HEX.issuperset(value)) or (absent_ok and value == ABSENT))
+
+
+def _check_sha(where: str, value: object, absent_ok: bool = True) -> None:
+    if not is_sha256(value, absent_ok):
+        raise ValueError(f"{where}: {value!r} is not a sha256{' or ' + repr(ABSENT) if absent_ok else ''}")
+
+
+def _check_files(where: str, files: object, keys: tuple[str, ...]) -> None:
+    if not isinstance(files, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(files).__name__}")
+    for rel, rec in files.items():
+        why = check_rel_path(rel)
+        if why:
+            raise ValueError(f"{where}: {rel!r} is {why}, not a path inside the root")
+        at = f"{where}[{rel!r}]"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{at}: expected a mapping, got {type(rec).__name__}")
+        for k in keys:
+            if k not in rec:
+                raise ValueError(f"{at}: missing key {k!r}")
+        for k in keys:
+            if k.endswith("sha256"):
+                _check_sha(f"{at}.{k}", rec[k])
+        ov = rec["overlays"]
+        if not isinstance(ov, dict) or not all(isinstance(i, str) and type(v) is int for i, v in ov.items()):
+            raise ValueError(f"{at}.overlays: expected a mapping of overlay id -> sentinel version")
+
+
+def validate_ledger(data: object) -> dict[str, Any]:
+    """The one schema of ledger.json, checked on every read and every write.
+
+    `files`, `overlays` and `observed` may be absent (= empty); present, they must have their
+    shapes, and every file key must be a relative path without '..'. Raises ValueError naming
+    the key and the value."""
+    if not isinstance(data, dict):
+        raise ValueError(f"(top): expected a mapping, got {type(data).__name__}")
+    _check_files("files", data.get("files", {}), LEDGER_FILE_KEYS)
+    overlays = data.get("overlays", {})
+    if not isinstance(overlays, dict) or not all(isinstance(v, dict) for v in overlays.values()):
+        raise ValueError("overlays: expected a mapping of overlay id -> record")
+    for oid, rec in overlays.items():
+        targets = rec.get("targets", [])
+        if not isinstance(rec.get("status"), str) or not isinstance(targets, list) or not all(
+            isinstance(t, dict) and set(t) == {"path", "status", "detail"} for t in targets
+        ):
+            raise ValueError(f"overlays[{oid!r}]: needs 'status' and 'targets' [{{path, status, detail}}]")
+        if not targets:  # every manifest has a target: an empty list would vouch for files never checked
+            raise ValueError(f"overlays[{oid!r}]: targets is empty (every overlay record lists its targets)")
+    observed = data.get("observed", {})
+    if not isinstance(observed, dict):
+        raise ValueError(f"observed: expected a mapping, got {type(observed).__name__}")
+    for rel, sha in observed.items():
+        why = check_rel_path(rel)
+        if why:
+            raise ValueError(f"observed: {rel!r} is {why}, not a path inside the root")
+        _check_sha(f"observed[{rel!r}]", sha)
+    for k in ("package_version", "tool_version", "updated_at"):
+        if data.get(k) is not None and not isinstance(data[k], str):
+            raise ValueError(f"{k}: {data[k]!r} is not a string")
+    return data
+
+
+def validate_journal(data: object) -> dict[str, JournalEntry]:
+    """The schema of journal.json (rel path -> base/pre/post hashes and overlays), read and write."""
+    _check_files("(top)", data, JOURNAL_FILE_KEYS)
+    return data  # type: ignore[return-value]
+
+
+def _dumps(data: object) -> bytes:
+    import json  # here, not at the top: json compiles regular expressions, which the warm no-op never needs
+
+    return json.dumps(data, indent=2, sort_keys=True).encode()
+
+
+def ledger_bytes(data: object) -> bytes:
+    """ledger.json's bytes (validated first: never write what the next run would call corrupt); the engine's
+    `Ledger.save` and the plan replay write these, nothing else."""
+    try:
+        validate_ledger(data)
+    except ValueError as exc:  # a bug
+        raise AssertionError(f"refusing to write an invalid ledger: {exc}") from None
+    return _dumps(data) + b"\n"
+
+
+def journal_bytes(entries: object) -> bytes:
+    """journal.json's bytes (validated first), for the engine's `Ledger.write_journal` and the plan replay."""
+    try:
+        validate_journal(entries)
+    except ValueError as exc:  # a bug
+        raise AssertionError(f"refusing to write an invalid journal: {exc}") from None
+    return _dumps(entries)
+
+
+def warm_records(ledger: object, version: str | None, journal_exists: bool, wanted: Sequence[str],
+                 digest_of: Callable[[str], str | None], sha_of: Callable[[str], str | None], *,
+                 quiet: Collection[str] | None = None, known: Collection[str] | None = None,
+                 targets_of: Callable[[str], Sequence[str]] | None = None) -> list[tuple[str, OverlayRecord]] | None:
+    """The warm no-op decision, one for the restart path and `status`: [(id, its ledger record)] when the ledger
+    still vouches for every `wanted` overlay, None at any doubt.
+
+    It does when the ledger is for this package `version`, no journal is left, and for each overlay its record has
+    the digest `digest_of(id)`, lists targets, and every target's `sha_of(path)` is the observed hash. `quiet`: the
+    statuses allowed (else any). `known`: follow each record's `requires` too, each id in `known`. `targets_of`:
+    the paths to check (the manifest's, where it is loaded), else those the record lists."""
+    if not isinstance(ledger, dict) or not ledger or journal_exists or ledger.get("package_version") != version:
+        return None
+    records = ledger.get("overlays", {})
+    observed = ledger.get("observed", {})
+    want = list(wanted)
+    if known is not None:  # a named overlay brings the ones it requires (as recorded with it)
+        i = 0
+        while i < len(want):
+            rec = records.get(want[i])
+            if rec is None or want[i] not in known:
+                return None
+            want.extend(r for r in rec.get("requires", []) if r not in want)
+            i += 1
+    out = []
+    for oid in want:
+        rec = records.get(oid)
+        # a record vouching for no file (no targets) is no proof of anything
+        if not rec or not rec.get("targets") or (quiet is not None and rec.get("status") not in quiet) \
+                or rec.get("digest") != digest_of(oid):
+            return None
+        for path in targets_of(oid) if targets_of is not None else [t["path"] for t in rec["targets"]]:
+            seen = observed.get(path)
+            if seen is None or sha_of(path) != seen:
+                return None
+        out.append((oid, rec))
+    return out

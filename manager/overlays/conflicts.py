@@ -91,7 +91,8 @@ def earlier_overlays(root: Path, known: Sequence[Overlay], writing: Sequence[Ove
     by_id = {o.id: o for o in known}
     out: dict[str, Overlay] = {}
     for rel in files:
-        for oid in (led.files.get(rel) or {}).get("overlays", ()):
+        rec = led.files.get(rel)
+        for oid in rec["overlays"] if rec else ():
             if oid in now or oid in out:
                 continue
             o = by_id.get(oid) or _from_catalog(writing, oid)

@@ -10,10 +10,9 @@ yaml or libcst load.
 from __future__ import annotations
 
 import _thread
-import json
 import os
 
-from ..state import JOURNAL_FILE, LEDGER_FILE, ORIGINALS_DIR
+from ..state import JOURNAL_FILE, LEDGER_FILE, ORIGINALS_DIR, journal_bytes, ledger_bytes
 
 TYPE_CHECKING = False  # not typing's: `typing` imports `re`, which the warm plan replay never loads
 if TYPE_CHECKING:
@@ -231,12 +230,12 @@ def transaction(root: str, state: str, new: dict[str, bytes | None], base: dict[
                     staged.add(orig, data, mode=0o644)
                     first.append(orig)
         if journal:
-            staged.add(journal_path, json.dumps(journal, indent=2, sort_keys=True).encode())
+            staged.add(journal_path, journal_bytes(journal))
             first.append(journal_path)
         for rel, data in new.items():
             if data is not None:
                 staged.add(paths.get(rel) or os.path.join(root, rel), data)
-        staged.add(ledger_path, (json.dumps(ledger, indent=2, sort_keys=True) + "\n").encode())
+        staged.add(ledger_path, ledger_bytes(ledger))
         staged.sync()  # barrier 1
         for path in first:
             staged.rename(path)

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from ..errors import OverlayError
 from ..fsutil import sha256_bytes
-from ..state import ABSENT, MAX_READ
-from .ledger import check_rel_path
+from ..state import ABSENT, MAX_READ, check_rel_path
 
 
 def read_regular(path: Path, rel: str) -> bytes | None:

@@ -40,7 +40,7 @@ import sys
 from .. import __version__
 from ..state import (
     ABSENT, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, UnreadableFile, catalog_overlay_ids, overlay_digest, package_version,
-    read_bounded,
+    journal_entry, read_bounded, validate_ledger,
 )
 from ..state import sha256 as _sha256
 from .durable import transaction
@@ -136,6 +136,10 @@ def check_plan(plan: object, where: str) -> dict[str, Any]:
         if not isinstance(sha, str):
             raise PlanRefused(f"{where}: inputs[{rel!r}] is not a hash")
     led = plan["ledger"]
+    try:  # the shapes are the ledger's own (manager.state); what follows checks it against the plan
+        validate_ledger(led)
+    except ValueError as exc:
+        raise PlanRefused(f"{where}: the ledger it carries is malformed: {exc}") from None
     if led.get("tool_version") != plan.get("tool_version") or led.get("package_version") != plan.get("package_version"):
         raise PlanRefused(f"{where}: the ledger's tool/package version differs from the plan's")
     ids = []
@@ -145,11 +149,11 @@ def check_plan(plan: object, where: str) -> dict[str, Any]:
         ids.append(o["id"])
         if "/" in o["id"] or o["id"].startswith("."):
             raise PlanRefused(f"{where}: overlay id {o['id']!r} is not a directory name")
-    records = led.get("overlays")
-    if not isinstance(records, dict) or sorted(records) != sorted(ids):
+    records = led.get("overlays", {})
+    if sorted(records) != sorted(ids):
         raise PlanRefused(f"{where}: the ledger's overlays differ from the plan's")
     for o in plan["overlays"]:
-        if not isinstance(records[o["id"]], dict) or records[o["id"]].get("digest") != o["digest"]:
+        if records[o["id"]].get("digest") != o["digest"]:
             raise PlanRefused(f"{where}: the ledger's digest of {o['id']} differs from the plan's")
     written = {}
     for w in plan["writes"]:
@@ -162,16 +166,12 @@ def check_plan(plan: object, where: str) -> dict[str, Any]:
             raise PlanRefused(f"{where}: write of {rel} has no hunks")
         written[rel] = w["post_sha256"]
     files = led.get("files", {})
-    if not isinstance(files, dict) or sorted(files) != sorted(written):
+    if sorted(files) != sorted(written):
         raise PlanRefused(f"{where}: the ledger's files differ from the plan's writes")
     for rel, rec in files.items():
-        if not (isinstance(rec, dict) and rec.get("base_sha256") == inputs[rel]
-                and rec.get("post_sha256") == written[rel] and isinstance(rec.get("overlays"), dict)):
+        if rec["base_sha256"] != inputs[rel] or rec["post_sha256"] != written[rel]:
             raise PlanRefused(f"{where}: the ledger's record of {rel} differs from the plan's write")
-    observed = led.get("observed", {})
-    if not isinstance(observed, dict):
-        raise PlanRefused(f"{where}: the ledger's observed hashes are malformed")
-    for rel, sha in observed.items():
+    for rel, sha in led.get("observed", {}).items():
         _check_rel(rel, where)
         if sha != written.get(rel, inputs.get(rel)):
             raise PlanRefused(f"{where}: the ledger's observed hash of {rel} is neither its input nor its result")
@@ -351,8 +351,7 @@ def apply_plan(catalog: str, root: str, ids: list[str], dirs: list[str], *, cach
         journal = {}
         for rel in new:
             rec = led["files"][rel]
-            journal[rel] = {"base_sha256": rec["base_sha256"], "pre_sha256": plan["inputs"][rel],
-                            "post_sha256": rec["post_sha256"], "overlays": rec["overlays"]}
+            journal[rel] = journal_entry(rec["base_sha256"], plan["inputs"][rel], rec["post_sha256"], rec["overlays"])
         import time
 
         ledger = dict(led)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
+from .ledger import Ledger
 from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, read_bounded
 from ..applyreport import apply_lines
 from .loader import Overlay, select
@@ -151,7 +152,7 @@ def record(
 ) -> Path:
     """Write the plan of the first apply just made (`inputs`: the hashes read before it), signed
     with `key` when given."""
-    led = json.loads((Path(root) / STATE_DIR / LEDGER_FILE).read_bytes())
+    led = dict(Ledger.load(Path(root)).data)  # the ledger just written, read (and validated) by its owner
     led.pop("updated_at", None)
     by_id = {o.id: o for o in overlays}
     wanted = list(dict.fromkeys(ids)) or [o.id for o in overlays]

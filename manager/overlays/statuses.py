@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from ..catalog import Catalog
 from ..errors import OverlayError
 from ..fsutil import sha256_bytes
-from ..state import ABSENT
+from ..state import ABSENT, warm_records
 from .files import Tree, read_regular, resolve_in_root
 from .ledger import Ledger
 from .loader import Overlay, load_overlays, select
@@ -218,26 +218,23 @@ def ledger_fast_status(overlays: Sequence[Overlay], root: Path, version: str | N
             led = Ledger.load(root)
         except OverlayError:
             return None
-    if not led.data or led.data.get("package_version") != version or led.journal_path.exists():
+    digests = {o.id: o.digest for o in overlays}
+    targets = {o.id: o.manifest.targets for o in overlays}
+
+    def sha_of(rel: str) -> str | None:
+        try:
+            data = read_regular(resolve_in_root(root, rel), rel)
+        except OverlayError:
+            return None  # the full status says what is wrong with it
+        return ABSENT if data is None else sha256_bytes(data)
+
+    found = warm_records(led.data, version, led.journal_path.exists(), [o.id for o in overlays], digests.get,
+                         sha_of, targets_of=targets.__getitem__)
+    if found is None:
         return None
-    out = []
-    for o in overlays:
-        rec = led.overlays.get(o.id)
-        if not rec or rec.get("digest") != o.digest:
-            return None
-        for t in o.manifest.targets:
-            want = led.observed.get(t)
-            if want is None:
-                return None
-            try:
-                data = read_regular(resolve_in_root(root, t), t)
-            except OverlayError:
-                return None  # the full status says what is wrong with it
-            now = ABSENT if data is None else sha256_bytes(data)
-            if now != want:
-                return None
-        targets = tuple(TargetStatus(**t) for t in rec["targets"])
-        out.append(OverlayStatus(o.id, rec["status"], targets, o.manifest.title, o.manifest.sentinel_version))
+    out = [OverlayStatus(o.id, rec["status"], tuple(TargetStatus(**t) for t in rec["targets"]),  # type: ignore[arg-type]
+                         o.manifest.title, o.manifest.sentinel_version)
+           for o, (_, rec) in zip(overlays, found, strict=True)]
     return StatusReport(str(root), version, tuple(out), source="ledger")
 
 

@@ -25,7 +25,7 @@ from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts, earlier_overlays
 from .durable import drop_bytecode
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
-from ..state import ABSENT, ORIGINALS_DIR, STATE_DIR
+from ..state import ABSENT, ORIGINALS_DIR, STATE_DIR, journal_entry, ledger_file, overlay_record
 from .ledger import Ledger, state_dir
 from .loader import Overlay
 from .model import ApplyResult, FileChange, RevertResult, StatusReport
@@ -33,6 +33,7 @@ from .root import package_version
 from .statuses import edited_since_apply, ledger_fast_status, overlay_status
 
 if TYPE_CHECKING:
+    from ..state import JournalEntry
     from .edits import Edit
     from .excerpt import Excerpt
 
@@ -310,13 +311,8 @@ def _record(led: Ledger, overlays: Sequence[Overlay], root: Path, tree: Tree) ->
     version = package_version(root)
     report = StatusReport(str(root), version, tuple(overlay_status(o, tree, version) for o in overlays))
     for o, st in zip(overlays, report.overlays, strict=False):
-        led.overlays[o.id] = {
-            "version": o.manifest.sentinel_version,
-            "requires": list(o.manifest.requires),
-            "digest": o.digest,
-            "status": st.status,
-            "targets": [{"path": t.path, "status": t.status, "detail": t.detail} for t in st.targets],
-        }
+        led.overlays[o.id] = overlay_record(o.manifest.sentinel_version, o.manifest.requires, o.digest, st.status,
+                                            [(t.path, t.status, t.detail) for t in st.targets])
         for t in o.manifest.targets:
             led.observed[t] = tree.sha(t)
     return report
@@ -371,22 +367,18 @@ def apply(
         tree = plan.tree
         changes = _changes(plan, tree.read)
         if changes:
-            journal = {}
+            journal: dict[str, JournalEntry] = {}
             for c in changes:
                 rec = led.files.get(c.path)
                 base = rec["base_sha256"] if rec else (ABSENT if c.before is None else led.store_original(c.before))
                 prior = dict(rec["overlays"]) if rec else {}
                 prior.update({i: next(o.manifest.sentinel_version for o in overlays if o.id == i) for i in c.overlays})
-                journal[c.path] = {
-                    "base_sha256": base,
-                    "pre_sha256": ABSENT if c.before is None else sha256_bytes(c.before),
-                    "post_sha256": ABSENT if c.after is None else sha256_bytes(c.after),
-                    "overlays": prior,
-                }
+                journal[c.path] = journal_entry(base, ABSENT if c.before is None else sha256_bytes(c.before),
+                                                ABSENT if c.after is None else sha256_bytes(c.after), prior)
             led.write_journal(journal)
             _write(root, changes, led, journaled=True)
             for rel, e in journal.items():
-                led.files[rel] = {k: e[k] for k in ("base_sha256", "post_sha256", "overlays")}
+                led.files[rel] = ledger_file(e)
             for c in changes:  # the tree now holds what was written (no second read or parse)
                 tree.replace(c.path, c.after, plan.modules.get(c.path))
         report = _record(led, overlays, root, tree)

@@ -62,7 +62,7 @@ def test_a_self_consistent_plan_writing_a_file_no_overlay_targets_is_refused_and
         plan["writes"].append({"path": "zz.pth", "pre_sha256": "absent", "post_sha256": sha,
                                "hunks": [[0, 0, evil.decode()]]})
         owner = next(iter(plan["ledger"]["overlays"]))
-        plan["ledger"]["files"]["zz.pth"] = {"base_sha256": "absent", "post_sha256": sha, "overlays": {owner: {}}}
+        plan["ledger"]["files"]["zz.pth"] = {"base_sha256": "absent", "post_sha256": sha, "overlays": {owner: 1}}
         plan["ledger"]["observed"]["zz.pth"] = sha
 
     _tamper(plan_path, edit)
@@ -71,6 +71,25 @@ def test_a_self_consistent_plan_writing_a_file_no_overlay_targets_is_refused_and
     with pytest.raises(PlanRefused, match="writes zz.pth, which is not a target of"):
         apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
     assert _tree(root) == before and not (root / "zz.pth").exists()
+
+
+@pytest.mark.network
+def test_a_plan_whose_ledger_the_ledger_schema_refuses_is_refused_and_nothing_is_written(tmp_path, catalog,
+                                                                                          prepared_020):
+    """The ledger a plan carries is checked by the ledger's own schema (manager.state.validate_ledger)."""
+    every, plan_path = prepared_020
+
+    def edit(plan):  # a sentinel version that is not an int: what the next run would call a corrupt ledger
+        rel = next(iter(plan["ledger"]["files"]))
+        owner = next(iter(plan["ledger"]["files"][rel]["overlays"]))
+        plan["ledger"]["files"][rel]["overlays"][owner] = {}
+
+    _tamper(plan_path, edit)
+    root = _fresh(tmp_path, every, "root")
+    before = _tree(root)
+    with pytest.raises(PlanRefused, match="the ledger it carries is malformed: files.*overlays"):
+        apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
+    assert _tree(root) == before
 
 
 @pytest.mark.network
