@@ -71,7 +71,7 @@ def test_completion_of_commands() -> None:
 
 
 def test_completion_of_overlay_ids_slugs_and_profile_ids() -> None:
-    assert _complete("overlay apply sm") == ["sm70-d512-attention"]
+    assert _complete("overlay apply sm") == ["sm70-d512-attention", "sm70-w4-gemm"]
     assert set(_complete("overlay compose render gemma4-26b-a4b-awq")) == {
         "gemma4-26b-a4b-awq-3090-tp1", "gemma4-26b-a4b-awq-3090-tp2", "gemma4-26b-a4b-awq-mtp-3090-tp2",
         "gemma4-26b-a4b-awq-v100-tp2"}
