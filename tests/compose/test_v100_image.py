@@ -190,8 +190,8 @@ def test_the_image_entrypoint_applies_its_overlays_builds_the_kernels_and_execs_
     # `after`: the index of the kernels the entrypoint built into the image's kernel cache, on one line
     out = _start(docker, v100.tag, "/usr/local/bin/overlay-entrypoint", recipe.apply,
                  after=f"tr -d '\\n' </var/cache/overlay-kernels/index/{recipe.build[0]}.json && echo")
-    # the first apply replayed the prepared plan baked into the image for 0.19.1
-    assert "(prepared plan, hashes verified)" in out, out[:2000]
+    # the first apply replayed the prepared plan baked into the image for 0.19.1, signed with the bundle's plan key
+    assert "(prepared plan, hashes verified; signature verified (plan key " in out, out[:2000]
     index = json.loads(next(ln for ln in out.splitlines() if ln.startswith("{") and "sm_70" in ln))
     assert {"sm_70", "compute_70"} <= set(json.dumps(index).replace('"', " ").split()), index
 
