@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from manager.overlays.prepare import prepare
 from tests.helpers.catalogs import GEMMA4, shipped_catalog
 from tests.helpers.cli import overlay_process
 from tests.overlays.test_prepared_plans import ALL_IDS, _fresh, _tree
+from tests.helpers.fifos import finishes
 
 EVIL = "import os; os.system('echo pwned')  # not what the engine writes\n"
 
@@ -233,21 +233,6 @@ def test_a_key_file_is_32_raw_bytes_or_64_hex_digits_and_its_id_is_stable(tmp_pa
     assert raw.hex() not in repr(a) and a.key_id != raw.hex()[:16]
 
 
-def _finishes(fn, limit: float = 10.0):
-    box: dict = {}
-
-    def run():
-        try:
-            box["v"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["v"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(limit)
-    return not t.is_alive(), box.get("v")
-
-
 @pytest.mark.parametrize("make, why", [
     (lambda p: p.write_bytes(b"short"), "is 5 bytes"),
     (lambda p: p.write_bytes(os.urandom(33)), "is 33 bytes"),
@@ -260,7 +245,7 @@ def _finishes(fn, limit: float = 10.0):
 def test_an_unusable_key_file_is_one_line_naming_it_without_blocking(tmp_path, make, why):
     path = tmp_path / "plan-key"
     make(path)
-    done, got = _finishes(lambda: load_key(str(path)))
+    done, got = finishes(lambda: load_key(str(path)))
     if path.is_fifo():
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,27 +18,12 @@ from manager.fsutil import sha256_bytes
 from tests.helpers.catalogs import GEMMA4
 from tests.overlays.test_prepared_plans import ALL_IDS, _fresh, _tamper, _tree, prepared_020  # noqa: F401
 from tests.helpers.catalogs import shipped_catalog
+from tests.helpers.fifos import finishes
 
 
 @pytest.fixture
 def catalog(tmp_path):
     return shipped_catalog(tmp_path / "cat", ids=ALL_IDS)
-
-
-def _finishes(fn, limit: float = 10.0):
-    """fn() in a thread; (done, result or exception). A FIFO reader that blocks is released after."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["v"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["v"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(limit)
-    return not t.is_alive(), box.get("v")
 
 
 def _unblock(fifo: Path) -> None:
@@ -146,7 +130,7 @@ def test_a_fifo_at_the_plan_key_is_refused_without_blocking(tmp_path):
     plans = tmp_path / "plans"
     plans.mkdir()
     os.mkfifo(plans / "k.json")
-    done, got = _finishes(lambda: find_plan([str(plans)], "k"))
+    done, got = finishes(lambda: find_plan([str(plans)], "k"))
     _unblock(plans / "k.json")
     assert done, "find_plan blocked on a FIFO"
     assert isinstance(got, PlanRefused) and "FIFO" in str(got)
@@ -157,7 +141,7 @@ def test_bounded_read_refuses_devices_fifos_and_oversized_files_before_reading(t
     with pytest.raises(UnreadableFile, match="character device"):
         read_bounded(str(tmp_path / "zero"))
     os.mkfifo(tmp_path / "fifo")
-    done, got = _finishes(lambda: read_bounded(str(tmp_path / "fifo")))
+    done, got = finishes(lambda: read_bounded(str(tmp_path / "fifo")))
     _unblock(tmp_path / "fifo")
     assert done and isinstance(got, UnreadableFile) and "FIFO" in str(got)
     (tmp_path / "big").write_bytes(b"x" * 101)
@@ -177,7 +161,7 @@ def test_overlay_digest_never_follows_a_symlink_out_of_the_directory_nor_blocks_
     secret.write_text("two\n")  # the host file's bytes are not part of the digest
     assert overlay_digest(d) == first
     os.mkfifo(d / "pipe")
-    done, got = _finishes(lambda: overlay_digest(d))
+    done, got = finishes(lambda: overlay_digest(d))
     _unblock(d / "pipe")
     assert done and isinstance(got, str) and got != first
 
@@ -196,7 +180,7 @@ def test_recording_a_plan_never_reads_a_fifo_target(tmp_path, catalog):
 
     (tmp_path / "plan-key").write_bytes(os.urandom(32))  # with a key: the inputs are hashed for the record
     key = load_key(tmp_path / "plan-key")
-    done, got = _finishes(lambda: apply_and_record(every, root, cache=str(tmp_path / "cache"), key=key), limit=60)
+    done, got = finishes(lambda: apply_and_record(every, root, cache=str(tmp_path / "cache"), key=key), limit=60)
     _unblock(root / GEMMA4)
     assert done, "recording blocked on a FIFO target"
     assert isinstance(got, OverlayError) and "FIFO" in str(got), got
