@@ -22,7 +22,7 @@ class _Loader(_Base):  # type: ignore[misc, valid-type]
     pass
 
 
-def _timestamp(loader: Any, node: yaml.Node) -> Any:
+def _timestamp(loader: Any, node: yaml.ScalarNode) -> Any:
     try:
         return SafeConstructor.construct_yaml_timestamp(loader, node)
     except ValueError as exc:

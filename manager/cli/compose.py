@@ -69,6 +69,7 @@ def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_
         for s, verb in write_generated(reg, _render_all(plan_all(reg, app.catalog, profiles))).items():
             status(verb, str(reg.generated_path(s)))
         return
+    assert slug is not None  # render_all is False here, so the check above saw a SLUG
     text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
     if output:
         from .app import write_output

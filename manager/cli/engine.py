@@ -56,7 +56,11 @@ def audit_cmd(target: str | None, image: str | None, sm: int, as_json: bool, tus
 
     if (target is None) == (image is None):
         raise click.UsageError("give either a WHEEL / SITE-PACKAGES path or --image IMAGE")
-    report = audit_image(image, sm) if image else audit_path(Path(target), sm)
+    if image is not None:
+        report = audit_image(image, sm)
+    else:
+        assert target is not None  # exactly one of the two, checked above
+        report = audit_path(Path(target), sm)
     if as_json:
         print_json(report.as_dict(with_tus=tus))
     else:

@@ -151,8 +151,8 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
             engine_unverified = engine.unverified if engine is not None else []
             if svc.get("image") != pin:
                 out.append(Finding(slug, "image-pin", False, f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
-            elif getattr(engine, "image_recipe", None):
-                out.append(_recipe_finding(registry, slug, str(pin), engine.image_recipe))
+            elif recipe := getattr(engine, "image_recipe", None):  # an EnginePin (a pulled image) has none
+                out.append(_recipe_finding(registry, slug, str(pin), recipe))
             elif "image" in engine_unverified:
                 out.append(Finding(slug, "image-pin", True, f"{pin}: unverified (engines/{dep.engine}: no such image was built or read)", warn=True))
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Mapping
 
 from ..catalog import Catalog
@@ -92,9 +92,9 @@ def serve_args(dep: Deployment, model: ModelProfile, weights: WeightVariant | No
     if dep.kv_dtype:
         args += ["--kv-cache-dtype", dep.kv_dtype]
     if drafter is not None:
-        spec = dict(drafter.speculative_config or {})
-        repo = drafter.hf_repo or spec.get("model") or dep.drafter
-        spec["model"] = _models_path(repo, "drafter hf_repo", dep.slug)
+        spec: dict[str, Any] = dict(drafter.speculative_config or {})
+        drafter_repo = str(drafter.hf_repo or spec.get("model") or dep.drafter)  # _models_path takes str() of it
+        spec["model"] = _models_path(drafter_repo, "drafter hf_repo", dep.slug)
         tokens = dep.num_speculative_tokens or drafter.default_tokens or spec.get("num_speculative_tokens")
         if tokens:
             spec["num_speculative_tokens"] = int(tokens)

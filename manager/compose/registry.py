@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from collections.abc import Mapping
 
 import yaml
@@ -127,7 +127,7 @@ def registry_path(catalog: Catalog) -> Path:
     return catalog.compose_dir / REGISTRY_FILE
 
 
-def _loc(err: dict) -> str:
+def _loc(err: Mapping[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ()))
 
 

@@ -200,7 +200,7 @@ def engine_checks(findings: list[Finding], cfg: dict[str, Any], model: ModelProf
 
     infos = _overlay_infos(_catalog(profiles, catalog), (PR40886, CONVERTOR))
     ids = {f.id: f for f in findings}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text: dict[str, Any] = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
     archs = list(cfg.get("architectures") or text.get("architectures") or [model.architecture])
     model_type = str(cfg.get("model_type") or model.family)
     out = []

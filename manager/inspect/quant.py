@@ -114,7 +114,7 @@ def declared(q: dict[str, Any] | None, dtype: str, where: str) -> QuantScheme:
         if sym is None and "zero_point" in q:
             sym = not bool(q["zero_point"])
         ignore = q.get("modules_to_not_convert") or q.get("to_quant_block_names_excluded") or []
-        extra = {k: q[k] for k in ("desc_act", "version", "packing_format", "backend", "checkpoint_format") if k in q}
+        extra: dict[str, Any] = {k: q[k] for k in ("desc_act", "version", "packing_format", "backend", "checkpoint_format") if k in q}
         if isinstance(q.get("extra_config"), dict):
             extra["extra_config_layers"] = len(q["extra_config"])
         return QuantScheme(m, q.get("packing_format") or q.get("checkpoint_format") or q.get("version"),

@@ -119,9 +119,9 @@ def _candidates(explicit: str | None) -> list[str]:
                 found.append(str(cand))
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     for base in filter(None, [cuda_home, "/usr/local/cuda"]):
-        for cand in sorted(glob.glob(os.path.join(base, "lib64", "libnvrtc.so*"))):
-            if "builtins" not in cand and ".alt." not in cand:
-                found.append(cand)
+        for lib in sorted(glob.glob(os.path.join(base, "lib64", "libnvrtc.so*"))):
+            if "builtins" not in lib and ".alt." not in lib:
+                found.append(lib)
     sys_lib = ctypes.util.find_library("nvrtc")
     if sys_lib:
         found.append(sys_lib)

@@ -140,7 +140,7 @@ class Kernel:
         params = self.entry.params
         if len(args) != len(params):
             raise BuildError(f"{self.entry.name}: {len(args)} arguments given, {len(params)} declared")
-        holders = []
+        holders: list[Any] = []  # ctypes scalars, one per declared parameter
         for p, a in zip(params, args, strict=False):
             holders.append(ctypes.c_uint64(_ptr(a)) if p.type == "ptr" else _CTYPES[p.type](a))
         argv = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])

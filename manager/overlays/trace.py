@@ -66,7 +66,7 @@ def add_guards(code: str, overlay_id: str, version: int, edit: str) -> str:
         stmts.insert(at, guard)
         return body.with_changes(body=stmts)
 
-    out: list[cst.BaseStatement] = []
+    out: list[cst.SimpleStatementLine | cst.BaseCompoundStatement] = []
     placed = False
     for stmt in mod.body:
         if isinstance(stmt, (cst.FunctionDef, cst.If)):

@@ -155,7 +155,8 @@ def evaluate(
     rows: list[OverlayRow] = []
     prs: dict[str, PRFacts | PRUnavailable | None] = {}
     for ov in overlays:
-        pr = pr_facts(client, ov.repo, int(ov.pr), now) if ov.has_upstream else None
+        # ov.has_upstream, spelled out so the type checker sees both set
+        pr = pr_facts(client, ov.repo, int(ov.pr), now) if ov.repo and ov.pr else None
         prs[ov.id] = pr
         rows.append(OverlayRow(ov, pr))
         if stop_if_unreachable and client.unreachable:

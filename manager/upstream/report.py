@@ -81,11 +81,10 @@ def render_markdown(report: CheckReport, command: str = "overlay upstream report
     lines += ["", "## Engines", "", "| Engine | vLLM | Pin | Image |", "|---|---|---|---|"]
     for e in sorted(report.engines, key=lambda e: e.id):
         lines.append(f"| `{e.id}` | {e.vllm_version or '-'} | `{e.upstream_ref}` | {_cell(e.image or '-')} |")
-    capped = [e for e in sorted(report.engines, key=lambda e: e.id) if e.ceiling is not None]
+    capped = [(e, e.ceiling) for e in sorted(report.engines, key=lambda e: e.id) if e.ceiling is not None]
     if capped:
         lines += ["", "## Pin ceilings", ""]
-        for e in capped:
-            c = e.ceiling
+        for e, c in capped:
             lines.append(f"- `{e.id}` (built for sm {c.sm}): the newest usable release is vLLM {c.newest}; a fix that is native "
                          f"only in a later release stays an overlay here: {c.drop_rule}. Source: {_cell(c.source)}")
     lines += ["", "## Evidence", ""]

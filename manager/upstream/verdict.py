@@ -76,7 +76,8 @@ def decide(
 
     merged_in_pin = (isinstance(pr, PRFacts) and pr.state == "merged" and ancestry is not None
                      and ancestry.contains is True)
-    if merged_in_pin and probe is not None and probe.status in ("drift", "superseded", "missing-target"):
+    if (merged_in_pin and ancestry is not None and probe is not None
+            and probe.status in ("drift", "superseded", "missing-target")):
         # The merge itself usually rewrites the code the overlay anchors on: re-anchoring an
         # overlay whose fix is in the pin would be wasted work.
         ev.append(f"note: the probe reports {probe.status}, expected once the fix's own change is in the pin")
