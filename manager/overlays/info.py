@@ -55,8 +55,13 @@ class OverlayInfo:
         )
 
     @property
+    def upstream_pr(self) -> tuple[str, int] | None:
+        """(repo, PR number) of the upstream PR the overlay tracks, or None."""
+        return (self.repo, self.pr) if self.repo and self.pr else None
+
+    @property
     def has_upstream(self) -> bool:
-        return bool(self.repo and self.pr)
+        return self.upstream_pr is not None
 
     def in_range(self, version: str) -> bool:
         return _in_range(self.versions, version)

@@ -155,8 +155,8 @@ def evaluate(
     rows: list[OverlayRow] = []
     prs: dict[str, PRFacts | PRUnavailable | None] = {}
     for ov in overlays:
-        # ov.has_upstream, spelled out so the type checker sees both set
-        pr = pr_facts(client, ov.repo, int(ov.pr), now) if ov.repo and ov.pr else None
+        up = ov.upstream_pr
+        pr = pr_facts(client, up[0], up[1], now) if up is not None else None
         prs[ov.id] = pr
         rows.append(OverlayRow(ov, pr))
         if stop_if_unreachable and client.unreachable:
