@@ -247,7 +247,7 @@ def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
     every = load_overlays(catalog)
     cache = tmp_path / "not-a-dir"
     cache.write_text("a file where the cache directory should be\n")
-    from manager.overlays.prepare import apply_and_record
+    from manager.overlays.applying import apply_and_record
 
     key = tmp_path / "plan-key"
     key.write_bytes(os.urandom(32))
