@@ -6,7 +6,7 @@ set (manager.overlays.writeset: staged, fsynced together, replaced in order) and
 any failure before the replaces leaves the tree untouched, a failure part-way puts back the files
 already replaced, byte-exact. A file lock serialises concurrent applies on one root.
 
-Size: just over 400 lines: apply and revert share the plan, the write/roll-back loop, the
+Size: over 500 lines: apply and revert share the plan, the write/roll-back loop, the
 journal and the litter clean-up; split apart they would share those through private names.
 """
 
@@ -62,8 +62,8 @@ class _Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *, excerpt: Excerpt | None = None,
-               remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
+def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *,
+               excerpt: Excerpt | None = None, remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
     and text edits on the text; returns (new text, its libcst module or None, the excerpt that
     module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
@@ -145,7 +145,8 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
     try:
         compile(text, rel, "exec", dont_inherit=True)
     except RecursionError:
-        raise OverlayError(f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
+        raise OverlayError(
+            f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
     except SyntaxError as exc:
         raise OverlayError(
             f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
@@ -488,7 +489,8 @@ def revert(
             for t in o.manifest.targets:
                 if t in led.files or (t in texts and t not in ledgerless):
                     continue
-                current = texts[t] if t in ledgerless else tree.text(t)  # several overlays on one file: each one's blocks
+                # several overlays on one file: each one's blocks
+                current = texts[t] if t in ledgerless else tree.text(t)
                 if current is None or f"overlay:{o.id} v" not in current:
                     continue
                 ledgerless.add(t)
@@ -508,7 +510,11 @@ def revert(
         changes = []
         for rel, text in sorted(texts.items()):
             before = tree.read(rel)
-            after = encode_file(rel, text, encodings[rel]) if rel in encodings and text is not None else tree.encode(rel, text)
+            after: bytes | None
+            if rel in encodings and text is not None:
+                after = encode_file(rel, text, encodings[rel])
+            else:
+                after = tree.encode(rel, text)
             if before != after:
                 changes.append(FileChange(rel, before, after, tuple(owners[rel])))
         _write(root, changes, led)
