@@ -13,7 +13,8 @@ and the prepared-plan replay (`manager.overlays.durable`). In the spirit of pip'
 - `commit(path)` renames one staged file over its destination (`os.replace`) or deletes it, and drops its
   cached bytecode; `sync_dirs()` then fsyncs each parent directory once (plus those of directories it made).
 - `rollback()` puts back, newest first, the byte-exact original of every committed path staged with `undo`
-  (mode, owner, and an in-root symlink written through are kept, as the write kept them);
+  (mode, owner, and an in-root symlink written through are kept, as the write kept them), through a write set
+  of its own: `commit` is the one place a target is replaced or deleted;
   `discard()` removes the temp files never committed.
 
 Errors are OSErrors; the callers name the file in their own words. No `typing` at run time: the warm plan
@@ -232,45 +233,33 @@ class WriteSet:
         fsync_dirs(self.dirs())
 
     def rollback(self) -> list[tuple[str, OSError]]:
-        """Put back the original of every committed path staged with `undo`, newest first: its bytes as
-        read, its mode and owner; a path that did not exist is deleted again. Returns the paths that could
-        not be put back (each with its error); the others are on disk (directories fsynced)."""
+        """Put back the original of every committed path staged with `undo`, newest first, through a write
+        set of its own (the same stage, barrier, commit, directory fsyncs): its bytes as read, its mode and
+        owner; a path that did not exist is deleted again. Returns the paths that could not be put back
+        (each with its error); the others are on disk."""
         failed: list[tuple[str, OSError]] = []
-        restored: list[str] = []
-        for path in reversed(self.committed):
-            if path not in self._undo:
-                continue
-            before, st = self._undo[path]
+        order = [p for p in reversed(self.committed) if p in self._undo]
+        with WriteSet() as back:
+            for path in order:
+                before, st = self._undo[path]
+                try:
+                    back.stage(path, before, mode=st.st_mode & 0o7777 if st is not None else None)
+                except OSError as exc:
+                    failed.append((path, exc))
             try:
-                if before is None:
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                else:
-                    mode = st.st_mode & 0o7777 if st is not None else 0o644
-                    tmp, fd = _write_temp(path, before, mode, st)
-                    try:
-                        try:
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
-                        os.replace(tmp, path)
-                    except BaseException:
-                        try:
-                            os.unlink(tmp)
-                        except OSError:
-                            pass
-                        raise
-                drop_bytecode(path)
-                restored.append(path)
+                back.sync()
             except OSError as exc:
-                failed.append((path, exc))
-        self.committed = [p for p in self.committed if p not in restored]
-        try:
-            fsync_dirs({os.path.dirname(p) for p in restored})
-        except OSError as exc:
-            failed.extend((p, exc) for p in restored)
+                return failed + [(p, exc) for p in back.pending]
+            for path in list(back.pending):
+                try:
+                    back.commit(path)
+                except OSError as exc:
+                    failed.append((path, exc))
+            try:
+                back.sync_dirs()
+            except OSError as exc:
+                failed.extend((p, exc) for p in back.committed)
+        self.committed = [p for p in self.committed if p not in back.committed]
         return failed
 
     def discard(self) -> None:
