@@ -187,15 +187,13 @@ def engine_apply(argv: list[str]) -> int | None:
     try:
         from .catalog import Catalog
         from .overlays import find_root, load_overlays, select
-        from .overlays.plankey import ENV_CACHE
         from .applyreport import plain
-        from .overlays.prepare import apply_and_record, report_lines
+        from .overlays.applying import apply_overlays, report_lines
         from .releases import set_progress
 
         set_progress(_download_progress)
         every = load_overlays(Catalog.locate(catalog_arg))
-        recorded = apply_and_record(select(every, ids), find_root(root_arg), explicit=bool(ids), ids=ids,
-                                    cache=os.environ.get(ENV_CACHE) or None, on_wait=lambda m: _line("waiting", m))
+        recorded = apply_overlays(select(every, ids), find_root(root_arg), ids, on_wait=lambda m: _line("waiting", m))
         sys.stderr.write(plain(report_lines(recorded)))
         return 0
     except SystemExit:

@@ -150,11 +150,8 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
     """Apply overlays transactionally (all or nothing), idempotently.
 
     A first apply is recorded as a plan into $OVERLAY_PLAN_CACHE when that is set."""
-    import os
-
     from ..overlays import find_root
-    from ..overlays.plankey import ENV_CACHE
-    from ..overlays.prepare import apply_and_record, report_lines
+    from ..overlays.applying import apply_overlays, report_lines
 
     _, selected = _selected(app, ids)
     if as_json and not dry_run:  # the start-up path replays a prepared plan for text mode; --json reaches here
@@ -168,8 +165,7 @@ def apply_cmd(app: Application, ids: tuple[str, ...], root: str | None, dry_run:
                         "status": [{"id": i, "status": st} for i, st in planned["statuses"]]})
             say("plan", f"{planned['plan']} (prepared plan, hashes verified)", "dim")
             return 0
-    recorded = apply_and_record(selected, find_root(root), dry_run=dry_run, explicit=bool(ids), ids=ids,
-                                cache=os.environ.get(ENV_CACHE) or None, wait=wait, on_wait=_waiting)
+    recorded = apply_overlays(selected, find_root(root), ids, dry_run=dry_run, wait=wait, on_wait=_waiting)
     result = recorded.result
     if as_json:
         print_json({**result.to_json(), "plan": recorded.plan})

@@ -222,7 +222,8 @@ def _signatures(root: str, inputs: dict[str, str]) -> list[Any]:
         except (FileNotFoundError, NotADirectoryError):
             sigs.append(None)
             continue
-        sigs.append(None if (st.st_mode & 0o170000) == 0o040000 else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        is_dir = (st.st_mode & 0o170000) == 0o040000
+        sigs.append(None if is_dir else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return sigs
 
 

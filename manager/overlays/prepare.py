@@ -1,9 +1,10 @@
-"""Making prepared plans with the full engine: `overlay prepare`, and recording a first apply.
+"""Making prepared plans with the full engine: `overlay prepare`, and the plan of a first apply.
 
 A plan (format and replay: `manager.overlays.plans`) is always the record of a real engine
 apply: `prepare` runs the engine on a scratch root holding the release's input files (the
-pristine sources from `manager.releases`), and `apply_and_record` records the first apply it
-just made on a live root. Nothing here computes patched bytes on its own.
+pristine sources from `manager.releases`), and `record_plan` records the first apply that
+`manager.overlays.applying` (the apply entry) just made on a live root. Nothing here computes
+patched bytes on its own.
 
 Signing (manager.overlays.plankey): a plan recorded into the plan cache is always signed, with
 the key `$OVERLAY_PLAN_KEY` names (no key, or one that cannot be used: not recorded, a note);
@@ -24,38 +25,14 @@ from .. import __version__
 from ..errors import OverlayError
 from ..fsutil import atomic_write, sha256_bytes
 from .ledger import Ledger
-from ..state import ABSENT, APPLY_SKIPS, JOURNAL_FILE, LEDGER_FILE, STATE_DIR, read_bounded
-from ..applyreport import apply_lines
+from ..state import ABSENT, read_bounded
 from .loader import Overlay, select
 from .transaction import apply
 from .model import ApplyResult
 from .plankey import ENV_KEY, PlanKey, PlanKeyError, cache_plans, key_from_env, mac_problem, sign
 from .plans import FORMAT, PlanRefused, apply_hunks, check_plan, plan_key
 
-FROM_ENV = "from $OVERLAY_PLAN_KEY"  # apply_and_record / prepare: the key the environment names
-
-
-@dataclass(frozen=True)
-class RecordedApply:
-    result: ApplyResult
-    plan: str | None = None  # the plan file written, when one was
-    note: str | None = None  # why none was written, when recording failed
-
-
-def report_lines(recorded: RecordedApply, dry_run: bool = False) -> list[tuple[str, str, str]]:
-    """What `overlay apply` reports, in order, as (verb, text, kind). kind: "note" (a recovered
-    journal, a plan that could not be recorded), "skipped", "change", "status" (the verb is the
-    overlay's status), "quiet". The CLI colours the lines by kind; the start-up path
-    (manager.fastpath, stderr not a terminal) prints the same lines plain."""
-    result = recorded.result
-    closing = (("recorded", f"plan {recorded.plan}", "quiet") if recorded.plan
-               else ("note", recorded.note, "note") if recorded.note else None)
-    return apply_lines(
-        notes=result.notes, skipped=result.skipped,
-        changes=((c.verb, c.path, c.overlays) for c in result.changes),
-        statuses=((o.id, o.status) for o in result.statuses.overlays), shown=APPLY_SKIPS, dry_run=dry_run,
-        identical=f"nothing to do{' (ledger hashes match)' if result.fast_path else ''}", closing=closing,
-    )
+FROM_ENV = "from $OVERLAY_PLAN_KEY"  # applying.apply_and_record / prepare: the key the environment names
 
 
 @dataclass(frozen=True)
@@ -66,7 +43,7 @@ class PreparedPlan:
     statuses: tuple[tuple[str, str], ...]  # (overlay id, status after the apply)
 
 
-def _hunks(before: bytes, after: bytes) -> list:
+def _hunks(before: bytes, after: bytes) -> list[list[int | str]]:
     """[start, end, text] against `before` (line-level, byte offsets) that turn it into `after`."""
     import difflib  # only when recording: not on every apply's import path
 
@@ -74,7 +51,7 @@ def _hunks(before: bytes, after: bytes) -> list:
     offsets = [0]
     for line in a:
         offsets.append(offsets[-1] + len(line))
-    out = []
+    out: list[list[int | str]] = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag != "equal":
             out.append([offsets[i1], offsets[i2], b"".join(b[j1:j2]).decode("utf-8")])
@@ -103,7 +80,12 @@ def _sha_or_absent(path: Path) -> str:
         return "not-a-regular-file"
 
 
-def _signing_key(key: PlanKey | str | None, unsigned: bool) -> tuple[PlanKey | None, str | None]:
+def input_hashes(overlays: Sequence[Overlay], root: Path) -> dict[str, str]:
+    """The plan's inputs: the hash of every file the engine reads for these overlays, read before it applies."""
+    return {rel: _sha_or_absent(Path(root) / rel) for rel in input_paths(overlays)}
+
+
+def signing_key(key: PlanKey | str | None, unsigned: bool) -> tuple[PlanKey | None, str | None]:
     """(the key to sign with, or why nothing is recorded)."""
     if key == FROM_ENV:
         try:
@@ -115,35 +97,18 @@ def _signing_key(key: PlanKey | str | None, unsigned: bool) -> tuple[PlanKey | N
     return key, None  # type: ignore[return-value]
 
 
-def apply_and_record(
-    overlays: Sequence[Overlay], root: Path, *, explicit: bool = False, ids: Iterable[str] = (),
-    cache: str | None = None, dry_run: bool = False, wait: float = 600.0, on_wait=None,
-    key: PlanKey | str | None = FROM_ENV, unsigned: bool = False,
-) -> RecordedApply:
-    """The engine's `apply`; when it is a first apply (no ledger, no journal) and succeeds, the
-    plan that replays it is written (a read-only cache is a note): signed with `key` into the
-    plan cache `cache` (`<cache>/<key id>/`; no usable key: not recorded, a note), or, with
-    `unsigned` (`overlay prepare --out`), into `cache` itself, signed when there is a key."""
-    root = Path(root)
-    state = root / STATE_DIR
-    first = not (state / LEDGER_FILE).exists() and not (state / JOURNAL_FILE).exists()
-    why_not = None
-    if cache and first and not dry_run:
-        key, why_not = _signing_key(key, unsigned)
-    record_now = bool(cache) and first and not dry_run and why_not is None
-    inputs = {rel: _sha_or_absent(root / rel) for rel in input_paths(overlays)} if record_now else {}
-    result = apply(overlays, root, dry_run=dry_run, explicit=explicit, wait=wait, on_wait=on_wait)
-    if dry_run or not cache or not first or result.notes:
-        return RecordedApply(result)
-    if why_not is not None:
-        return RecordedApply(result, None, f"plan not recorded in {cache}: {why_not}")
-    out = Path(cache) if unsigned or key is None else Path(cache_plans(cache, key))  # type: ignore[arg-type]
+def record_plan(
+    overlays: Sequence[Overlay], root: Path, result: ApplyResult, inputs: dict[str, str], *, explicit: bool,
+    ids: Iterable[str], cache: str, key: PlanKey | None, unsigned: bool,
+) -> tuple[str | None, str | None]:
+    """Record the plan of the first apply just made: signed with `key` into the plan cache `cache`
+    (`<cache>/<key id>/`), or, `unsigned`, into `cache` itself. (the plan file, None) or (None, why not)."""
+    out = Path(cache) if unsigned or key is None else Path(cache_plans(cache, key))
     try:
-        path = record(overlays, root, result, inputs, explicit=explicit, ids=ids, out=out,
-                      key=key)  # type: ignore[arg-type]
+        path = record(overlays, root, result, inputs, explicit=explicit, ids=ids, out=out, key=key)
     except (OSError, PlanRefused) as exc:
-        return RecordedApply(result, None, f"plan not recorded in {cache}: {exc}")
-    return RecordedApply(result, str(path))
+        return None, f"plan not recorded in {cache}: {exc}"
+    return str(path), None
 
 
 def record(
@@ -211,7 +176,7 @@ def prepare(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OverlayError(f"--out {out}: cannot create the directory: {exc.strerror}") from None
-    made = []
+    made: list[PreparedPlan] = []
     for version in dict.fromkeys(versions):
         src = pristine_tree(version)
         with tempfile.TemporaryDirectory(prefix=f"overlay-prepare-{version}-") as tmp:
@@ -223,11 +188,18 @@ def prepare(
                 if (src / rel).is_file():
                     (root / rel).parent.mkdir(parents=True, exist_ok=True)
                     (root / rel).write_bytes((src / rel).read_bytes())
-            rec = apply_and_record(selected, root, explicit=bool(ids), ids=ids, cache=str(out), key=key, unsigned=True)
-            if rec.plan is None:
-                raise OverlayError(f"vllm {version}: {rec.note or 'no plan recorded'}")
+            signing, why_not = signing_key(key, unsigned=True)
+            inputs = input_hashes(selected, root)
+            result = apply(selected, root, explicit=bool(ids))
+            plan: str | None = None
+            note = None if why_not is None else f"plan not recorded in {out}: {why_not}"
+            if why_not is None and not result.notes:
+                plan, note = record_plan(selected, root, result, inputs, explicit=bool(ids), ids=ids, cache=str(out),
+                                         key=signing, unsigned=True)
+            if plan is None:
+                raise OverlayError(f"vllm {version}: {note or 'no plan recorded'}")
             made.append(PreparedPlan(
-                version, rec.plan, tuple(c.path for c in rec.result.changes),
-                tuple((o.id, o.status) for o in rec.result.statuses.overlays),
+                version, plan, tuple(c.path for c in result.changes),
+                tuple((o.id, o.status) for o in result.statuses.overlays),
             ))
     return tuple(made)

@@ -1,11 +1,12 @@
 """Plan, apply, diff and revert overlays transactionally.
 
 An apply computes every new text in memory (one edit loop, `_run_edits`, serves apply and the
-sentinel-block removal of revert), compile()s each, then writes each file atomically and the
-ledger last; any failure before the writes leaves the tree untouched, a failure part-way puts
-back the files already written. A file lock serialises concurrent applies on one root.
+sentinel-block removal of revert), compile()s each, then writes the files through the one write
+set (manager.overlays.writeset: staged, fsynced together, replaced in order) and the ledger last;
+any failure before the replaces leaves the tree untouched, a failure part-way puts back the files
+already replaced, byte-exact. A file lock serialises concurrent applies on one root.
 
-Size: just over 400 lines: apply and revert share the plan, the write/roll-back loop, the
+Size: over 500 lines: apply and revert share the plan, the write/roll-back loop, the
 journal and the litter clean-up; split apart they would share those through private names.
 """
 
@@ -20,10 +21,10 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OverlayError
-from ..fsutil import atomic_write, clean_temp_files, sha256_bytes
+from ..fsutil import clean_temp_files, sha256_bytes
 from ..state import APPLY_SKIPS, JOURNAL_FILE, SKIP_UNLESS_NAMED
 from .conflicts import check_conflicts, earlier_overlays
-from .durable import drop_bytecode
+from .writeset import WriteSet, drop_bytecode
 from .files import Tree, decode_file, encode_file, nul_line, resolve_in_root
 from ..state import ABSENT, ORIGINALS_DIR, STATE_DIR, journal_entry, ledger_file, overlay_record
 from .ledger import Ledger, state_dir
@@ -61,8 +62,8 @@ class _Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *, excerpt: Excerpt | None = None,
-               remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
+def _run_edits(edits: Sequence[Edit], rel: str, text: str | None, tree_module: Any = None, *,
+               excerpt: Excerpt | None = None, remove: bool = False) -> tuple[str | None, Any, Excerpt | None]:
     """Apply (or, `remove`, take out) edits for `rel` on `text`, Python edits on one libcst module
     and text edits on the text; returns (new text, its libcst module or None, the excerpt that
     module is of or None). `tree_module`: the module of `text` already parsed, the `excerpt`'s
@@ -144,7 +145,8 @@ def _check_compiles(rel: str, text: str | None, who: list[str]) -> None:
     try:
         compile(text, rel, "exec", dont_inherit=True)
     except RecursionError:
-        raise OverlayError(f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
+        raise OverlayError(
+            f"overlay {', '.join(who)}: {rel}: patched code nested too deeply to compile; refused") from None
     except SyntaxError as exc:
         raise OverlayError(
             f"overlay {', '.join(who)}: {rel}: patched code does not compile: {exc.msg} (line {exc.lineno})"
@@ -213,26 +215,6 @@ def _lock(root: Path, wait: float = 600.0, on_wait: Callable[[str], None] | None
     return root_lock(state_dir(root), wait, on_wait)
 
 
-def _put(root: Path, rel: str, data: bytes | None) -> None:
-    """Write (or delete, for None) one target, through a file symlink that stays inside the root."""
-    p = resolve_in_root(root, rel)
-    if data is None:
-        if (Path(root) / rel).is_symlink():
-            raise OverlayError(f"{rel}: is a symlink; refusing to delete it or its target")
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise OverlayError(f"{rel}: cannot delete: {exc.strerror}") from None
-    else:
-        try:
-            atomic_write(p, data)
-        except OSError as exc:
-            raise OverlayError(f"{rel}: cannot write: {exc.strerror}") from None
-    drop_bytecode(str(Path(root) / rel))
-
-
 def _unchanged_since_read(root: Path, c: FileChange) -> None:
     """A lost update is refused: the target must still hold the bytes this run read and computed
     from (another process may have written it since), checked immediately before the replace."""
@@ -244,34 +226,73 @@ def _unchanged_since_read(root: Path, c: FileChange) -> None:
                            "process wrote it); refused, run the command again")
 
 
+def _verb(data: bytes | None) -> str:
+    return "delete" if data is None else "write"
+
+
+def _stage(ws: WriteSet, root: Path, changes: Sequence[FileChange], paths: list[str]) -> None:
+    """Stage every change (through a file symlink that stays inside the root; a symlink is never deleted);
+    `paths` gets the real path of each, in order. Nothing is replaced yet."""
+    for c in changes:
+        path = str(resolve_in_root(root, c.path))
+        if c.after is None and (Path(root) / c.path).is_symlink():
+            raise OverlayError(f"{c.path}: is a symlink; refusing to delete it or its target")
+        try:
+            ws.stage(path, c.after, undo=True, before=c.before)
+        except OSError as exc:
+            raise OverlayError(f"{c.path}: cannot {_verb(c.after)}: {exc.strerror}") from None
+        paths.append(path)
+    try:
+        ws.sync()
+    except OSError as exc:
+        raise OverlayError(f"cannot write the new bytes of {len(changes)} file(s): {exc.strerror}") from None
+
+
+def _commit(ws: WriteSet, root: Path, changes: Sequence[FileChange], paths: Sequence[str]) -> None:
+    """Replace each target in order (each checked unchanged just before), then fsync each directory once."""
+    for c, path in zip(changes, paths, strict=True):
+        for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
+            hook()
+        _unchanged_since_read(root, c)
+        try:
+            ws.commit(path)
+        except OSError as exc:
+            raise OverlayError(f"{c.path}: cannot {_verb(c.after)}: {exc.strerror}") from None
+        link = str(Path(root) / c.path)
+        if link != path:  # written through an in-root symlink: the link's bytecode too
+            drop_bytecode(link)
+    try:
+        ws.sync_dirs()
+    except OSError as exc:
+        raise OverlayError(f"cannot make the {len(changes)} written file(s) durable: {exc.strerror}") from None
+
+
 def _write(root: Path, changes: Sequence[FileChange], led: Ledger, *, journaled: bool = False) -> None:
-    """Write every change; when one fails, put back the ones already written (all or nothing).
+    """Write every change through the one write set (manager.overlays.writeset): all new bytes staged and
+    fsynced together, then each target replaced, then each directory fsynced once; when one fails, the
+    ones already replaced are put back byte-exact (all or nothing).
 
     `journaled` (apply): the journal written for these changes is removed after a clean roll-back;
     it stays on disk only if the roll-back itself failed (the next run then sorts it out)."""
-    done: list[FileChange] = []
-    try:
-        for c in changes:
-            for hook in BEFORE_WRITE:  # tests: also between the journal and the first write (the journal window)
-                hook()
-            _unchanged_since_read(root, c)
-            _put(root, c.path, c.after)
-            done.append(c)
-    except OverlayError as exc:
-        stuck = []
-        for c in reversed(done):
-            try:
-                _put(root, c.path, c.before)
-            except OverlayError as back:
-                stuck.append(str(back))
-        if stuck:
-            raise OverlayError(
-                f"{exc}; rolling back the {len(done)} file(s) already written failed ({'; '.join(stuck)}); "
-                f"{led.journal_path} records them"
-            ) from None
-        if journaled:
-            led.clear_journal()
-        raise OverlayError(f"{exc}; nothing changed (rolled back {len(done)} file(s) already written)") from None
+    if not changes:
+        return
+    paths: list[str] = []
+    with WriteSet() as ws:
+        try:
+            _stage(ws, root, changes, paths)
+            _commit(ws, root, changes, paths)
+        except OverlayError as exc:
+            done = len(ws.committed)
+            rels = {p: c.path for c, p in zip(changes, paths, strict=False)}
+            stuck = [f"{rels.get(p, p)}: cannot write: {e.strerror}" for p, e in ws.rollback()]
+            if stuck:
+                raise OverlayError(
+                    f"{exc}; rolling back the {done} file(s) already written failed ({'; '.join(stuck)}); "
+                    f"{led.journal_path} records them"
+                ) from None
+            if journaled:
+                led.clear_journal()
+            raise OverlayError(f"{exc}; nothing changed (rolled back {done} file(s) already written)") from None
 
 
 def _clean_litter(root: Path, rels: Iterable[str]) -> list[str]:
@@ -468,7 +489,8 @@ def revert(
             for t in o.manifest.targets:
                 if t in led.files or (t in texts and t not in ledgerless):
                     continue
-                current = texts[t] if t in ledgerless else tree.text(t)  # several overlays on one file: each one's blocks
+                # several overlays on one file: each one's blocks
+                current = texts[t] if t in ledgerless else tree.text(t)
                 if current is None or f"overlay:{o.id} v" not in current:
                     continue
                 ledgerless.add(t)
@@ -488,7 +510,11 @@ def revert(
         changes = []
         for rel, text in sorted(texts.items()):
             before = tree.read(rel)
-            after = encode_file(rel, text, encodings[rel]) if rel in encodings and text is not None else tree.encode(rel, text)
+            after: bytes | None
+            if rel in encodings and text is not None:
+                after = encode_file(rel, text, encodings[rel])
+            else:
+                after = tree.encode(rel, text)
             if before != after:
                 changes.append(FileChange(rel, before, after, tuple(owners[rel])))
         _write(root, changes, led)

@@ -237,16 +237,16 @@ def test_file_symlink_leaving_the_root_is_refused(tmp_path):
 
 def test_write_failure_part_way_rolls_back_the_files_already_written(tmp_path, monkeypatch):
     root, cat = synthetic_root(tmp_path), synthetic_catalog(tmp_path, targets=("vllm/mod.py", "vllm/sub/mod2.py"))
-    from manager.overlays import transaction
+    from manager.overlays import writeset
 
-    real = transaction.atomic_write
+    real = writeset.WriteSet.commit
 
-    def failing(path, data, mode=None):
+    def failing(self, path):
         if Path(path).name == "mod2.py":
             raise PermissionError(13, "Permission denied")
-        return real(path, data, mode)
+        return real(self, path)
 
-    monkeypatch.setattr(transaction, "atomic_write", failing)
+    monkeypatch.setattr(writeset.WriteSet, "commit", failing)
     with pytest.raises(OverlayError, match=r"vllm/sub/mod2.py: cannot write: Permission denied; nothing changed"):
         apply(overlays(cat), root)
     assert (root / "vllm/mod.py").read_text() == MOD  # written first, then put back

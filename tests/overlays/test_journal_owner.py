@@ -11,7 +11,7 @@ import pytest
 
 from manager.catalog import Catalog
 from manager.errors import OverlayError
-from manager.overlays import apply, durable, load_overlays, revert, select, transaction
+from manager.overlays import apply, load_overlays, revert, select, transaction, writeset
 from manager.overlays.plans import apply_plan
 from tests.helpers.catalogs import CONVERTOR_PY, OVERLAY_IDS, TARGETS, shipped_catalog_dir
 from tests.overlays.test_prepared_plans import ALL_IDS, _fresh, _tree, prepared_020  # noqa: F401
@@ -26,15 +26,15 @@ def catalog(tmp_path):
 
 
 def _fail_writes_of(monkeypatch, rel: str) -> None:
-    """EBUSY replacing `rel` (a file bind-mounted over it), in the engine's atomic_write."""
-    real = transaction.atomic_write
+    """EBUSY replacing `rel` (a file bind-mounted over it), in the one write set's commit."""
+    real = writeset.WriteSet.commit
 
-    def busy(path, data, mode=None):
+    def busy(self, path):
         if str(path).endswith(rel):
             raise OSError(errno.EBUSY, "Device or resource busy")
-        return real(path, data, mode)
+        return real(self, path)
 
-    monkeypatch.setattr(transaction, "atomic_write", busy)
+    monkeypatch.setattr(writeset.WriteSet, "commit", busy)
 
 
 def test_a_failed_apply_after_a_killed_one_keeps_the_killed_runs_records(vllm_root, tmp_path, monkeypatch):
@@ -75,14 +75,14 @@ def test_a_plan_replay_failing_on_its_last_rename_leaves_every_write_recorded(tm
     pristine = {k: v for k, v in _tree(root).items()}
     writes = [w["path"] for w in json.loads(plan_path.read_text())["writes"] if w["post_sha256"] != "absent"]
     last = writes[-1]
-    real_rename = durable._Staged.rename
+    real_rename = writeset.WriteSet.commit
 
     def rename(self, path):
         if path.endswith(last):
             raise OSError(errno.EBUSY, "Device or resource busy")
         return real_rename(self, path)
 
-    monkeypatch.setattr(durable._Staged, "rename", rename)
+    monkeypatch.setattr(writeset.WriteSet, "commit", rename)
     with pytest.raises(OSError):
         apply_plan(str(catalog.root), str(root), [], [str(plan_path.parent)])
     monkeypatch.undo()

@@ -12,7 +12,7 @@ import pytest
 
 from manager.overlays import load_overlays
 from manager.overlays.plans import PlanRefused, apply_plan, find_plan, manifest_targets
-from manager.overlays.prepare import apply_and_record
+from manager.overlays.applying import apply_and_record
 from manager.state import UnreadableFile, overlay_digest, read_bounded
 from manager.fsutil import sha256_bytes
 from tests.helpers.catalogs import GEMMA4

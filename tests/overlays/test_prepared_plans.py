@@ -247,7 +247,7 @@ def test_an_unwritable_plan_cache_is_a_note_not_a_failure(tmp_path, catalog):
     every = load_overlays(catalog)
     cache = tmp_path / "not-a-dir"
     cache.write_text("a file where the cache directory should be\n")
-    from manager.overlays.prepare import apply_and_record
+    from manager.overlays.applying import apply_and_record
 
     key = tmp_path / "plan-key"
     key.write_bytes(os.urandom(32))
@@ -291,9 +291,9 @@ def test_bundle_carries_plans_for_its_deployments_and_its_wrapper_uses_them(tmp_
 def test_plan_writes_name_their_temp_files_like_the_engine_so_a_killed_replay_is_cleaned(tmp_path, monkeypatch):
     """A replay killed mid-write leaves `.<file>.overlay-manager-tmp-…`, which the next run removes."""
     from manager import fsutil
-    from manager.overlays import durable
+    from manager.overlays import writeset
 
-    assert durable.TMP_MARK == fsutil.TMP_MARK
+    assert writeset.TMP_MARK == fsutil.TMP_MARK
     target = tmp_path / "a.py"
     seen = []
     real_replace = os.replace
@@ -303,10 +303,10 @@ def test_plan_writes_name_their_temp_files_like_the_engine_so_a_killed_replay_is
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", spy)
-    staged = durable._Staged()
-    staged.add(str(target), b"x = 1\n")
+    staged = writeset.WriteSet()
+    staged.stage(str(target), b"x = 1\n")
     staged.sync()
-    staged.rename(str(target))
+    staged.commit(str(target))
     assert target.read_bytes() == b"x = 1\n"
     assert len(seen) == 1 and fsutil._TMP_RE.match(seen[0]), seen
 
@@ -431,16 +431,16 @@ def test_a_ledger_on_disk_before_a_target_rename_is_recovered_by_the_journal(tmp
 
 
 def test_fsync_all_syncs_every_fd_from_its_threads_and_reports_a_file_error(tmp_path):
-    from manager.overlays import durable
+    from manager.overlays import writeset
 
     fds = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644) for i in range(5)]
     try:
-        durable._fsync_all(fds)  # every fd, concurrently; no error
+        writeset.fsync_all(fds)  # every fd, concurrently; no error
         bad = os.open(tmp_path / "gone", os.O_WRONLY | os.O_CREAT, 0o644)
         os.close(bad)  # a closed descriptor: EBADF from whichever thread syncs it
         with pytest.raises(OSError):
-            durable._fsync_all([*fds, bad])
-        durable._fsync_all([*fds, bad], strict=False)  # directories: skipped, as fsutil.fsync_dir does
+            writeset.fsync_all([*fds, bad])
+        writeset.fsync_all([*fds, bad], strict=False)  # directories: skipped, as fsutil.fsync_dir does
     finally:
         for fd in fds:
             os.close(fd)
