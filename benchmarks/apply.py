@@ -112,7 +112,9 @@ def noop(catalog, root):
         if oid.startswith((".", "_")) or not os.path.isfile(os.path.join(d, "overlay.yaml")):
             continue
         rec = led.get("overlays", {}).get(oid)
-        if not rec or rec.get("status") not in ("applied", "upstream", "not-applicable", "superseded", "missing-target"):
+        if not rec or rec.get("status") not in (
+            "applied", "upstream", "not-applicable", "superseded", "missing-target"
+        ):
             return False
         h = hashlib.sha256()
         files = []
@@ -178,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --plans: also time a checkout of the code before the change (e.g. `git worktree add "
                          "DIR main`) in the same interleaved rounds")
     ap.add_argument("--short", type=int, default=3, metavar="N",
-                    help="with --plans: the short processes (regex, plan, warm no-op, python -c pass) N times per round")
+                    help="with --plans: the short processes (regex, plan, warm no-op, python -c pass) "
+                         "N times per round")
     ap.add_argument("--scaling", nargs="?", const="0.25,1,4,16", default=None, metavar="MIB,...",
                     help="only the file-size scaling benchmark (default sizes 0.25,1,4,16 MiB); "
                          "--runs applies to sizes <= 1 MiB, larger sizes run once")
@@ -460,8 +463,8 @@ def _bench(work: Path, version: str, runs: int, json_out: Path | None) -> int:
     for k, ok in targets.items():
         print(f"  {'MET ' if ok else 'MISS'} {k}")
     if json_out:
-        json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios, "machine": fig_meta,
-                                        "targets_met": targets}, indent=2) + "\n")
+        json_out.write_text(json.dumps({"version": version, "runs": runs, "figures_s": fig, "ratios": ratios,
+                                        "machine": fig_meta, "targets_met": targets}, indent=2) + "\n")
     return 0
 
 
@@ -477,7 +480,8 @@ def _other_pythons(work: Path) -> dict[str, str]:
         probe = subprocess.run([system, "-c", "import sys; print(sys.version_info >= (3, 10), sys.prefix)"],
                                capture_output=True, text=True)
         fields = probe.stdout.split()
-        if probe.returncode == 0 and fields[:1] == ["True"] and Path(fields[1]).resolve() != Path(sys.base_prefix).resolve():
+        if (probe.returncode == 0 and fields[:1] == ["True"]
+                and Path(fields[1]).resolve() != Path(sys.base_prefix).resolve()):
             out["system"] = system
     return out
 

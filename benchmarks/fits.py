@@ -70,7 +70,8 @@ def main() -> None:
         print(f"  load_profiles {load_s:.3f} s")
         print(f"  cold  {cold:.3f} s  ({cold_idx.calls} release status computations)")
         print(f"  disk  {disk:.3f} s")
-        print(f"  warm  {warm:.3f} s  ({warm / n * 1e6:.0f} us/call)  target < 1 s: {'met' if warm < 1.0 else 'MISSED'}")
+        print(f"  warm  {warm:.3f} s  ({warm / n * 1e6:.0f} us/call)  "
+              f"target < 1 s: {'met' if warm < 1.0 else 'MISSED'}")
         print(f"  verdicts {verdicts}")
 
 

@@ -96,7 +96,8 @@ def main() -> None:
     out = {
         "set": {"model": "26b-a4b", "quant": "w4a16", "shards": len(files), "tensors": info["tensors"],
                 "described_bytes": info["total"], "bytes_read": r.bytes_read},
-        "median_s": {"inspect": round(t_ins, 4), "inspect_with_engine_checks": round(t_eng, 4), "safetensors_headers": round(t_lib, 4)},
+        "median_s": {"inspect": round(t_ins, 4), "inspect_with_engine_checks": round(t_eng, 4),
+                     "safetensors_headers": round(t_lib, 4)},
         "ratio_inspect_vs_safetensors": round(t_ins / t_lib, 2),
         "ratio_inspect_with_engines_vs_safetensors": round(t_eng / t_lib, 2),
         "memory_peak_bytes": {"set": p1, "x1000_set": p2, "described": [b1, b2], "ratio": round(p2 / p1, 3)},
@@ -107,10 +108,11 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     s = out["set"]
-    print(f"26B-A4B AWQ header set: {s['shards']} shards, {s['tensors']} tensors, {s['described_bytes']:,} B described, "
-          f"{s['bytes_read']:,} B read")
+    print(f"26B-A4B AWQ header set: {s['shards']} shards, {s['tensors']} tensors, "
+          f"{s['described_bytes']:,} B described, {s['bytes_read']:,} B read")
     m = out["median_s"]
-    print(f"median of {args.repeats}: inspect {m['inspect']:.4f} s | inspect + engine checks {m['inspect_with_engine_checks']:.4f} s | "
+    print(f"median of {args.repeats}: inspect {m['inspect']:.4f} s | "
+          f"inspect + engine checks {m['inspect_with_engine_checks']:.4f} s | "
           f"safetensors library headers {m['safetensors_headers']:.4f} s")
     print(f"ratio vs safetensors: inspect {out['ratio_inspect_vs_safetensors']}x, with engine checks "
           f"{out['ratio_inspect_with_engines_vs_safetensors']}x; < 0.2 s: {out['target_under_0.2s']}")

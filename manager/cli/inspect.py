@@ -14,12 +14,13 @@ def _n(b: int) -> str:
 def render(r) -> str:
     """The inspection as plain text (data: stdout, no markup; names come from the checkpoint, printed verbatim)."""
     p = r.profile
-    lines = [f"checkpoint  {r.source}: {len(r.shards)} shard(s), {r.weights.tensors} tensors; read {r.bytes_read:,} bytes "
-             "(JSON files + headers, no tensor data)"]
+    lines = [f"checkpoint  {r.source}: {len(r.shards)} shard(s), {r.weights.tensors} tensors; "
+             f"read {r.bytes_read:,} bytes (JSON files + headers, no tensor data)"]
     moe = p.get("moe")
     lines.append(f"model       {p['family']} {p['architecture']}: hidden {p['hidden_size']}, {p['num_layers']} layers, "
                  f"{p['num_attention_heads']} heads, vocab {p['vocab_size']}, max ctx {p['max_context']}"
-                 + (f", MoE {moe['experts']} experts top-{moe['top_k']} (expert intermediate {moe['expert_intermediate_size']})"
+                 + (f", MoE {moe['experts']} experts top-{moe['top_k']} "
+                    f"(expert intermediate {moe['expert_intermediate_size']})"
                     if moe else f", intermediate {p.get('intermediate_size')}"))
     groups = []
     for g in p["layer_groups"]:
@@ -45,7 +46,8 @@ def render(r) -> str:
             head += ", symmetric" if q.symmetric else ", asymmetric"
         lines.append(head)
         for g in q.groups:
-            lines.append(f"            {g.name}: targets {', '.join(g.targets) or '-'}; weights {g.type}{g.bits}, strategy {g.strategy}, "
+            lines.append(f"            {g.name}: targets {', '.join(g.targets) or '-'}; "
+                         f"weights {g.type}{g.bits}, strategy {g.strategy}, "
                          f"group_size {g.group_size}, symmetric {g.symmetric}"
                          + (f"; activations {g.activations}" if g.activations else "; weight-only"))
         if q.ignore:
@@ -70,7 +72,8 @@ def render(r) -> str:
     lines.append(f"per rank    TP allowed by heads: {list(w.head_valid_tps)}")
     for s in w.tp:
         if s.valid:
-            lines.append(f"  TP {s.tp}: {s.ranks[0]:,} B per rank x {s.tp} (sharded {s.sharded:,} / {s.tp} + replicated {s.replicated:,})"
+            lines.append(f"  TP {s.tp}: {s.ranks[0]:,} B per rank x {s.tp} "
+                         f"(sharded {s.sharded:,} / {s.tp} + replicated {s.replicated:,})"
                          + (f"; +{s.k_eq_v_copy:,} B when vLLM copies K into V on K=V layers" if s.k_eq_v_copy else ""))
         else:
             lines.append(f"  TP {s.tp}: not loadable: " + "; ".join(s.problems))
@@ -79,7 +82,8 @@ def render(r) -> str:
         for f in r.findings:
             lines.append(f"  [{f.severity}] {f.id}: {f.message}")
             if f.keys:
-                lines.append(f"      keys: {', '.join(f.keys)}" + (f" (+{f.count - len(f.keys)} more)" if f.count > len(f.keys) else ""))
+                more = f" (+{f.count - len(f.keys)} more)" if f.count > len(f.keys) else ""
+                lines.append(f"      keys: {', '.join(f.keys)}" + more)
             if f.source:
                 lines.append(f"      source: {f.source}")
     if r.engines:

@@ -24,7 +24,9 @@ def _profiles(ctx: click.Context):
 def _checkpoint(ctx: click.Context, profiles, model: str | None, checkpoint: str | None):
     """--model XOR --checkpoint; the checkpoint is inspected (headers only) here."""
     if (model is None) == (checkpoint is None):
-        raise ProfileError("give exactly one of --model (a profile id) or --checkpoint (a checkpoint dir, URL or repo id)")
+        raise ProfileError(
+            "give exactly one of --model (a profile id) or --checkpoint (a checkpoint dir, URL or repo id)"
+        )
     if checkpoint is None:
         return None
     from ..inspect import inspect_checkpoint
@@ -54,7 +56,8 @@ def _index(ctx: click.Context, offline: bool):
 
 
 def _bar(used: dict[str, int], total: int, width: int = 40) -> str:
-    out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow", "kv_needed": "green"}
+    out, style = [], {"weights": "blue", "drafter": "magenta", "overhead": "yellow", "activations": "yellow",
+                      "kv_needed": "green"}
     for key, col in style.items():
         n = round(width * max(used.get(key, 0), 0) / total) if total else 0
         out.append(f"[{col}]" + "█" * n + f"[/{col}]")
@@ -91,7 +94,8 @@ def _print_report(report, explain: bool = False) -> None:
     mm = report.memory
     gb = lambda b: f"{b / 1e9:.1f}"  # noqa: E731
     data.print(f"per card  {_bar(pc, pc['budget'])}  {gb(pc['budget'] - max(pc['free'], 0))}/{gb(pc['budget'])} GB "
-              f"(weights {gb(pc['weights'])} {mm.weights_source}, drafter {gb(pc['drafter'])}, overhead {gb(pc['overhead'] + pc['activations'])}, "
+              f"(weights {gb(pc['weights'])} {mm.weights_source}, drafter {gb(pc['drafter'])}, "
+              f"overhead {gb(pc['overhead'] + pc['activations'])}, "
               f"KV in use {gb(pc['kv_needed'])} of {gb(pc.get('kv_available', pc['kv_needed']))} free for KV)")
     data.print(f"KV cache {mm.kv_bytes_per_token} B/token for the whole model ({mm.kv_dtype}) = "
                f"{mm.kv_bytes_per_token_per_card} B/token on each card at TP {dep['tp']}; max ctx {mm.max_ctx}, "
@@ -100,7 +104,8 @@ def _print_report(report, explain: bool = False) -> None:
         data.print("overlays: " + ", ".join(report.overlays), markup=False)
     col = {"fits": "green", "tight": "yellow", "fails": "red"}[report.verdict]
     data.print(f"verdict: [{col}]{report.verdict}[/{col}], {esc(report.evidence)}"
-               + (" (listed below; --explain: which constraint rests on which)" if report.unverified and not explain else ""))
+               + (" (listed below; --explain: which constraint rests on which)"
+                  if report.unverified and not explain else ""))
     if report.unverified and not explain:
         for f in report.unverified:
             data.print(f"  unverified: {esc(f)}")
@@ -176,19 +181,24 @@ def import_cmd(file: Path, model_id: str | None, hf_repo: str | None, size_gb: f
 
 @click.command("fits")
 @click.option("--model", default=None, type=CatalogChoice("model"), help="Model profile id (or give --checkpoint).")
-@click.option("--checkpoint", default=None, help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
-@click.option("--weights", default=None, type=CatalogChoice("weights"), help="Weights variant of the model (default: the model's first).")
+@click.option("--checkpoint", default=None,
+              help="A checkpoint dir / URL / repo id: its config and measured weight bytes (overlay inspect).")
+@click.option("--weights", default=None, type=CatalogChoice("weights"),
+              help="Weights variant of the model (default: the model's first).")
 @click.option("--hardware", required=True, type=CatalogChoice("hardware"), help="Hardware profile id (e.g. rtx-3090).")
 @click.option("--gpus", type=POSITIVE, default=1, show_default=True, help="GPUs of that hardware.")
 @click.option("--tp", type=POSITIVE, default=None, help="--tensor-parallel-size (default: --gpus).")
-@click.option("--engine", default=None, type=CatalogChoice("engine"), help="Engine profile id, e.g. vllm-0.20.0 (default: the newest).")
-@click.option("--drafter", default=None, type=CatalogChoice("drafter"), help="Drafter profile id for speculative decoding.")
+@click.option("--engine", default=None, type=CatalogChoice("engine"),
+              help="Engine profile id, e.g. vllm-0.20.0 (default: the newest).")
+@click.option("--drafter", default=None, type=CatalogChoice("drafter"),
+              help="Drafter profile id for speculative decoding.")
 @click.option("--ctx", "ctx_len", type=POSITIVE, default=None, help="--max-model-len (default: the largest that fits).")
 @click.option("--kv-dtype", default=None, type=CatalogChoice("kv-dtype"),
               help="KV cache dtype: auto, bfloat16, float16, fp8 (bf16/fp16 accepted).")
 @click.option("--max-seqs", type=POSITIVE, default=None, help="--max-num-seqs the KV cache must hold at --ctx.")
 @click.option("--explain", is_flag=True, help="Show which constraint rests on which unverified fact.")
-@click.option("--offline", is_flag=True, help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
+@click.option("--offline", is_flag=True,
+              help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp, engine, drafter, ctx_len,
@@ -216,10 +226,12 @@ def fits_cmd(ctx: click.Context, model, checkpoint, weights, hardware, gpus, tp,
 @click.option("--max-seqs", type=POSITIVE, default=None, help="--max-num-seqs every option must hold.")
 @click.option("--limit", type=int, default=10, show_default=True, help="Options to show (text output).")
 @click.option("--explain", is_flag=True, help="List each option's unverified facts and what rests on them.")
-@click.option("--offline", is_flag=True, help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
+@click.option("--offline", is_flag=True,
+              help="Never download: overlay statuses from the catalog's shipped file, else version ranges.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, explain, offline, as_json) -> int:
+def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max_seqs, limit, explain, offline,
+             as_json) -> int:
     """List the deployments that fit, best first, and why the others were rejected."""
     from ..fits import plan
 
@@ -249,7 +261,8 @@ def plan_cmd(ctx: click.Context, model, checkpoint, hardware, gpus, ctx_len, max
             if c.result == "warn" and (c.id != "unverified" or explain):
                 data.print(f"       [yellow]warn[/yellow] {esc(c.id)}: {esc(_shown(c.message, explain))}")
     if facts and not explain:
-        data.print(f"[bold]unverified facts[/bold] these options rest on ({len(facts)}; --explain: per option and constraint):")
+        data.print(f"[bold]unverified facts[/bold] these options rest on "
+                   f"({len(facts)}; --explain: per option and constraint):")
         for f in facts:
             data.print(f"  {esc(f)}")
     if pl.rejected:

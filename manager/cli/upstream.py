@@ -19,8 +19,10 @@ _VERDICT_STYLE = {
 def _common(f):  # type: ignore[no-untyped-def]
     options = [
         click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False)),
-        click.option("--engine", "engines", multiple=True, metavar="ID", type=CatalogChoice("engine"), help="Only these engine profiles (repeatable)."),
-        click.option("--offline", is_flag=True, help="Do not contact GitHub: answer from the cache, saying how old each fact is."),
+        click.option("--engine", "engines", multiple=True, metavar="ID", type=CatalogChoice("engine"),
+                     help="Only these engine profiles (repeatable)."),
+        click.option("--offline", is_flag=True,
+                     help="Do not contact GitHub: answer from the cache, saying how old each fact is."),
         click.option("--api-url", default=None, metavar="URL", help="GitHub REST API root (Enterprise, tests). Default https://api.github.com."),
         click.option("--git-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="A local vLLM clone: ancestry by `git merge-base --is-ancestor` (compare API otherwise)."),
@@ -30,7 +32,8 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--probe-root", "probe_roots", multiple=True, metavar="ENGINE=DIR",
                      help="Probe this engine on the vllm sources under DIR (e.g. copied out of its image)."),
         click.option("--probe-report", "probe_reports", multiple=True, metavar="ENGINE=FILE",
-                     help="Use saved `overlay verify --image IMAGE --json` (or `overlay status --json`) output as this engine's probe."),
+                     help="Use saved `overlay verify --image IMAGE --json` (or `overlay status --json`) output "
+                          "as this engine's probe."),
     ]
     for opt in reversed(options):
         f = opt(f)

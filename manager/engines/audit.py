@@ -16,9 +16,10 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 from collections.abc import Callable, Iterable, Iterator
 
 from ..dockerclient import docker_client
@@ -240,14 +241,24 @@ def audit_wheel(path: Path, sm: int, progress: Callable[[str], None] | None = No
                 if info.is_dir() or not is_candidate(info.filename):
                     continue
                 if info.file_size > MAX_MEMBER:
-                    raise EngineError(f"{path}: member {info.filename} declares {info.file_size:,} bytes (over {MAX_MEMBER:,})")
+                    raise EngineError(
+                        f"{path}: member {info.filename} declares {info.file_size:,} bytes (over {MAX_MEMBER:,})"
+                    )
                 if progress:
                     progress(info.filename)
-                _through_temp(col, info.filename, lambda info=info: zf.open(info), Path(tmp))
+                _through_temp(col, info.filename, partial(zf.open, info), Path(tmp))
     return col.report(str(path))
 
 
-def _through_temp(col: _Collector, rel: str, opener: Callable[[], BinaryIO], tmp: Path) -> None:
+def _regular_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    """The stream of a member already checked to be a regular file (`extractfile` is None only for other kinds)."""
+    fh = tar.extractfile(member)
+    if fh is None:
+        raise tarfile.TarError(f"{member.name} is not a regular file")
+    return fh
+
+
+def _through_temp(col: _Collector, rel: str, opener: Callable[[], IO[bytes]], tmp: Path) -> None:
     target = tmp / "member"
     try:
         with opener() as src, open(target, "wb") as dst:
@@ -352,7 +363,9 @@ def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = No
     try:
         dirs = site_dirs(client, image)
     except (ContainerError, APIError) as exc:
-        raise EngineError(f"image {image!r}: cannot list its site-packages with python3: {str(exc).splitlines()[0]}") from None
+        raise EngineError(
+            f"image {image!r}: cannot list its site-packages with python3: {str(exc).splitlines()[0]}"
+        ) from None
     col = _Collector(sm)
     container = client.containers.create(image, entrypoint=["/bin/true"], network_disabled=True)
     try:
@@ -366,7 +379,8 @@ def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = No
                 stream = io.BufferedReader(_ChunkStream(iter(chunks)), fatbin.CHUNK)
                 with tarfile.open(fileobj=stream, mode="r|") as tar:
                     for member in tar:
-                        tar.members = []  # stream mode keeps every TarInfo otherwise (~100k files)
+                        # stream mode keeps every TarInfo otherwise (~100k files); typeshed leaves `members` out
+                        tar.members = []  # type: ignore[attr-defined]
                         rel = member.name.split("/", 1)[1] if member.name.startswith(base + "/") else member.name
                         if not member.isfile() or not is_candidate(rel):
                             continue
@@ -374,7 +388,7 @@ def audit_image(image: str, sm: int, progress: Callable[[str], None] | None = No
                             raise EngineError(f"image {image!r}: {rel} has {member.size:,} bytes (over {MAX_MEMBER:,})")
                         if progress:
                             progress(rel)
-                        _through_temp(col, rel, lambda m=member: tar.extractfile(m), Path(tmp))  # type: ignore[misc]
+                        _through_temp(col, rel, partial(_regular_member, tar, member), Path(tmp))
     finally:
         container.remove(force=True)
     return col.report(image)

@@ -71,6 +71,7 @@ def plan(
 
         profiles, model, _, _ = with_checkpoint(profiles, checkpoint)
     m = profiles.get("models", model)
+    model = m.id  # the id get() found it under (every table is keyed by its profiles' ids)
     profiles.get("hardware", hardware)
     tps = [t for t in TP_SIZES if t <= gpus]
     engs = engines or sorted(profiles.engines)

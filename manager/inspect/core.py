@@ -56,7 +56,8 @@ class TpSplit:
 
     def to_json(self) -> dict[str, object]:
         return {"tp": self.tp, "valid": self.valid, "per_rank": list(self.ranks), "sharded": self.sharded,
-                "replicated": self.replicated, "k_eq_v_copy_per_rank": self.k_eq_v_copy, "problems": list(self.problems)}
+                "replicated": self.replicated, "k_eq_v_copy_per_rank": self.k_eq_v_copy,
+                "problems": list(self.problems)}
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ class Inspection:
 
 def _quant_config(source: Source, cfg: dict[str, Any]) -> None:
     """ModelOpt NVFP4 exports keep the scheme in hf_quant_config.json; fold it into the config."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    tc = cfg.get("text_config")
+    text: dict[str, Any] = tc if isinstance(tc, dict) else {}
     if cfg.get("quantization_config") or text.get("quantization_config"):
         return
     if source.exists("hf_quant_config.json"):
@@ -158,13 +160,15 @@ def _model_id(source: Source, target: str) -> str:
 # ----------------------------------------------------------------------------- bytes
 
 
-def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelProfile, k_eq_v_layers: set[int]) -> WeightBytes:
+def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelProfile,
+             k_eq_v_layers: set[int]) -> WeightBytes:
     total = sum(t.nbytes for t in tensors)
     by_dtype: dict[str, int] = {}
     groups: dict[str, dict[str, Any]] = {}
     for t, p in zip(tensors, places, strict=False):
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
-        g = groups.setdefault(p.cls, {"n": 0, "b": 0, "rep": 0, "params": set(), "dims": set(), "rule": p.rule, "why": p.why})
+        g = groups.setdefault(p.cls, {"n": 0, "b": 0, "rep": 0, "params": set(), "dims": set(), "rule": p.rule,
+                                      "why": p.why})
         g["n"] += 1
         g["b"] += t.nbytes
         g["params"].add(p.param)
@@ -176,7 +180,8 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
             g["rep"] += t.nbytes
             if len(t.shape) >= 2 and g["rule"] == "replicated":
                 g["why"] = p.why
-    by_class = tuple(sorted((ClassBytes(c, g["rule"], g["n"], g["b"], tuple(sorted(g["params"])), tuple(sorted(g["dims"])),
+    by_class = tuple(sorted((ClassBytes(c, g["rule"], g["n"], g["b"], tuple(sorted(g["params"])),
+                                        tuple(sorted(g["dims"])),
                                         g["why"] if g["rule"] == "replicated" else
                                         (f"{g['rep']:,} B of per-tensor metadata replicated" if g["rep"] else ""))
                              for c, g in groups.items()), key=lambda c: (-c.bytes, c.cls)))
@@ -184,7 +189,7 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
     k_layers = []
     for t in tensors:
         m = _K_PROJ.search(t.name) if k_eq_v_layers and "k_proj." in t.name else None
-        k_layers.append(bool(m) and int(m.group(1)) in k_eq_v_layers)
+        k_layers.append(m is not None and int(m.group(1)) in k_eq_v_layers)
     splits = []
     for tp in TP_SIZES:
         if tp not in heads_ok:
@@ -195,7 +200,9 @@ def _weights(tensors: list[TensorEntry], places: list[Placement], model: ModelPr
         for t, p, kl in zip(tensors, places, k_layers, strict=False):
             b = rank_bytes(t, p, tp)
             if b is None:
-                bad.setdefault(p.cls, f"{p.cls}: {t.name.rsplit('.', 1)[-1]} dim {p.dim} = {t.shape[p.dim]} not divisible by TP {tp}")
+                assert p.dim is not None  # rank_bytes returns None only for a split dimension tp does not divide
+                bad.setdefault(p.cls, f"{p.cls}: {t.name.rsplit('.', 1)[-1]} dim {p.dim} = {t.shape[p.dim]} "
+                                      f"not divisible by TP {tp}")
                 continue
             rank += b
             if p.dim is None:
@@ -213,7 +220,8 @@ def _k_eq_v_layers(tensors: list[TensorEntry], cfg_text: dict[str, Any]) -> set[
     """Full-attention layers whose checkpoint has k_proj but no v_proj (attention_k_eq_v)."""
     if not cfg_text.get("attention_k_eq_v"):
         return set()
-    k, v = set(), set()
+    k: set[int] = set()
+    v: set[int] = set()
     pat = re.compile(r"layers\.(\d+)\.self_attn\.([kv])_proj\.")
     for t in tensors:
         m = pat.search(t.name) if "_proj." in t.name else None
@@ -253,7 +261,8 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
                                + ("not in that shard's header" if k not in seen else f"the tensor is in {seen[k]!r}")
                                + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
         if extra:
-            notes.append(f"{len(extra)} tensors in the shards are not in {INDEX} (e.g. {extra[0]}); vLLM loads them anyway")
+            notes.append(f"{len(extra)} tensors in the shards are not in {INDEX} (e.g. {extra[0]}); "
+                         "vLLM loads them anyway")
     total = sum(t.nbytes for t in tensors)
     mid = _model_id(src, str(target))
     where = src.where("config.json")
@@ -261,7 +270,8 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
         prof = profile_from_config(cfg, model_id=mid, size_gb=round(total / 1e9, 3) or 0.001, file=where)
     except ProfileError as exc:
         raise InspectError(str(exc)) from exc
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    tc = cfg.get("text_config")
+    text: dict[str, Any] = tc if isinstance(tc, dict) else cfg
     places = [classify(t) for t in tensors]
     model = ModelProfile.model_validate(prof)
     kev = _k_eq_v_layers(tensors, text)
@@ -278,7 +288,8 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
         if cls in qcls:
             quantized[cls] = len({re.sub(r"_(packed|scale|zero_point|shape)$", "", n) for n in names})
     for t, p in zip(tensors, places, strict=False):
-        if p.cls not in qcls and len(t.shape) >= 2 and p.param == "weight" and p.cls.split(".")[0] not in ("vision_tower", "audio_tower"):
+        if (p.cls not in qcls and len(t.shape) >= 2 and p.param == "weight"
+                and p.cls.split(".")[0] not in ("vision_tower", "audio_tower")):
             unquantized[p.cls] = unquantized.get(p.cls, 0) + 1
     scheme = with_evidence(scheme, quantized, unquantized)
     # finish the profile's weight variant: the size is measured, with its source
@@ -288,7 +299,9 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
     var["size_gb"] = round(total / 1e9, 3) or 0.001
     if rep:
         var["replicated_gb"] = round(rep / 1e9, 3)
-    var["sources"] = {"size_gb": f"measured from safetensors headers: {total} bytes in {len(shards)} shard(s) of {src.label}"}
+    var["sources"] = {
+        "size_gb": f"measured from safetensors headers: {total} bytes in {len(shards)} shard(s) of {src.label}"
+    }
     var.pop("unverified", None)
     if scheme.group_size is not None and var.get("group_size") is None and scheme.method != "none":
         var["group_size"] = scheme.group_size
@@ -297,6 +310,7 @@ def inspect_checkpoint(target: str | Path, *, profiles=None, catalog=None, sourc
     engines: tuple[EngineCheck, ...] = ()
     if profiles is not None:
         engines = tuple(engine_checks(findings, cfg, model, profiles, catalog))
-    return Inspection(src.label, mid, prof, tuple(ShardInfo(s.file, len(s.tensors), s.data_start, s.data_bytes, s.file_size,
-                                                            s.truncated) for s in shards),
+    return Inspection(src.label, mid, prof,
+                      tuple(ShardInfo(s.file, len(s.tensors), s.data_start, s.data_bytes, s.file_size, s.truncated)
+                            for s in shards),
                       scheme, weights, tuple(findings), engines, src.bytes_read, tuple(notes))

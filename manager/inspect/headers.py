@@ -83,7 +83,8 @@ def parse_header(file: str, raw: bytes, *, where: str, file_size: int | None = N
             raise InspectError(f"{where}: {name}.dtype: {dtype!r}: unknown safetensors dtype")
         if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
             raise InspectError(f"{where}: {name}.shape: {shape!r}: must be a list of non-negative integers")
-        if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
                 or offs[0] < 0 or offs[1] < offs[0]):
             raise InspectError(f"{where}: {name}.data_offsets: {offs!r}: must be [begin, end] with 0 <= begin <= end")
         need = expected_nbytes(dtype, tuple(shape))
@@ -110,7 +111,9 @@ def read_shard(source: Source, file: str) -> Shard:
         raise InspectError(f"{where}: {len(head)} bytes: not a safetensors file (the header length needs 8)")
     (n,) = struct.unpack("<Q", head)
     if n > MAX_HEADER_BYTES:
-        raise InspectError(f"{where}: header length {n}: over the {MAX_HEADER_BYTES}-byte limit (not a safetensors file?)")
+        raise InspectError(
+            f"{where}: header length {n}: over the {MAX_HEADER_BYTES}-byte limit (not a safetensors file?)"
+        )
     if size is not None and 8 + n > size:
         raise InspectError(f"{where}: header length {n}: the file has only {size} bytes")
     raw = source.read(file, 8, n)

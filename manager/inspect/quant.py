@@ -89,8 +89,9 @@ def declared(q: dict[str, Any] | None, dtype: str, where: str) -> QuantScheme:
             raise InspectError(f"{where}: quantization_config.config_groups: {type(cg).__name__}: must be an object")
         for name, g in cg.items():
             w = (g or {}).get("weights") or {}
-            groups.append(QuantGroup(str(name), tuple(map(str, (g or {}).get("targets") or [])), _int(w.get("num_bits")),
-                                     w.get("type"), w.get("strategy"), _int(w.get("group_size")), w.get("symmetric"),
+            groups.append(QuantGroup(str(name), tuple(map(str, (g or {}).get("targets") or [])),
+                                     _int(w.get("num_bits")), w.get("type"), w.get("strategy"),
+                                     _int(w.get("group_size")), w.get("symmetric"),
                                      _acts((g or {}).get("input_activations"))))
         fmt = q.get("format")
         first = groups[0] if groups else None
@@ -114,20 +115,23 @@ def declared(q: dict[str, Any] | None, dtype: str, where: str) -> QuantScheme:
         if sym is None and "zero_point" in q:
             sym = not bool(q["zero_point"])
         ignore = q.get("modules_to_not_convert") or q.get("to_quant_block_names_excluded") or []
-        extra: dict[str, Any] = {k: q[k] for k in ("desc_act", "version", "packing_format", "backend", "checkpoint_format") if k in q}
+        extra: dict[str, Any] = {k: q[k] for k in ("desc_act", "version", "packing_format", "backend",
+                                                   "checkpoint_format") if k in q}
         if isinstance(q.get("extra_config"), dict):
             extra["extra_config_layers"] = len(q["extra_config"])
         return QuantScheme(m, q.get("packing_format") or q.get("checkpoint_format") or q.get("version"),
                            f"w{bits}a16", bits, gs, sym, (), tuple(map(str, ignore)), extra=extra)
     if method in ("modelopt", "modelopt_fp4") or str(q.get("quant_algo", "")).upper() == "NVFP4":
         algo = str(q.get("quant_algo") or "").upper()
-        return QuantScheme("modelopt", algo or None, "nvfp4" if "FP4" in algo or method == "modelopt_fp4" else algo.lower() or "modelopt",
-                           4 if "FP4" in algo else None, _int(q.get("group_size")) or (16 if "FP4" in algo else None), None,
-                           (), tuple(map(str, q.get("exclude_modules") or q.get("ignore") or [])))
+        return QuantScheme("modelopt", algo or None,
+                           "nvfp4" if "FP4" in algo or method == "modelopt_fp4" else algo.lower() or "modelopt",
+                           4 if "FP4" in algo else None, _int(q.get("group_size")) or (16 if "FP4" in algo else None),
+                           None, (), tuple(map(str, q.get("exclude_modules") or q.get("ignore") or [])))
     if method == "fp8":
         return QuantScheme("fp8", None, "fp8", 8, None, None, (), tuple(map(str, q.get("ignored_layers") or [])),
                            extra={k: q[k] for k in ("weight_block_size", "activation_scheme") if k in q})
-    return QuantScheme(method or "other", None, method or "unknown", _int(q.get("bits")), _int(q.get("group_size")), None)
+    return QuantScheme(method or "other", None, method or "unknown", _int(q.get("bits")), _int(q.get("group_size")),
+                       None)
 
 
 def with_evidence(s: QuantScheme, quantized: dict[str, int], unquantized: dict[str, int]) -> QuantScheme:

@@ -29,16 +29,19 @@ QUANT_PARAMS = {
     "input_global_scale", "weight_scale_2", "input_scale", "qweight", "qzeros", "scales", "g_idx",
 }
 TRANSPOSED = {"qweight", "qzeros", "scales"}  # GPTQ/AWQ store [in, out]-major
-COLUMN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "per_layer_model_projection"}
+COLUMN = {"q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj",
+          "per_layer_model_projection"}
 ROW = {"o_proj", "down_proj"}
 VOCAB = {"embed_tokens", "embed_tokens_per_layer", "lm_head"}
 REPLICATED_LINEAR = {"per_layer_input_gate", "per_layer_projection"}
-FUSED_EXPERT = re.compile(r"^(?P<mod>.*\bexperts)\.(?P<proj>gate_up_proj|down_proj)(?:_(?P<part>packed|scale|zero_point|shape))?$")
+FUSED_EXPERT = re.compile(r"^(?P<mod>.*\bexperts)\.(?P<proj>gate_up_proj|down_proj)"
+                          r"(?:_(?P<part>packed|scale|zero_point|shape))?$")
 
 _INDEX = re.compile(r"\.\d+\.")
 
 RULES = {
-    "column": "split by output rows (column-parallel: QKVParallelLinear / MergedColumnParallelLinear / ColumnParallelLinear)",
+    "column": "split by output rows "
+              "(column-parallel: QKVParallelLinear / MergedColumnParallelLinear / ColumnParallelLinear)",
     "row": "split by input columns (row-parallel: RowParallelLinear)",
     "vocab": "split by vocabulary rows (VocabParallelEmbedding / ParallelLMHead)",
     "experts": "every expert on every rank, each expert's intermediate dim split (FusedMoE TP)",
@@ -86,10 +89,12 @@ def _classify(generic: str, ndim: int) -> Placement:
     leaf = cls.rsplit(".", 1)[-1]
     if top in TOWERS:
         return Placement(top, param, "replicated", None, "vision/audio tower or its projection (not TP-sharded)", quant)
-    if param in ("weight_shape", "weight_global_scale", "input_global_scale", "weight_scale_2", "input_scale") or ndim <= 1:
+    if (param in ("weight_shape", "weight_global_scale", "input_global_scale", "weight_scale_2", "input_scale")
+            or ndim <= 1):
         if param == "g_idx" and leaf in ROW:
             return Placement(cls, param, "row", 0, quantized=True)
-        return Placement(cls, param, "replicated", None, "1-D or scalar (norm, router scale, per-tensor scale, shape)", quant)
+        return Placement(cls, param, "replicated", None, "1-D or scalar (norm, router scale, per-tensor scale, shape)",
+                         quant)
     transposed = param in TRANSPOSED
     if cls in VOCAB or (leaf in VOCAB and "layers" not in cls):
         return Placement(cls, param, "vocab", 0, quantized=quant)
@@ -98,7 +103,8 @@ def _classify(generic: str, ndim: int) -> Placement:
     if leaf in ROW:
         return Placement(cls, param, "row", 0 if transposed else 1, quantized=quant)
     if leaf in REPLICATED_LINEAR or ".router" in "." + cls:
-        return Placement(cls, param, "replicated", None, "ReplicatedLinear / router (same routing on every rank)", quant)
+        return Placement(cls, param, "replicated", None, "ReplicatedLinear / router (same routing on every rank)",
+                         quant)
     return Placement(cls, param, "replicated", None, "unknown layer class: counted whole on every rank", quant)
 
 

@@ -5,7 +5,8 @@ A backtracking regex such as `^(a+)+$` takes > 30 s on a 30-character line. Chos
 - any other pattern runs under a time budget (PROBE_BUDGET_S). In the main thread a CPU-time
   interval timer (ITIMER_VIRTUAL: a loaded machine does not eat the budget) interrupts it
   (CPython's regex engine checks for signals while it backtracks); in any other thread, where
-  signals cannot be delivered, it runs in a child process that is killed at a wall-clock deadline. Over budget -> ProbeTimeout, a user error naming the pattern and the file.
+  signals cannot be delivered, it runs in a child process that is killed at a wall-clock deadline.
+  Over budget -> ProbeTimeout, a user error naming the pattern and the file.
 Why not re2: a compiled dependency for every image's python (the offline bundle) and different
 syntax for existing catalogs; why not literal-only: it would silently change what existing
 regex probes mean.

@@ -32,7 +32,8 @@ def read_regular(path: Path, rel: str) -> bytes | None:
         if stat.S_ISDIR(st.st_mode):
             raise OverlayError(f"{rel}: is a directory, not a regular file")
         if not stat.S_ISREG(st.st_mode):
-            raise OverlayError(f"{rel}: not a regular file ({_KINDS.get(stat.S_IFMT(st.st_mode), 'special file')}); refused")
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "special file")
+            raise OverlayError(f"{rel}: not a regular file ({kind}); refused")
         if st.st_size > MAX_READ:
             raise OverlayError(f"{rel}: is {st.st_size} bytes, over the {MAX_READ}-byte limit for a target; refused")
         with os.fdopen(os.dup(fd), "rb") as fh:

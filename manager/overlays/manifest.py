@@ -78,7 +78,8 @@ class NeededWhen(_Strict):
 def _inside(what: str, v: str) -> str:
     """A path field must be relative and free of '..' (the engine also resolves symlinks)."""
     if not v or v.startswith("/") or "\\" in v or ".." in Path(v).parts or (len(v) > 1 and v[1] == ":"):
-        raise ValueError(f"{what} {v!r} must be a relative path inside the {'package root' if what == 'target' else 'overlay directory'}")
+        inside = "package root" if what == "target" else "overlay directory"
+        raise ValueError(f"{what} {v!r} must be a relative path inside the {inside}")
     if what == "target" and (posixpath.normpath(v) != v or v.startswith("./")):
         # one spelling per file: `vllm/./x.py` and `vllm/x.py` would be two targets for one file
         raise ValueError(f"target {v!r} is not in normal form (write {posixpath.normpath(v)!r})")

@@ -87,5 +87,6 @@ def shipped_overlays() -> dict[str, OverlayInfo]:
 
 
 def remember_shipped(root: Path, valid: dict[str, OverlayInfo]) -> None:
-    """The valid overlays of the shipped catalog at `root`, read by someone else (fits' index): kept for shipped_overlays."""
+    """The valid overlays of the shipped catalog at `root`, read by someone else (fits' index): kept for
+    shipped_overlays."""
     _SHIPPED.setdefault(str(root), valid)

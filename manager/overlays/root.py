@@ -23,7 +23,8 @@ def find_root(root_arg: str | Path | None, package: str = "vllm") -> Path:
     found = vllm_root(None, package)
     if found is None:
         raise OverlayError(
-            f"package {package!r} not found on sys.path ({sys.executable}); pass --root DIR (the directory holding {package}/)"
+            f"package {package!r} not found on sys.path ({sys.executable}); "
+            f"pass --root DIR (the directory holding {package}/)"
         )
     return Path(found)
 

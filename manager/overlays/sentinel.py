@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-_BODY = r"overlay:(?P<id>[a-z0-9][a-z0-9._-]*) v(?P<version>\d+) (?P<edit>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<rest>(?: \S+)*)"
+_BODY = (r"overlay:(?P<id>[a-z0-9][a-z0-9._-]*) v(?P<version>\d+) "
+         r"(?P<edit>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<rest>(?: \S+)*)")
 PY_RE = re.compile(r"^#\s?" + _BODY + r"\s*$")
 C_RE = re.compile(r"^\s*//\s?" + _BODY + r"\s*$")
 

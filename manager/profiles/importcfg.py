@@ -62,7 +62,7 @@ def _layer_shapes(t: dict[str, Any], file: str) -> list[dict[str, Any]]:
         raise ProfileError(
             f"{file}: layer_types: {len(layer_types)} entries: num_hidden_layers is {n}"
         )
-    window = t.get("sliding_window")
+    window: Any = t.get("sliding_window")  # a JSON value: checked below where a layer is sliding
     per_layer = {int(k): v for k, v in (t.get("per_layer_config") or {}).items()}
     g_head = t.get("global_head_dim")
     g_kv = t.get("num_global_key_value_heads")
@@ -141,7 +141,7 @@ def _variant(t: dict[str, Any], size_gb: float | None, hf_repo: str, params: int
     q = t.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
     v: dict[str, Any] = {}
-    bits = 16
+    bits: float = 16  # 4.5 for NVFP4 (4-bit values plus a scale per 16)
     if not q:
         dtype = str(t.get("dtype") or t.get("torch_dtype") or "bfloat16")
         vid = "bf16" if "bfloat16" in dtype else "fp16"
@@ -152,8 +152,9 @@ def _variant(t: dict[str, Any], size_gb: float | None, hf_repo: str, params: int
         bits, vid = 4.5, "nvfp4"
     elif method == "compressed-tensors":
         v["format"] = "compressed-tensors"
-        groups = q.get("config_groups") or {}
-        w = next(iter(groups.values()), {}).get("weights", {}) if groups else {}
+        groups: dict[str, Any] = q.get("config_groups") or {}
+        first: dict[str, Any] = next(iter(groups.values()), {})
+        w = first.get("weights", {}) if groups else {}
         bits = int(w.get("num_bits", 4))
         v["quant_method"] = "awq" if "awq" in json.dumps(q).lower() else f"w{bits}a16"
         v["bits"] = bits

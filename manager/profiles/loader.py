@@ -134,20 +134,20 @@ def _cross_check(p: Profiles, problems: _Problems) -> None:
         if m.default_weights not in m.weights:
             problems.add(path, "default_weights", m.default_weights,
                          f"no such weight variant (have: {', '.join(sorted(m.weights))})")
-        for i, d in enumerate(m.drafters):
-            if d not in p.drafters:
-                problems.add(path, f"drafters[{i}]", d, "unknown drafter")
-            elif mid not in p.drafters[d].models:
-                problems.add(path, f"drafters[{i}]", d, f"drafter does not list model {mid!r}")
+        for i, drafter in enumerate(m.drafters):
+            if drafter not in p.drafters:
+                problems.add(path, f"drafters[{i}]", drafter, "unknown drafter")
+            elif mid not in p.drafters[drafter].models:
+                problems.add(path, f"drafters[{i}]", drafter, f"drafter does not list model {mid!r}")
         for g_i, g in enumerate(m.layer_groups):
             if g.kind != "linear" and g.kv_heads and m.num_attention_heads % g.kv_heads:
                 problems.add(path, f"layer_groups[{g_i}].kv_heads", g.kv_heads,
                              f"does not divide num_attention_heads {m.num_attention_heads}")
         for wid, w in m.weights.items():
             for k_i, kb in enumerate(w.known_broken):
-                for e_i, e in enumerate(kb.engines):
-                    if e not in p.engines:
-                        problems.add(path, f"weights.{wid}.known_broken[{k_i}].engines[{e_i}]", e,
+                for e_i, engine in enumerate(kb.engines):
+                    if engine not in p.engines:
+                        problems.add(path, f"weights.{wid}.known_broken[{k_i}].engines[{e_i}]", engine,
                                      "unknown engine")
     for did, d in p.drafters.items():
         path = f[("drafters", did)]
@@ -225,6 +225,7 @@ def validate_path(path: Path) -> Profiles:
             raise ProfileError(problems.items[0])
         if problems.items:
             raise ProfileError(f"{len(problems.items)} profile problems:\n  " + "\n  ".join(problems.items))
+        assert obj is not None  # read_profile_file returns None only after it recorded a problem
         return Profiles(**{kind: {obj.id: obj}}, root=path.parent.parent, files={(kind, obj.id): path})
     if (path / "profiles").is_dir():
         path = path / "profiles"

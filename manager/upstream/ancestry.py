@@ -56,7 +56,8 @@ def git_ancestry(git_dir: Path, merge_commit: str, pin: str, pin_commit_hint: st
     ev: list[str] = []
     merge = resolve(git_dir, merge_commit)
     if merge is None:
-        return Ancestry(None, "none", (f"git: merge commit {short(merge_commit)} not in the clone {git_dir} (fetch it)",))
+        return Ancestry(None, "none",
+                        (f"git: merge commit {short(merge_commit)} not in the clone {git_dir} (fetch it)",))
     pin_sha = resolve(git_dir, pin)
     if pin_sha is not None and pin_commit_hint and not pin_sha.startswith(pin_commit_hint):
         ev.append(f"git: warning: {pin} is {short(pin_sha)} in the clone but {hint_source} says {pin_commit_hint}")
@@ -68,9 +69,11 @@ def git_ancestry(git_dir: Path, merge_commit: str, pin: str, pin_commit_hint: st
         return Ancestry(None, "none", (*ev, f"git: pin {pin} not in the clone {git_dir} (fetch tags)"))
     proc = _git(git_dir, "merge-base", "--is-ancestor", merge, pin_sha)
     if proc.returncode == 0:
-        return Ancestry(True, "git", (*ev, f"git merge-base --is-ancestor {short(merge)} {pin}: yes, the pin contains the merge (local clone)"))
+        return Ancestry(True, "git", (*ev, f"git merge-base --is-ancestor {short(merge)} {pin}: "
+                                           "yes, the pin contains the merge (local clone)"))
     if proc.returncode == 1:
-        return Ancestry(False, "git", (*ev, f"git merge-base --is-ancestor {short(merge)} {pin}: no, the pin does not contain the merge (local clone)"))
+        return Ancestry(False, "git", (*ev, f"git merge-base --is-ancestor {short(merge)} {pin}: "
+                                            "no, the pin does not contain the merge (local clone)"))
     msg = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
     return Ancestry(None, "none", (*ev, f"git merge-base failed in {git_dir}: {msg[0]}"))
 

@@ -118,7 +118,8 @@ class CheckReport:
                     "pr": row.overlay.pr,
                     "state": row.pr.state if isinstance(row.pr, PRFacts) else None,
                     "merge_commit": row.pr.merge_commit if isinstance(row.pr, PRFacts) else None,
-                    "checked_at": row.pr.checked_at.isoformat() if isinstance(row.pr, PRFacts) and row.pr.checked_at else None,
+                    "checked_at": (row.pr.checked_at.isoformat()
+                                   if isinstance(row.pr, PRFacts) and row.pr.checked_at else None),
                     "evidence": row.pr.evidence if row.pr is not None else "no upstream PR recorded",
                     "drop_when": row.overlay.drop_when,
                 }
@@ -165,7 +166,8 @@ def evaluate(
     results: list[PairResult] = []
     ancestry_memo: dict[tuple[str, str, str], Ancestry] = {}
     for eng in engines:
-        probe = prober(eng, overlays) if prober is not None else EngineProbe(unavailable="source probes off (--no-probe)")
+        probe = (prober(eng, overlays) if prober is not None
+                 else EngineProbe(unavailable="source probes off (--no-probe)"))
         for ov in overlays:
             pr = prs[ov.id]
             facts = probe.statuses.get(ov.id)
@@ -184,7 +186,8 @@ def evaluate(
                 has_upstream=ov.has_upstream, pr=pr, ancestry=ancestry, probe=facts, manifest_state=ov.state,
                 in_versions=_in_versions(ov.versions, eng.vllm_version),
             )
-            evidence = _with_ceiling(v, eng, ov) if _in_versions(ov.versions, eng.vllm_version) is not False else v.evidence
+            evidence = (_with_ceiling(v, eng, ov) if _in_versions(ov.versions, eng.vllm_version) is not False
+                        else v.evidence)
             if probe.pin_commit and ancestry is not None and not _same_commit(probe.pin_commit, eng.upstream_ref):
                 evidence = (f"pin {eng.upstream_ref} = {probe.pin_commit} ({probe.pin_commit_source})", *evidence)
             results.append(PairResult(

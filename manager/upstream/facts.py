@@ -68,7 +68,8 @@ def pr_facts(client: GitHubClient, repo: str, number: int, now: dt.datetime | No
     if fact.status == 404:
         msg = (fact.body or {}).get("message", "Not Found")
         return PRFacts(repo, number, "not-found", None, None, None, fact.checked_at,
-                       f"PR #{number} not found in {repo} (GitHub 404 {msg!r}; {when}) - check upstream.pr in the manifest")
+                       f"PR #{number} not found in {repo} (GitHub 404 {msg!r}; {when}) "
+                       "- check upstream.pr in the manifest")
     body = fact.body or {}
     merged = bool(body.get("merged")) or bool(body.get("merged_at"))
     head = body.get("head_sha")

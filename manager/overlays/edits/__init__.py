@@ -10,7 +10,9 @@ from .python import DictEntry, InsertStatements, PythonEdit, SetValue
 from .release import ReleaseFile
 from .text import NewFile, TextEdit, TextInsert
 
-_PYTHON: dict[str, Callable[..., Edit]] = {"insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache}
+_PYTHON: dict[str, Callable[..., Edit]] = {
+    "insert": InsertStatements, "dict-entry": DictEntry, "set-value": SetValue, "dict-cache": DictCache
+}
 _TEXT: dict[str, Callable[..., Edit]] = {"new-file": NewFile, "text-insert": TextInsert, "release-file": ReleaseFile}
 
 

@@ -72,6 +72,8 @@ class EditContext:
         except FileNotFoundError:
             raise EditFailed(f"{path}: snippet file not found") from None
         except UnicodeDecodeError as exc:
-            raise EditFailed(f"{path}: snippet is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+            raise EditFailed(
+                f"{path}: snippet is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+            ) from None
         except OSError as exc:
             raise EditFailed(f"{path}: cannot read the snippet: {exc.strerror}") from None

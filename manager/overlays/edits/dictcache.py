@@ -22,6 +22,7 @@ from .pycst import (
     block_code,
     defs_in,
     find_marked_blocks,
+    leading_lines,
     mark_block,
     parse_statements,
     remove_block,
@@ -120,7 +121,9 @@ class DictCache(PythonEdit):
 
     def _scan(self, module: cst.Module):
         funcs, missing = self._functions(module)
-        ours, theirs, bad = [], [], []
+        ours: list[tuple[cst.FunctionDef, cst.Decorator, Sentinel]] = []
+        bad: list[tuple[cst.FunctionDef, cst.Decorator, Sentinel]] = []
+        theirs: list[tuple[cst.FunctionDef, cst.Decorator]] = []
         for f in funcs:
             for i, dec in enumerate(f.decorators):
                 s = self._dec_sentinel(f, i, dec)
@@ -134,7 +137,7 @@ class DictCache(PythonEdit):
 
     def _new_decorator_code(self, module: cst.Module, was: str) -> str:
         try:
-            dec = cst.parse_module(was + "\ndef _f(): pass\n").body[0].decorators[0]  # type: ignore[attr-defined]
+            dec = _parse_decorator(was)
         except Exception:  # noqa: BLE001 - a broken was= is reported as modified
             return "<unparseable was=>"
         info = _cache_decorator(dec)
@@ -155,7 +158,8 @@ class DictCache(PythonEdit):
             state = EditState.SUPERSEDED if len(missing) == len(self.spec.functions) else EditState.DRIFT
             return Inspection(state, f"{tag}: functions not found: {', '.join(missing)}")
         if bad:
-            return Inspection(EditState.MODIFIED, f"{tag}: decorator on {bad[0][0].name.value} was edited after it was written")
+            return Inspection(EditState.MODIFIED,
+                              f"{tag}: decorator on {bad[0][0].name.value} was edited after it was written")
         if len(helpers) > 1 or (helpers and not helpers[0].intact):
             return Inspection(EditState.MODIFIED, f"{tag}: the {HELPER_NAME} helper was edited or duplicated")
         if ours and not helpers:
@@ -230,10 +234,10 @@ class DictCache(PythonEdit):
             self._helper_stmts(module),
             Sentinel(ctx.overlay_id, ctx.version, self.helper_edit),
         )
-        body = list(module.body)
+        body: list[cst.BaseStatement] = list(module.body)
         at = _after_imports(body)
         helper[0] = helper[0].with_changes(
-            leading_lines=(cst.EmptyLine(), cst.EmptyLine(), *helper[0].leading_lines)
+            leading_lines=(cst.EmptyLine(), cst.EmptyLine(), *leading_lines(helper[0]))
         )
         body[at:at] = helper
         return module.with_changes(body=body)
@@ -256,7 +260,7 @@ class DictCache(PythonEdit):
             return sen if sen is not None and sen.overlay == oid and sen.edit == name else None
 
         def restore(was: str, dec: cst.Decorator) -> cst.Decorator:
-            new = cst.parse_module(was + "\ndef _f(): pass\n").body[0].decorators[0]  # type: ignore[attr-defined]
+            new = _parse_decorator(was)
             return new.with_changes(leading_lines=tuple(ln for ln in dec.leading_lines if ours(ln) is None))
 
         class _Restore(cst.CSTTransformer):
@@ -266,7 +270,7 @@ class DictCache(PythonEdit):
                 changed = False
                 for i, d in enumerate(decorators):
                     lines = list(d.leading_lines) + (leading if i == 0 else [])
-                    found = [(ln, ours(ln)) for ln in lines if ours(ln) is not None]
+                    found = [(ln, sen) for ln in lines if (sen := ours(ln)) is not None]
                     if not found:
                         continue
                     line, sen = found[0]
@@ -281,6 +285,14 @@ class DictCache(PythonEdit):
         for mb in reversed(find_marked_blocks(module, oid, self.helper_edit)):
             module = remove_block(module, mb)
         return module
+
+
+def _parse_decorator(was: str) -> cst.Decorator:
+    """The decorator `was` reads as (parsed above a placeholder def); ValueError if it is not one."""
+    stmt = cst.parse_module(was + "\ndef _f(): pass\n").body[0]
+    if not isinstance(stmt, cst.FunctionDef) or not stmt.decorators:
+        raise ValueError(f"not a decorator: {was!r}")
+    return stmt.decorators[0]
 
 
 def _after_imports(body: list[cst.BaseStatement]) -> int:

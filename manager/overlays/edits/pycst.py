@@ -65,7 +65,7 @@ def _child_blocks(stmt: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield case.body
 
 
-def statement_lists(owner: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def statement_lists(owner: cst.CSTNode) -> Iterator[cst.Module | cst.IndentedBlock]:
     """Every statement-list owner (Module or IndentedBlock) inside `owner`'s body,
     without entering nested function or class definitions."""
     if isinstance(owner, cst.Module):
@@ -200,10 +200,19 @@ def parse_statements(code: str, module: cst.Module) -> list[cst.BaseStatement]:
         raise EditFailed(f"snippet does not parse: {exc.message} (line {exc.raw_line})") from None
     if not mod.body:
         raise EditFailed("snippet has no statements")
-    body = list(mod.body)
+    body: list[cst.BaseStatement] = list(mod.body)
     if mod.header:  # comments above the first statement parse as the module header
-        body[0] = body[0].with_changes(leading_lines=(*mod.header, *body[0].leading_lines))
+        first = mod.body[0]
+        body[0] = first.with_changes(leading_lines=(*mod.header, *first.leading_lines))
     return body
+
+
+def leading_lines(stmt: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
+    """The comment/blank lines above a statement. Both kinds of BaseStatement (a simple statement line, a compound
+    statement) have them; BaseStatement itself declares none."""
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        return stmt.leading_lines
+    return ()
 
 
 def block_code(module: cst.Module, stmts: Sequence[cst.BaseStatement]) -> str:
@@ -222,7 +231,7 @@ def mark_block(
     full = Sentinel(sentinel.overlay, sentinel.version, sentinel.edit, fields)
     first = stmts[0]
     line = cst.EmptyLine(comment=cst.Comment(full.python()))
-    return [first.with_changes(leading_lines=(line, *first.leading_lines)), *stmts[1:]]
+    return [first.with_changes(leading_lines=(line, *leading_lines(first))), *stmts[1:]]
 
 
 def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
@@ -231,7 +240,7 @@ def sentinel_of(stmt: cst.CSTNode) -> Sentinel | None:
         # "overlay:" its pattern requires, cannot match it: the generic matcher machinery (and its
         # import, on a file no overlay has touched) is the largest cost of walking for sentinels
         if line.comment is not None and "overlay:" in line.comment.value and m.matches(line, sentinel_line_matcher()):
-            return parse_python(line.comment.value)  # type: ignore[union-attr]
+            return parse_python(line.comment.value)
     return None
 
 
@@ -245,7 +254,7 @@ class MarkedBlock:
 
 
 def find_marked_blocks(module: cst.Module, overlay: str, edit: str) -> list[MarkedBlock]:
-    found = []
+    found: list[MarkedBlock] = []
     for block in statement_lists(module):
         _collect(module, block, overlay, edit, found)
     # nested defs are not walked by statement_lists(module); walk every def too
@@ -279,9 +288,11 @@ def _collect(module: cst.Module, block: cst.CSTNode, overlay: str, edit: str, ou
         out.append(MarkedBlock(block, i, s, n, intact))
 
 
-_SUITE_HOLDERS = (cst.BaseSuite, cst.BaseCompoundStatement, cst.Else, cst.Finally, cst.ExceptHandler)
+_SUITE_HOLDERS: tuple[type[cst.CSTNode], ...] = (
+    cst.BaseSuite, cst.BaseCompoundStatement, cst.Else, cst.Finally, cst.ExceptHandler
+)
 if hasattr(cst, "MatchCase"):
-    _SUITE_HOLDERS = (*_SUITE_HOLDERS, cst.MatchCase, cst.ExceptStarHandler)  # type: ignore[attr-defined]
+    _SUITE_HOLDERS = (*_SUITE_HOLDERS, cst.MatchCase, cst.ExceptStarHandler)
 
 
 def _path_to(node: cst.CSTNode, target: cst.CSTNode) -> list[tuple[cst.CSTNode, str, int | None]] | None:
@@ -310,8 +321,10 @@ def replace_body(module: cst.Module, owner: cst.CSTNode, new_body: Sequence[cst.
         return module.with_changes(body=tuple(new_body))
     path = _path_to(module, owner)
     if path is None:  # not reachable through statements: fall back to the general replace
-        return module.deep_replace(owner, owner.with_changes(body=tuple(new_body)))  # type: ignore[return-value]
-    node: cst.CSTNode = owner.with_changes(body=tuple(new_body))  # type: ignore[call-arg]
+        replaced = module.deep_replace(owner, owner.with_changes(body=tuple(new_body)))
+        assert isinstance(replaced, cst.Module)  # only the root itself (owner is not it) would come back replaced
+        return replaced
+    node: cst.CSTNode = owner.with_changes(body=tuple(new_body))
     for parent, name, index in reversed(path):
         if index is None:
             node = parent.with_changes(**{name: node})

@@ -20,6 +20,7 @@ from .pycst import (
     block_code,
     find_anchor,
     find_marked_blocks,
+    leading_lines,
     mark_block,
     parse_statements,
     remove_block,
@@ -90,7 +91,8 @@ class PythonEdit:
         if v < self.ctx.version:
             return Inspection(EditState.OLD, f"edit {self.name}: v{v} present, v{self.ctx.version} available")
         if v > self.ctx.version:
-            return Inspection(EditState.MODIFIED, f"edit {self.name}: v{v} is newer than this catalog's v{self.ctx.version}")
+            return Inspection(EditState.MODIFIED,
+                              f"edit {self.name}: v{v} is newer than this catalog's v{self.ctx.version}")
         if mb.sentinel.get("sha") != self._expected_sha(module):
             return Inspection(
                 EditState.MODIFIED,
@@ -152,7 +154,8 @@ def block_mismatch(module: cst.Module, mb: MarkedBlock, edit, tag: str) -> str:
         want = block_code(module, stmts).splitlines() if stmts else []
     except Exception:  # noqa: BLE001 - the catalog's snippet is unreadable: say what we can
         want = []
-    what = f"sentinel n={mb.count} sha={mb.sentinel.get('sha')}, found sha={short_hash(block_code(module, found)) if found else '-'}"
+    found_sha = short_hash(block_code(module, found)) if found else "-"
+    what = f"sentinel n={mb.count} sha={mb.sentinel.get('sha')}, found sha={found_sha}"
     if len(found) < mb.count:
         what += f"; only {len(found)} of its {mb.count} statements follow it"
     if want:
@@ -200,7 +203,9 @@ class InsertStatements(_ScopedEdit):
                 stmts = parse_statements(code, module)
             except EditFailed as exc:
                 msg = str(exc)
-                raise EditFailed(msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}") from None
+                raise EditFailed(
+                    msg if self.spec.code in msg else f"{self.ctx.overlay_dir / self.spec.code}: {msg}"
+                ) from None
             return mark_block(module, stmts, self.sentinel())
 
         key = ("insert", self.ctx.overlay_id, self.ctx.version, self.spec.name, bool(self.spec.trace), snippet)
@@ -220,8 +225,10 @@ class InsertStatements(_ScopedEdit):
             self.build(module)  # a snippet that does not parse is an error now, not at apply time
             return Inspection(EditState.PENDING, f"edit {self.name}: anchor found once in {where}")
         if not sites:
-            return Inspection(EditState.DRIFT, f"edit {self.name}: anchor not found in {where}: {self.spec.anchor.strip()!r}")
-        return Inspection(EditState.DRIFT, f"edit {self.name}: anchor matches {len(sites)} times in {where} (ambiguous)")
+            return Inspection(EditState.DRIFT,
+                              f"edit {self.name}: anchor not found in {where}: {self.spec.anchor.strip()!r}")
+        return Inspection(EditState.DRIFT,
+                          f"edit {self.name}: anchor matches {len(sites)} times in {where} (ambiguous)")
 
     def insert(self, module: cst.Module) -> cst.Module:
         sites = self._sites(module)
@@ -301,7 +308,8 @@ class DictEntry(_AssignmentEdit):
         for el in value.elements:
             if isinstance(el, cst.DictElement) and (
                     ast.dump(ast.parse(module.code_for_node(el.key).strip(), mode="eval")) == want):
-                return Inspection(EditState.NATIVE, f"edit {self.name}: key {self.spec.key} already in {self.spec.dict_name}")
+                return Inspection(EditState.NATIVE,
+                                  f"edit {self.name}: key {self.spec.key} already in {self.spec.dict_name}")
         return Inspection(EditState.PENDING, f"edit {self.name}: dict {self.spec.dict_name} found once")
 
     def insert(self, module: cst.Module) -> cst.Module:
@@ -344,7 +352,7 @@ class SetValue(_AssignmentEdit):
         if "\n" in original:
             raise EditFailed(f"edit {self.name}: the original assignment spans several lines; set-value needs one line")
         new = mark_block(module, self._new_stmt(module), self.sentinel(("was", encode_value(original))))
-        new[0] = new[0].with_changes(leading_lines=(*new[0].leading_lines, *stmt.leading_lines))
+        new[0] = new[0].with_changes(leading_lines=(*leading_lines(new[0]), *stmt.leading_lines))
         body = list(block.body)
         body[i] = new[0]
         return replace_body(module, block, body)
