@@ -9,6 +9,8 @@ Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
+    memory/          in-memory delivery (manager/inmemory): sitecustomize.py and the stdlib-only hook as the
+                     package `overlay_memory` (never `manager`: the engine's python must not see site/)
     release-files/   <sha256> copies of the upstream files `release-file` edits need (no network in an image)
     plan-key         32 random bytes made for this bundle (manager/overlays/plankey.py): plans/ is signed
                      with it, and the wrapper exports $OVERLAY_PLAN_KEY (default: this file), so a plan
@@ -250,6 +252,26 @@ def _copy_package(dest: Path) -> None:
     shutil.copytree(src, dest / "manager", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_catalog"))
 
 
+# The modules the in-memory hook runs (standard library only), as `overlay_memory.<path>` in the bundle's memory/.
+MEMORY_MODULES = ("__init__.py", "state.py", "overlays/plankey.py", "overlays/plans.py", "overlays/durable.py",
+                  "overlays/targets.py", "inmemory/__init__.py", "inmemory/memplan.py", "inmemory/hook.py",
+                  "inmemory/check.py", "inmemory/marker.py")
+
+
+def write_memory_dir(dest: Path) -> None:
+    """memory/: sitecustomize.py and the hook's package `overlay_memory` (manager/compose/memory.py)."""
+    from .memory import HOOK_PACKAGE
+
+    src = Path(__file__).resolve().parents[1]
+    pkg = dest / HOOK_PACKAGE
+    (pkg / "overlays").mkdir(parents=True)
+    (pkg / "inmemory").mkdir()
+    (pkg / "overlays" / "__init__.py").write_text('"""The overlay modules the in-memory hook needs."""\n')
+    for rel in MEMORY_MODULES:
+        shutil.copyfile(src / rel, pkg / rel)
+    shutil.copyfile(src / "inmemory" / "sitecustomize.py", dest / "sitecustomize.py")
+
+
 def _copy_catalog(catalog: Catalog, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for part in CATALOG_PARTS:  # a user catalog's compose/, the shipped overlays/ and profiles/ under it
@@ -389,6 +411,8 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
         bytecode = _compile_site(tmp / "site", python)
+        write_memory_dir(tmp / "memory")
+        _compile_site(tmp / "memory", python)
         _copy_catalog(catalog, tmp / "catalog")
         _copy_release_files(catalog, tmp / "release-files")
         key = _write_key(tmp / PLAN_KEY_FILE, plan_key)
