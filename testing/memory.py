@@ -73,7 +73,8 @@ def make_catalog(dest: Path, memory_policy: str | None = None) -> Path:
     ov = dest / "overlays" / OVERLAY_ID
     (ov / "snippets").mkdir(parents=True)
     (ov / "files").mkdir()
-    (ov / "overlay.yaml").write_text(MANIFEST.replace("{memory}", f"memory: {memory_policy}\n" if memory_policy else ""))
+    policy = f"memory: {memory_policy}\n" if memory_policy else ""
+    (ov / "overlay.yaml").write_text(MANIFEST.replace("{memory}", policy))
     (ov / "snippets" / "bump.py").write_text("value += 1\n")
     (ov / "files" / "demo_new.py").write_text('def created():\n    return "created by the overlay"\n')
     (dest / "profiles").mkdir()

@@ -175,7 +175,7 @@ class MemoryFinder:
             spec = PathFinder.find_spec(fullname, path)
             if spec is None or spec.origin is None or os.path.realpath(spec.origin) != os.path.realpath(t.full):
                 return None  # another copy of the package: not the file the plan was checked against
-        spec = ModuleSpec(fullname, MemoryLoader(t), origin=t.full, is_package=t.is_package)
+        spec = ModuleSpec(fullname, MemoryLoader(t), origin=t.full, is_package=t.is_package)  # type: ignore[arg-type]
         spec.has_location = True
         if t.is_package:
             spec.submodule_search_locations = [os.path.dirname(t.full)]

@@ -10,7 +10,7 @@ def _overlay_memory_start() -> None:
     import sys
 
     if os.environ.get("OVERLAY_MEMORY_IDS"):
-        from overlay_memory.inmemory.hook import main
+        from overlay_memory.inmemory.hook import main  # type: ignore[import-not-found]  # the bundle's copy
 
         main()
     here = os.path.dirname(os.path.abspath(__file__))
