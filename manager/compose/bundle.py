@@ -2,7 +2,8 @@
 
 Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
-    bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
+    bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog
+                     python3 -c 'from manager.fastpath import main; main()'
     site/            wheels for --python-version/--platform (fetched once by pip, or by uv where only uv is
                      here; then unpacked without pip: uv tool/pipx venvs have none), + `manager`,
                      byte-compiled with that python when one runs here (then the wrapper sets no PYTHONPYCACHEPREFIX)
@@ -71,7 +72,8 @@ if [ -n "${OVERLAY_PYCACHE:-}" ] || [ ! -d "$here/site/manager/__pycache__" ]; t
 fi
 export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE OVERLAY_PLAN_KEY
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
-exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
+exec "${OVERLAY_PYTHON:-python3}" \\
+  -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
 
 
@@ -96,7 +98,8 @@ def platform_tags(platform: str) -> list[str]:
         raise ComposeError(f"--platform {platform}: expected manylinux_2_<N>_<arch> with N >= 5")
     tags = [f"manylinux_2_{n}_{arch}" for n in range(minor, 4, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    tags += [f"{legacy[n]}_{arch}" for n in sorted(legacy, reverse=True) if n <= minor and (arch == "x86_64" or n == 17)]
+    tags += [f"{legacy[n]}_{arch}" for n in sorted(legacy, reverse=True)
+             if n <= minor and (arch == "x86_64" or n == 17)]
     return tags
 
 
