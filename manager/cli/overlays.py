@@ -291,11 +291,15 @@ def trace_cmd(logfile: str, expect: tuple[str, ...], as_json: bool) -> int:
     summary = read_trace_file(logfile, expect)
     if as_json:
         print_json({"lines": [vars(ln) for ln in summary.lines], "overlays": list(summary.overlays),
-                    "missing": list(summary.missing)})
+                    "missing": list(summary.missing),
+                    "memory": {str(pid): ids for pid, ids in summary.memory.items()}})
     else:
         for ln in summary.lines:
             print_data(f"{ln.overlay} v{ln.version} {ln.edit} pid={ln.pid} module={ln.module}")
-        if not summary.lines:
+        for pid, ids in summary.memory.items():  # in-memory delivery (manager/inmemory/marker.py)
+            for oid, modules in ids.items():
+                print_data(f"{oid} from-memory pid={pid} modules={','.join(modules)}")
+        if not summary.lines and not summary.memory:
             err.print(f"no overlay-trace lines in {escape(logfile)} (was the engine started with OVERLAY_TRACE=1?)")
     for missing in summary.missing:
         err.print(f"[red]not traced[/red]  {escape(missing)}: none of its blocks ran in this log")
