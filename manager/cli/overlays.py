@@ -116,6 +116,19 @@ def _print_status(report) -> None:
     print_table(table)
 
 
+def _memory_delivery(ids: tuple[str, ...]) -> list[tuple[str, str, str]] | None:
+    """In memory mode ($OVERLAY_DELIVERY=memory, set by the rendered service): how each overlay reaches the engine
+    (manager/inmemory/check.delivery); None otherwise."""
+    import os
+
+    if os.environ.get("OVERLAY_DELIVERY") != "memory":
+        return None
+    from ..inmemory.check import delivery
+    from ..inmemory.memplan import env_ids
+
+    return delivery(list(ids) or env_ids())
+
+
 @click.command("status")
 @click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
@@ -127,13 +140,17 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 
     _, selected = _selected(app, ids)
     report = status(selected, find_root(root))
+    memory = _memory_delivery(ids)
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"delivery": memory} if memory is not None else {})})
     else:
         _print_status(report)
+        for oid, how, why in memory or ():
+            say(how, f"{oid}: {why}", "green" if how == "memory" else "yellow" if how == "skipped" else "red")
     if report.interrupted:
         say("interrupted", report.interrupted, "red")
-    return 1 if report.failing else 0
+    refused = any(how == "refused" for _, how, _ in memory or ())
+    return 1 if report.failing or refused else 0
 
 
 @click.command("apply")

@@ -54,9 +54,9 @@ def engine_plan(mp: MemoryPlan, ids: list[str], catalog: str, environ: Any) -> M
     """Run the bundle's full engine on a copy of what the plan reads (the files, the version metadata) in a
     temporary directory: its first apply records a plan of these bytes into the plan cache, signed with the
     bundle's key; that plan, verified as any other, serves the overlays."""
-    from ..overlays.plankey import cache_dir, cache_plans, key_from_env
+    from ..overlays.plankey import ENV_CACHE, cache_plans, key_from_env
 
-    cache, key = cache_dir(), key_from_env()
+    cache, key = environ.get(ENV_CACHE), key_from_env(environ)
     if cache is None or key is None:
         raise MemoryRefused("policy `engine` needs a plan cache ($OVERLAY_PLAN_CACHE) and a plan key "
                             "($OVERLAY_PLAN_KEY) to record the engine's plan")
@@ -80,7 +80,7 @@ def engine_plan(mp: MemoryPlan, ids: list[str], catalog: str, environ: Any) -> M
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     path = os.path.join(cache_plans(cache, key), mp.stem + ".json")
-    again = select(ids, mp.root, plan_path=path)
+    again = select(ids, mp.root, plan_path=path, environ=environ)
     left = mismatches(again)
     if left:
         raise MemoryRefused(left[0][1])
@@ -91,7 +91,7 @@ def check(ids: list[str], environ: Any = None) -> tuple[MemoryPlan, list[str]]:
     """(the plan that serves `ids`, lines to print on stderr), or MemoryRefused with the one line."""
     env = os.environ if environ is None else environ
     catalog = env.get(ENV_CATALOG) or ""
-    mp = select(ids, find_root(env), catalog=catalog, plans=env.get(ENV_PLANS))
+    mp = select(ids, find_root(env), catalog=catalog, plans=env.get(ENV_PLANS), environ=env)
     notes = []
     bad = mismatches(mp)
     if bad:
@@ -122,3 +122,27 @@ def main(argv: list[str]) -> None:
     for note in notes:
         sys.stderr.write(note + "\n")
     sys.stdout.write(mp.path + "\n")
+
+
+def delivery(ids: list[str], environ: Any = None) -> list[tuple[str, str, str]]:
+    """(overlay id, how it reaches the engine, why) for `overlay status` in memory mode: `memory` (served from the
+    plan), `fallback` (not deliverable in memory: file edits), `skipped` (the plan's apply skipped it) or `refused`
+    (no usable plan, or a file matching no plan under the `refuse` policy). Never raises."""
+    env = os.environ if environ is None else environ
+    catalog = env.get(ENV_CATALOG) or ""
+    try:
+        mp = select(ids, find_root(env), catalog=catalog, plans=env.get(ENV_PLANS), environ=env)
+    except MemoryRefused as exc:
+        return [(i, "refused", str(exc)) for i in ids]
+    bad = {i: line for owners, line in mismatches(mp) for i in owners}
+    out = []
+    for i in ids:
+        if i in mp.fallback:
+            out.append((i, "fallback", mp.fallback[i]))
+        elif i in bad:
+            out.append((i, "refused" if policy(catalog, i) == "refuse" else "engine", bad[i]))
+        elif i in mp.loaded:
+            out.append((i, "memory", f"plan {mp.path}"))
+        else:
+            out.append((i, "skipped", dict(mp.skipped).get(i, "the plan writes nothing for it")))
+    return out

@@ -198,7 +198,7 @@ def install(environ: Any = None) -> MemoryFinder | None:
     if not ids:
         return None
     plan = select(ids, find_root(env), catalog=env.get(ENV_CATALOG), plans=env.get(ENV_PLANS),
-                  plan_path=env.get(ENV_PLAN) or None)
+                  plan_path=env.get(ENV_PLAN) or None, environ=env)
     finder = MemoryFinder(plan)
     sys.meta_path.insert(0, finder)
     sys._overlay_memory = _LOADED  # type: ignore[attr-defined]  # the runtime marker: {module: [overlay ids]}

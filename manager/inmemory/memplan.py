@@ -16,7 +16,7 @@ import json
 import os
 
 from .. import __version__
-from ..overlays.plankey import PlanKey, PlanKeyError, cache_dir, cache_plans, key_from_env, signature
+from ..overlays.plankey import ENV_CACHE, PlanKey, PlanKeyError, cache_plans, key_from_env, signature
 from ..overlays.plans import PlanRefused, _requested, apply_hunks, check_plan, find_plan, plan_dirs, plan_key
 from ..state import ABSENT, UnreadableFile, package_version, read_bounded, vllm_root
 from ..state import sha256 as _sha256
@@ -141,9 +141,9 @@ def _load(path: str) -> dict[str, Any]:
     return plan
 
 
-def _key() -> PlanKey | None:
+def _key(environ: Any = None) -> PlanKey | None:
     try:
-        return key_from_env()
+        return key_from_env(environ)
     except PlanKeyError as exc:
         raise MemoryRefused(f"{exc}; nothing is served from memory") from None
 
@@ -161,10 +161,10 @@ def find_root(environ: Any = None) -> str:
 
 
 def select(ids: list[str], root: str, *, catalog: str | None = None, plans: str | None = None,
-           plan_path: str | None = None, key: PlanKey | bool | None = True) -> MemoryPlan:
+           plan_path: str | None = None, key: PlanKey | bool | None = True, environ: Any = None) -> MemoryPlan:
     """The verified plan serving `ids` on the vLLM at `root`, from `plan_path` (what the pre-start check chose)
     or looked up as `overlay apply IDS` would. `key=True`: the key `$OVERLAY_PLAN_KEY` names. Raises MemoryRefused."""
-    pkey = _key() if key is True else key or None
+    pkey = _key(environ) if key is True else key or None
     version = package_version(root)
     if plan_path is None:
         if catalog is None:
@@ -175,7 +175,8 @@ def select(ids: list[str], root: str, *, catalog: str | None = None, plans: str 
         stem = plan_key(version, bool(ids), req[0])
         dirs = plan_dirs(plans)
         found = find_plan(dirs, stem)
-        cache = cache_dir()
+        raw_cache = (os.environ if environ is None else environ).get(ENV_CACHE)
+        cache = os.path.realpath(raw_cache) if raw_cache else None
         if found is None and cache and pkey is not None:
             found = find_plan([cache_plans(cache, pkey)], stem)
         if found is None:

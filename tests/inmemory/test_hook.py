@@ -143,9 +143,10 @@ def test_the_image_sitecustomize_still_runs_after_the_hook(fx, memory_dir, tmp_p
 
 
 def test_the_hook_imports_only_the_standard_library(fx, memory_dir):
-    proc = _run(memory_dir, fx, "import sys, json; import vllm.demo\n"
-                                "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))")
-    top = {m for m in json.loads(proc.stdout) if not m.startswith("__editable__")}  # this venv's editable install
-    stdlib = set(sys.stdlib_module_names) | {"vllm", "overlay_memory", "sitecustomize", "__main__"}
-    assert top <= stdlib, top - stdlib
-    assert "manager" not in top and "yaml" not in top
+    code = "import sys, json; import vllm.demo\nprint(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+    with_hook = set(json.loads(_run(memory_dir, fx, code).stdout))
+    without = set(json.loads(_run(memory_dir, fx, code, OVERLAY_MEMORY_IDS="").stdout))
+    added = with_hook - without
+    assert "overlay_memory" in added
+    assert added - {"overlay_memory"} <= set(sys.stdlib_module_names), added
+    assert not {"manager", "yaml", "pydantic", "click", "rich", "libcst"} & with_hook
