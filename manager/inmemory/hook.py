@@ -69,9 +69,12 @@ class MemoryLoader:
         return self.target.full
 
     def get_source(self, fullname: str) -> str:
-        from importlib.util import decode_source
+        data = self.source_bytes()
+        if b"coding" in b"\n".join(data.split(b"\n", 2)[:2]):  # a PEP 263 declaration: the tokenizer's decoding
+            from importlib.util import decode_source
 
-        return str(decode_source(self.source_bytes()))
+            return str(decode_source(data))
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
     def get_code(self, fullname: str) -> Any:
         import marshal
@@ -164,7 +167,7 @@ class MemoryFinder:
         t = self.plan.modules.get(fullname)
         if t is None:
             return None
-        from importlib.machinery import ModuleSpec, PathFinder
+        ModuleSpec, PathFinder = _machinery()
 
         if t.new:
             parent = os.path.dirname(t.full[: -len("/__init__.py")] if t.is_package else t.full)
@@ -183,6 +186,17 @@ class MemoryFinder:
 
     def invalidate_caches(self) -> None:
         pass
+
+
+def _machinery() -> Any:
+    """ModuleSpec and PathFinder from the interpreter's frozen importlib (importlib.machinery costs ~3 ms)."""
+    bootstrap = sys.modules.get("_frozen_importlib")
+    external = sys.modules.get("_frozen_importlib_external")
+    if bootstrap is None or external is None:  # pragma: no cover - another implementation
+        from importlib.machinery import ModuleSpec, PathFinder
+
+        return ModuleSpec, PathFinder
+    return bootstrap.ModuleSpec, external.PathFinder
 
 
 def _announce_after_fork() -> None:

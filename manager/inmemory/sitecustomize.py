@@ -14,9 +14,9 @@ def _overlay_memory_start() -> None:
 
         main()
     here = os.path.dirname(os.path.abspath(__file__))
-    from importlib.machinery import PathFinder
-
-    spec = PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != here])
+    # the path finder the interpreter already has (importing importlib.machinery costs ~3 ms at every start)
+    path_finder = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
+    spec = path_finder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != here])
     if spec is not None and spec.loader is not None:
         module = sys.modules[__name__]
         module.__file__ = spec.origin
