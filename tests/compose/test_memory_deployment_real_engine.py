@@ -28,17 +28,32 @@ from manager.compose.memory import MEMORY_WRITABLE_PATHS
 from manager.inmemory.marker import read_memory_lines
 from tests.compose.test_cpu_deployment_real_engine import (
     CONVERTOR, CONVERTOR_FILE, ENGINE_MOUNT, LOGPROB_TOL, N_TOKENS, PROMPT, REPORT, SLUG, START_TIMEOUT, TOP_K, Stack,
-    _cli, _free_port, _report, stack,
+    _cli, _free_port, stack,
 )
 from tests.helpers import containers as dh
 
 eng = pytest.importorskip("testing.engine")
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]
-__all__ = ["_report", "stack"]  # the file-mode module's fixtures, used here
+__all__ = ["stack"]  # the file-mode module's fixture (the session's set-up), used here
 
 ROOT_MOUNT = "/opt/vllm-root"
 ENGINE_CORE = re.compile(r"^\((EngineCore[_A-Za-z0-9]*) pid=(\d+)\)", re.M)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    """This module's measured lines (REPORT is shared with the file-mode module), printed at its end."""
+    first = len(REPORT)
+    t0 = time.monotonic()
+    yield
+    REPORT.append(("memory mode: the whole module (render, one engine start, one refused start)",
+                   f"{time.monotonic() - t0:.0f} s"))
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line("\ncompose e2e in memory mode on the real engine, measured:")
+        for what, measured in REPORT[first:]:
+            tr.write_line(f"| {what} | {measured} |")
 
 
 def _tree_hash(root: Path) -> str:
