@@ -53,8 +53,12 @@ def list_cmd(app, as_json: bool) -> None:
               help="Write to FILE instead of stdout.")
 @click.option("--no-gpu", is_flag=True,
               help="Leave out the NVIDIA device reservation (machines without the NVIDIA runtime).")
+@click.option("--delivery", type=click.Choice(["files", "memory"]), default=None,
+              help="How the overlays reach the engine (default: the registry's `delivery`, else files): memory is a "
+                   "read-only root with the overlays served by the bundle's import hook (docs/compose.md).")
 @click.pass_obj
-def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_gpu: bool) -> None:
+def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_gpu: bool,
+               delivery: str | None) -> None:
     """Render one deployment (stdout or -o FILE), or all of them into compose/generated/."""
     from ..compose.check import render_all as _render_all, write_generated
     from ..compose.plan import load_profiles, plan_all, plan_deployment
@@ -66,13 +70,15 @@ def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_
     reg = load_registry(app.catalog)
     profiles = load_profiles(app.catalog)
     if render_all:
-        if output or no_gpu:
-            raise ComposeError("--all writes the canonical files in compose/generated/; -o and --no-gpu need a SLUG")
+        if output or no_gpu or delivery:
+            raise ComposeError("--all writes the canonical files in compose/generated/; -o, --no-gpu and --delivery "
+                               "need a SLUG")
         for s, verb in write_generated(reg, _render_all(plan_all(reg, app.catalog, profiles))).items():
             status(verb, str(reg.generated_path(s)))
         return
     assert slug is not None  # render_all is False here, so the check above saw a SLUG
-    text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
+    options = RenderOptions(gpu=not no_gpu, delivery=delivery)
+    text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), options)
     if output:
         from .app import write_output
 

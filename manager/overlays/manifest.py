@@ -267,6 +267,10 @@ class Manifest(_Strict):
     # vLLM's own tests (manager/upstream/suite.py, docs/engine.md): the outcomes this overlay changes on purpose
     upstream_tests: UpstreamTests = UpstreamTests()
     notes: str | None = None
+    # In-memory delivery (manager/inmemory, docs/compose.md): when a target's bytes match no prepared plan,
+    # `refuse` stops the container before the server starts (one line naming overlay, file and hashes);
+    # `engine` runs the full engine on a copy of the targets in memory and serves what it wrote.
+    memory: Literal["refuse", "engine"] = "refuse"
 
     @field_validator("id")
     @classmethod
