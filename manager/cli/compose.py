@@ -49,10 +49,16 @@ def list_cmd(app, as_json: bool) -> None:
 @compose_group.command("render")
 @click.argument("slug", required=False, type=CatalogChoice("deployment"))
 @click.option("--all", "render_all", is_flag=True, help="Write compose/generated/<slug>.yml for every deployment.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE instead of stdout.")
-@click.option("--no-gpu", is_flag=True, help="Leave out the NVIDIA device reservation (machines without the NVIDIA runtime).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to FILE instead of stdout.")
+@click.option("--no-gpu", is_flag=True,
+              help="Leave out the NVIDIA device reservation (machines without the NVIDIA runtime).")
+@click.option("--delivery", type=click.Choice(["files", "memory"]), default=None,
+              help="How the overlays reach the engine (default: the registry's `delivery`, else files): memory is a "
+                   "read-only root with the overlays served by the bundle's import hook (docs/compose.md).")
 @click.pass_obj
-def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_gpu: bool) -> None:
+def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_gpu: bool,
+               delivery: str | None) -> None:
     """Render one deployment (stdout or -o FILE), or all of them into compose/generated/."""
     from ..compose.check import render_all as _render_all, write_generated
     from ..compose.plan import load_profiles, plan_all, plan_deployment
@@ -64,13 +70,15 @@ def render_cmd(app, slug: str | None, render_all: bool, output: Path | None, no_
     reg = load_registry(app.catalog)
     profiles = load_profiles(app.catalog)
     if render_all:
-        if output or no_gpu:
-            raise ComposeError("--all writes the canonical files in compose/generated/; -o and --no-gpu need a SLUG")
+        if output or no_gpu or delivery:
+            raise ComposeError("--all writes the canonical files in compose/generated/; -o, --no-gpu and --delivery "
+                               "need a SLUG")
         for s, verb in write_generated(reg, _render_all(plan_all(reg, app.catalog, profiles))).items():
             status(verb, str(reg.generated_path(s)))
         return
     assert slug is not None  # render_all is False here, so the check above saw a SLUG
-    text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), RenderOptions(gpu=not no_gpu))
+    options = RenderOptions(gpu=not no_gpu, delivery=delivery)
+    text = render_compose(plan_deployment(reg.get(slug), profiles, app.catalog), options)
     if output:
         from .app import write_output
 
@@ -97,7 +105,8 @@ def check_cmd(app, as_json: bool) -> None:
                 data.print(f"[yellow]WARN[/yellow] {esc(f.slug)}: {f.check}: {esc(f.message)}", markup=True)
         n = len({f.slug for f in report.findings})
         passed = len(report.findings) - len(report.problems) - len(report.warnings)
-        err.print(f"{passed} checks passed, {len(report.warnings)} warnings, {len(report.problems)} failed, {n} deployments")
+        err.print(f"{passed} checks passed, {len(report.warnings)} warnings, {len(report.problems)} failed, "
+                  f"{n} deployments")
     if not report.ok:
         raise ComposeError(f"compose check: {len(report.problems)} problem(s)")
 
@@ -106,12 +115,14 @@ def check_cmd(app, as_json: bool) -> None:
 @click.option("--from-plan", "option", type=click.IntRange(min=1), required=True,
               help="The option number `overlay plan` printed (run with the same --model/--hardware/--gpus).")
 @click.option("--model", required=True, type=CatalogChoice("model"), help="Model profile id, as given to plan.")
-@click.option("--hardware", required=True, type=CatalogChoice("hardware"), help="Hardware profile id, as given to plan.")
+@click.option("--hardware", required=True, type=CatalogChoice("hardware"),
+              help="Hardware profile id, as given to plan.")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs, as given to plan.")
 @click.option("--ctx", "ctx_len", type=click.IntRange(min=1), default=None, help="--ctx, as given to plan.")
 @click.option("--max-seqs", type=click.IntRange(min=1), default=None, help="--max-seqs, as given to plan.")
 @click.option("--slug", default=None, help="Deployment name (default: model-weights-hardware-tpN).")
-@click.option("--port", type=click.IntRange(1024, 65535), default=None, help="Host port (default: the first free from 8100).")
+@click.option("--port", type=click.IntRange(1024, 65535), default=None,
+              help="Host port (default: the first free from 8100).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def add_cmd(app, option, model, hardware, gpus, ctx_len, max_seqs, slug, port, as_json) -> None:
@@ -154,7 +165,8 @@ def catalog_init_cmd(directory: Path) -> None:
 @click.option("--python", "python", required=True, help="The image's Python, e.g. 3.12.")
 @click.option("--platform", "platform", default="manylinux_2_28_x86_64", show_default=True,
               help="Wheel platform of the image (glibc >= 2.28: manylinux_2_28_x86_64).")
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path), help="Bundle directory.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Bundle directory.")
 @click.option("--no-plans", is_flag=True, help="Do not prepare plans for the deployments' pinned releases.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -192,7 +204,8 @@ def verify_cmd(app, image: str, bundle: Path | None, as_json: bool) -> None:
         for oid, st in sorted(rep.overlays.items()):
             print_data(f"  {st:<16} {oid}")
     if rep.error:
-        raise ComposeError(f"image {image}: `overlay status` failed inside the image (exit {rep.exit_code}): {rep.error}")
+        raise ComposeError(f"image {image}: `overlay status` failed inside the image (exit {rep.exit_code}): "
+                           f"{rep.error}")
     if rep.failing:
         bad = ", ".join(f"{k} {v}" for k, v in sorted(rep.failing.items()))
         raise ComposeError(f"image {image}: overlays that cannot apply as they are: {bad}")

@@ -116,6 +116,19 @@ def _print_status(report) -> None:
     print_table(table)
 
 
+def _memory_delivery(ids: tuple[str, ...]) -> list[tuple[str, str, str]] | None:
+    """In memory mode ($OVERLAY_DELIVERY=memory, set by the rendered service): how each overlay reaches the engine
+    (manager/inmemory/check.delivery); None otherwise."""
+    import os
+
+    if os.environ.get("OVERLAY_DELIVERY") != "memory":
+        return None
+    from ..inmemory.check import delivery
+    from ..inmemory.memplan import env_ids
+
+    return delivery(list(ids) or env_ids())
+
+
 @click.command("status")
 @click.argument("ids", nargs=-1, type=CatalogChoice("overlay", validate=False))
 @root_option
@@ -127,13 +140,17 @@ def status_cmd(app: Application, ids: tuple[str, ...], root: str | None, as_json
 
     _, selected = _selected(app, ids)
     report = status(selected, find_root(root))
+    memory = _memory_delivery(ids)
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"delivery": memory} if memory is not None else {})})
     else:
         _print_status(report)
+        for oid, how, why in memory or ():
+            say(how, f"{oid}: {why}", "green" if how == "memory" else "yellow" if how == "skipped" else "red")
     if report.interrupted:
         say("interrupted", report.interrupted, "red")
-    return 1 if report.failing else 0
+    refused = any(how == "refused" for _, how, _ in memory or ())
+    return 1 if report.failing or refused else 0
 
 
 @click.command("apply")
@@ -291,11 +308,15 @@ def trace_cmd(logfile: str, expect: tuple[str, ...], as_json: bool) -> int:
     summary = read_trace_file(logfile, expect)
     if as_json:
         print_json({"lines": [vars(ln) for ln in summary.lines], "overlays": list(summary.overlays),
-                    "missing": list(summary.missing)})
+                    "missing": list(summary.missing),
+                    "memory": {str(pid): ids for pid, ids in summary.memory.items()}})
     else:
         for ln in summary.lines:
             print_data(f"{ln.overlay} v{ln.version} {ln.edit} pid={ln.pid} module={ln.module}")
-        if not summary.lines:
+        for pid, ids in summary.memory.items():  # in-memory delivery (manager/inmemory/marker.py)
+            for oid, modules in ids.items():
+                print_data(f"{oid} from-memory pid={pid} modules={','.join(modules)}")
+        if not summary.lines and not summary.memory:
             err.print(f"no overlay-trace lines in {escape(logfile)} (was the engine started with OVERLAY_TRACE=1?)")
     for missing in summary.missing:
         err.print(f"[red]not traced[/red]  {escape(missing)}: none of its blocks ran in this log")

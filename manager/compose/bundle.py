@@ -2,13 +2,16 @@
 
 Layout of a bundle directory (mounted read-only at /opt/overlay in containers):
 
-    bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog python3 -c 'from manager.fastpath import main; main()'
+    bin/overlay      POSIX sh wrapper: PYTHONPATH=<bundle>/site OVERLAY_CATALOG=<bundle>/catalog
+                     python3 -c 'from manager.fastpath import main; main()'
     site/            wheels for --python-version/--platform (fetched once by pip, or by uv where only uv is
                      here; then unpacked without pip: uv tool/pipx venvs have none), + `manager`,
                      byte-compiled with that python when one runs here (then the wrapper sets no PYTHONPYCACHEPREFIX)
     catalog/         overlays/, profiles/, compose/
     plans/           prepared plans of `overlay apply IDS` for each deployment's pinned release
                      (manager/overlays/plans.py); the wrapper points $OVERLAY_PLANS at them
+    memory/          in-memory delivery (manager/inmemory): sitecustomize.py and the stdlib-only hook as the
+                     package `overlay_memory` (never `manager`: the engine's python must not see site/)
     release-files/   <sha256> copies of the upstream files `release-file` edits need (no network in an image)
     plan-key         32 random bytes made for this bundle (manager/overlays/plankey.py): plans/ is signed
                      with it, and the wrapper exports $OVERLAY_PLAN_KEY (default: this file), so a plan
@@ -69,7 +72,8 @@ if [ -n "${OVERLAY_PYCACHE:-}" ] || [ ! -d "$here/site/manager/__pycache__" ]; t
 fi
 export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE OVERLAY_PLAN_KEY
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
-exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
+exec "${OVERLAY_PYTHON:-python3}" \\
+  -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
 """
 
 
@@ -94,7 +98,8 @@ def platform_tags(platform: str) -> list[str]:
         raise ComposeError(f"--platform {platform}: expected manylinux_2_<N>_<arch> with N >= 5")
     tags = [f"manylinux_2_{n}_{arch}" for n in range(minor, 4, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    tags += [f"{legacy[n]}_{arch}" for n in sorted(legacy, reverse=True) if n <= minor and (arch == "x86_64" or n == 17)]
+    tags += [f"{legacy[n]}_{arch}" for n in sorted(legacy, reverse=True)
+             if n <= minor and (arch == "x86_64" or n == 17)]
     return tags
 
 
@@ -250,6 +255,26 @@ def _copy_package(dest: Path) -> None:
     shutil.copytree(src, dest / "manager", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_catalog"))
 
 
+# The modules the in-memory hook runs (standard library only), as `overlay_memory.<path>` in the bundle's memory/.
+MEMORY_MODULES = ("__init__.py", "state.py", "overlays/plankey.py", "overlays/plans.py", "overlays/durable.py",
+                  "overlays/targets.py", "inmemory/__init__.py", "inmemory/memplan.py", "inmemory/hook.py",
+                  "inmemory/check.py", "inmemory/marker.py")
+
+
+def write_memory_dir(dest: Path) -> None:
+    """memory/: sitecustomize.py and the hook's package `overlay_memory` (manager/compose/memory.py)."""
+    from .memory import HOOK_PACKAGE
+
+    src = Path(__file__).resolve().parents[1]
+    pkg = dest / HOOK_PACKAGE
+    (pkg / "overlays").mkdir(parents=True)
+    (pkg / "inmemory").mkdir()
+    (pkg / "overlays" / "__init__.py").write_text('"""The overlay modules the in-memory hook needs."""\n')
+    for rel in MEMORY_MODULES:
+        shutil.copyfile(src / rel, pkg / rel)
+    shutil.copyfile(src / "inmemory" / "sitecustomize.py", dest / "sitecustomize.py")
+
+
 def _copy_catalog(catalog: Catalog, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for part in CATALOG_PARTS:  # a user catalog's compose/, the shipped overlays/ and profiles/ under it
@@ -389,6 +414,8 @@ def build_bundle(out: Path, python: str, platform: str, catalog: Catalog, plans:
         shutil.rmtree(tmp / "site" / "bin", ignore_errors=True)  # console scripts of the host python: unused
         _copy_package(tmp / "site")
         bytecode = _compile_site(tmp / "site", python)
+        write_memory_dir(tmp / "memory")
+        _compile_site(tmp / "memory", python)
         _copy_catalog(catalog, tmp / "catalog")
         _copy_release_files(catalog, tmp / "release-files")
         key = _write_key(tmp / PLAN_KEY_FILE, plan_key)

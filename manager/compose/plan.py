@@ -24,7 +24,8 @@ def _lookup(table: Mapping[str, T], key: str, kind: str, slug: str) -> T:
     try:
         return table[key]
     except KeyError:
-        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} (known: {', '.join(sorted(table))})") from None
+        raise ComposeError(f"deployments.{slug}.{kind}: no {kind} profile {key!r} "
+                           f"(known: {', '.join(sorted(table))})") from None
 
 
 def overlay_kinds(catalog: Catalog) -> dict[str, tuple[bool, bool]]:
@@ -171,6 +172,7 @@ def plan_deployment(dep: Deployment, profiles: Profiles, catalog: Catalog, repor
         verdict=str(report.verdict),
         failing=failing_constraints(report),
         warnings=plan_warnings(report),
+        delivery=dep.delivery,
     )
 
 

@@ -37,7 +37,8 @@ class Deployment(BaseModel):
 
     slug: str
     model: str = Field(description="model profile id")
-    weights: str | None = Field(default=None, description="weights variant of the model profile (default: the model's own)")
+    weights: str | None = Field(default=None,
+                                description="weights variant of the model profile (default: the model's own)")
     engine: str = Field(description="engine profile id (gives the image pin)")
     hardware: str = Field(description="hardware profile id")
     gpus: int = Field(ge=1, le=16)
@@ -51,11 +52,16 @@ class Deployment(BaseModel):
     note: str = ""
     served_name: str | None = None
     model_dir: str | None = Field(default=None, description="path of the weights under the models volume")
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.1, le=0.99, description="default: the hardware profile's safe_mem_util (what fits() budgets with)")
-    num_speculative_tokens: int | None = Field(default=None, ge=1, le=16, description="default: the drafter profile's default_tokens")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.1, le=0.99,
+        description="default: the hardware profile's safe_mem_util (what fits() budgets with)")
+    num_speculative_tokens: int | None = Field(default=None, ge=1, le=16,
+                                               description="default: the drafter profile's default_tokens")
     shm_size: str | None = Field(default=None, description="for TP>1 instead of ipc: host, e.g. '8gb'")
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = Field(default_factory=dict)
+    delivery: Literal["files", "memory"] = Field(
+        default="files", description="files: `overlay apply` at start; memory: read-only root, import hook")
 
     @field_validator("slug")
     @classmethod
@@ -78,7 +84,8 @@ class Deployment(BaseModel):
             return v
         parts = v.split("/")
         if v.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"model_dir {v!r} must be a relative path below the models volume (no '..', no leading '/')")
+            raise ValueError(f"model_dir {v!r} must be a relative path below the models volume "
+                             "(no '..', no leading '/')")
         return v
 
     @field_validator("shm_size")

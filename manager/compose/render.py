@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 from collections.abc import Mapping
 
@@ -206,6 +206,9 @@ class ServicePlan:
     # a "cpu" plan never gets an NVIDIA device reservation.
     server_command: tuple[str, ...] = ("vllm", "serve")
     device: str = "cuda"
+    # "files": the entrypoint runs `overlay apply` (a writable image); "memory": read-only root, the overlays
+    # served from the bundle's plans by the import hook (manager/compose/memory.py)
+    delivery: str = "files"
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,18 @@ class RenderOptions:
     a CPU engine's plan never has one."""
 
     gpu: bool = True
+    delivery: str | None = None  # overrides the plan's (`compose render --delivery`)
+
+
+DELIVERIES = ("files", "memory")
 
 
 def render_entrypoint(plan: ServicePlan) -> str:
     """The POSIX sh script run as the container's entrypoint (before Compose `$` escaping)."""
+    if plan.delivery == "memory":
+        from .memory import memory_entrypoint_script
+
+        return memory_entrypoint_script(plan, BUNDLE_MOUNT, KERNEL_CACHE)
     text = environment().get_template("entrypoint.sh.j2").render(
         plan=plan, bundle=BUNDLE_MOUNT, kernel_cache=KERNEL_CACHE
     )
@@ -237,6 +248,10 @@ def _env_items(plan: ServicePlan) -> list[tuple[str, str]]:
     if plan.kernel_overlays:
         # the routed vLLM code imports manager.kernels from the bundle to launch the kernels
         base["OVERLAY_MANAGER_HOME"] = f"{BUNDLE_MOUNT}/site"
+    if plan.delivery == "memory":
+        from .memory import memory_environment
+
+        base.update(memory_environment(BUNDLE_MOUNT, KERNEL_CACHE, plan.overlays))
     base.update(plan.env)
     for k in base:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
@@ -251,10 +266,15 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
     if not plan.server_command:
         raise ComposeError(f"{plan.slug}: no server command")
     gpu = options.gpu and plan.device == "cuda"
+    if options.delivery is not None:
+        if options.delivery not in DELIVERIES:
+            raise ComposeError(f"--delivery {options.delivery!r}: expected one of {', '.join(DELIVERIES)}")
+        plan = replace(plan, delivery=options.delivery)
     script = render_entrypoint(plan)
     health = (
         "import sys, urllib.request; "
-        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{CONTAINER_PORT}/health', timeout=5).status == 200 else 1)"
+        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{CONTAINER_PORT}/health', timeout=5).status == 200 "
+        "else 1)"
     )
     text = environment().get_template("compose.yml.j2").render(
         plan=plan,
@@ -267,16 +287,24 @@ def render_compose(plan: ServicePlan, options: RenderOptions = RenderOptions()) 
         models=MODELS_MOUNT,
         kernel_cache=KERNEL_CACHE,
         container_port=CONTAINER_PORT,
+        memory=plan.delivery == "memory",
+        tmpfs=_memory_paths(),
     )
     validate_compose_text(text, plan.slug, gpu=gpu)
     return text
+
+
+def _memory_paths() -> tuple[str, ...]:
+    from .memory import MEMORY_WRITABLE_PATHS
+
+    return MEMORY_WRITABLE_PATHS
 
 
 # What a generated file may contain: anything else means the template (or an injection) went wrong.
 _TOP_KEYS = {"services", "volumes"}
 _SERVICE_KEYS = {
     "image", "entrypoint", "command", "environment", "ports", "volumes", "init", "restart",
-    "healthcheck", "ipc", "shm_size", "deploy", "labels", "stop_grace_period",
+    "healthcheck", "ipc", "shm_size", "deploy", "labels", "stop_grace_period", "read_only", "tmpfs",
 }
 
 
@@ -287,10 +315,12 @@ def validate_compose_text(text: str, slug: str, gpu: bool = True) -> dict:
     except yaml.YAMLError as exc:
         raise ComposeError(f"{slug}: rendered compose is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - _TOP_KEYS:
-        raise ComposeError(f"{slug}: rendered compose has unexpected top-level keys {sorted(set(data or {}) - _TOP_KEYS)}")
+        raise ComposeError(f"{slug}: rendered compose has unexpected top-level keys "
+                           f"{sorted(set(data or {}) - _TOP_KEYS)}")
     services = data.get("services")
     if not isinstance(services, dict) or list(services) != [slug]:
-        raise ComposeError(f"{slug}: rendered compose must hold exactly the service {slug!r}, got {list(services or {})}")
+        raise ComposeError(f"{slug}: rendered compose must hold exactly the service {slug!r}, "
+                           f"got {list(services or {})}")
     svc = services[slug]
     extra = set(svc) - _SERVICE_KEYS
     if extra:

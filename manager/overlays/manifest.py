@@ -78,7 +78,8 @@ class NeededWhen(_Strict):
 def _inside(what: str, v: str) -> str:
     """A path field must be relative and free of '..' (the engine also resolves symlinks)."""
     if not v or v.startswith("/") or "\\" in v or ".." in Path(v).parts or (len(v) > 1 and v[1] == ":"):
-        raise ValueError(f"{what} {v!r} must be a relative path inside the {'package root' if what == 'target' else 'overlay directory'}")
+        where = "package root" if what == "target" else "overlay directory"
+        raise ValueError(f"{what} {v!r} must be a relative path inside the {where}")
     if what == "target" and (posixpath.normpath(v) != v or v.startswith("./")):
         # one spelling per file: `vllm/./x.py` and `vllm/x.py` would be two targets for one file
         raise ValueError(f"target {v!r} is not in normal form (write {posixpath.normpath(v)!r})")
@@ -266,6 +267,10 @@ class Manifest(_Strict):
     # vLLM's own tests (manager/upstream/suite.py, docs/engine.md): the outcomes this overlay changes on purpose
     upstream_tests: UpstreamTests = UpstreamTests()
     notes: str | None = None
+    # In-memory delivery (manager/inmemory, docs/compose.md): when a target's bytes match no prepared plan,
+    # `refuse` stops the container before the server starts (one line naming overlay, file and hashes);
+    # `engine` runs the full engine on a copy of the targets in memory and serves what it wrote.
+    memory: Literal["refuse", "engine"] = "refuse"
 
     @field_validator("id")
     @classmethod

@@ -17,7 +17,7 @@ Where it goes in the snippet: first statement (after a docstring) of each top-le
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TRACE_ENV = "OVERLAY_TRACE"
 PREFIX = "overlay-trace:"
@@ -104,6 +104,8 @@ class TraceSummary:
     lines: tuple[TraceLine, ...]
     overlays: tuple[str, ...]  # distinct overlay ids seen, sorted
     missing: tuple[str, ...]  # expected overlay ids with no line
+    # in-memory delivery's markers (manager/inmemory/marker.py): {pid: {overlay id: [modules served from memory]}}
+    memory: dict[int, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def read_trace_file(path: str, expect: tuple[str, ...] = ()) -> TraceSummary:
@@ -120,6 +122,8 @@ def read_trace_file(path: str, expect: tuple[str, ...] = ()) -> TraceSummary:
                 text = fh.read()
     except OSError as exc:
         raise OverlayError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+    from ..inmemory.marker import read_memory_lines
+
     lines = read_trace(text)
     seen = tuple(sorted({ln.overlay for ln in lines}))
-    return TraceSummary(lines, seen, tuple(e for e in expect if e not in seen))
+    return TraceSummary(lines, seen, tuple(e for e in expect if e not in seen), read_memory_lines(text))

