@@ -1,6 +1,6 @@
 """The pod every layout runs: the bundle's initContainer, the read-only server container, volumes, security.
 
-Delivery: an initContainer from a small bundle image (`cp -Rp /bundle/. /opt/overlay/`) fills an emptyDir that
+Delivery: an initContainer from a small bundle image (`cp -Rp /bundle/* /opt/overlay/`) fills an emptyDir that
 the server mounts read-only. A ConfigMap cannot carry a bundle (its data is capped at 1 MiB, the bundle's
 wheels are ~29 MB) and a hostPath would tie the pod to prepared nodes; an emptyDir filled at pod start needs
 nothing but an image the cluster can pull. The server runs in memory mode (manager/compose/memory.py): the
@@ -93,7 +93,7 @@ def init_container(opts: PodOptions) -> dict[str, Any]:
     return {
         "name": "overlay-bundle",
         "image": opts.bundle_image,
-        "command": ["/bin/sh", "-c", 'set -eu; cp -Rp "$0"/. "$1"/; test -x "$1"/bin/overlay',
+        "command": ["/bin/sh", "-c", 'set -eu; cp -Rp "$0"/* "$1"/; test -x "$1"/bin/overlay',
                     BUNDLE_SOURCE, BUNDLE_MOUNT],
         "volumeMounts": [{"name": "overlay-bundle", "mountPath": BUNDLE_MOUNT}],
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
@@ -106,6 +106,9 @@ def server_env(plan: ServicePlan, extra: dict[str, str] | None = None) -> list[d
     env = dict(_env_items(plan))
     env.update(memory_environment(BUNDLE_MOUNT, KERNEL_CACHE, selected_ids(plan)))
     env["HOME"] = f"{RUNTIME_CACHE}/home"  # a uid without a passwd entry gets HOME=/ (read-only)
+    # and getpass.getuser() fails for it unless LOGNAME/USER is set: torch's inductor calls it at import
+    # (torch/_inductor/runtime/cache_dir_utils.py default_cache_dir, torch 2.11: tests/k8s pod semantics)
+    env["USER"] = env["LOGNAME"] = "vllm"
     env.update(extra or {})
     out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(env.items())]
     out.append({"name": PLAN_HASH_ENV, "valueFrom": {"fieldRef": {
