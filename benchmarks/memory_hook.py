@@ -12,6 +12,8 @@ figure is a whole process of a bare python (default Debian's /usr/bin/python3, t
 - baseline: `python3 -c pass` (the memory/ directory on PYTHONPATH, no overlay named: its sitecustomize returns);
 - hook install: the same interpreter with the server's memory environment ($OVERLAY_MEMORY_PLAN as the entrypoint
   exports it): plan read, HMAC and structure verified, finder installed; what every engine process pays;
+- the same two with `import json` in both (every vLLM process imports it; the plan is JSON, and json imports re:
+  ~14 ms of a bare start, measured with -X importtime);
 - hook install + both modules served: their original files read and hashed, hunks applied, result hashed, code
   compiled (cold: no bytecode cache) or loaded from $OVERLAY_MEMORY_PYCACHE (warm);
 - today's warm no-op: `overlay apply IDS` through the wrapper's fast path on an applied root (every container
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             fresh = tmp / f"fresh-{i}"
             timed("python3 -c pass (baseline)", [py, "-c", "pass"], dict(mem_env, OVERLAY_MEMORY_IDS=""))
             timed("hook install (plan verified, finder installed)", [py, "-c", "pass"], plan_env)
+            timed("python3 -c 'import json' (what vLLM imports anyway)", [py, "-c", "import json"],
+                  dict(mem_env, OVERLAY_MEMORY_IDS=""))
+            timed("hook install, same process importing json", [py, "-c", "import json"], plan_env)
             timed("hook install + 2 modules served, cold (compiled)", [py, "-c", serve], plan_env)
             timed("hook install + 2 modules served, warm (bytecode cache)", [py, "-c", serve], warm_env)
             timed("today's warm no-op `overlay apply` (fast path)",
@@ -121,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{noop * 1000:.1f} ms; ratio {hook / noop:.2f}")
     file_first = med["first start, file mode: `overlay apply` replaying the plan"]
     mem_first = med["first start, memory mode: check + one interpreter's hook, cold"]
+    marginal = (med["hook install, same process importing json"]
+                - med["python3 -c 'import json' (what vLLM imports anyway)"])
+    print(f"hook install in a process that imports json anyway (as vLLM's do): {marginal * 1000:.1f} ms")
     print(f"first start, memory mode / file mode: {mem_first / file_first:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"python": args.python, "runs": args.runs, "median_s": med}, indent=2) + "\n")

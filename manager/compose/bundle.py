@@ -72,9 +72,8 @@ if [ -n "${OVERLAY_PYCACHE:-}" ] || [ ! -d "$here/site/manager/__pycache__" ]; t
 fi
 export PYTHONPATH OVERLAY_CATALOG OVERLAY_RELEASE_FILES OVERLAY_PLANS OVERLAY_PLAN_CACHE OVERLAY_PLAN_KEY
 # the console script's entry (not `-m manager`: runpy costs ~5 ms of every container start)
-exec "${OVERLAY_PYTHON:-python3}" \\
-  -c 'import sys; from manager.fastpath import main; sys.argv[0] = "overlay"; main()' "$@"
-"""
+""" + ("""exec "${OVERLAY_PYTHON:-python3}" -c 'import sys; from manager.fastpath import main; """
+       """sys.argv[0] = "overlay"; main()' "$@"\n""")
 
 
 @dataclass(frozen=True)

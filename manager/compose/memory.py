@@ -13,11 +13,24 @@ Shared by the compose rendering (render.py) and the Kubernetes one (the same pat
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .render import ServicePlan
+
+class _Plan(Protocol):
+    """What the entrypoint needs of a plan (manager.compose.render.ServicePlan has it)."""
+
+    @property
+    def slug(self) -> str: ...
+    @property
+    def overlays(self) -> tuple[str, ...]: ...
+    @property
+    def kernel_overlays(self) -> tuple[str, ...]: ...
+    @property
+    def server_command(self) -> tuple[str, ...]: ...
+
 
 # The bundle's directory that goes on PYTHONPATH (sitecustomize.py + the stdlib-only hook package).
 MEMORY_DIR = "memory"
@@ -56,12 +69,47 @@ def memory_environment(bundle_dir: str, kernel_cache: str, overlay_ids: Sequence
     }
 
 
-def memory_entrypoint_script(plan: ServicePlan, bundle_dir: str, kernel_cache: str) -> str:
+def _words(words: Sequence[str]) -> str:
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
+_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+def memory_entrypoint_script(plan: _Plan, bundle_dir: str, kernel_cache: str) -> str:
     """The POSIX sh entrypoint of memory mode: the pre-start check of the plans against the image's files
     (one line and a non-zero exit on refusal), the kernel build into the cache, exec of the server with the
-    hook's directory first on PYTHONPATH. No `overlay apply`."""
-    from .render import environment
-
-    return environment().get_template("entrypoint-memory.sh.j2").render(
-        plan=plan, bundle=bundle_dir, kernel_cache=kernel_cache, memory_dir=MEMORY_DIR, package=HOOK_PACKAGE
-    )
+    hook's directory first on PYTHONPATH. No `overlay apply`. Every word is shell-quoted (shlex.quote)."""
+    for path in (bundle_dir, kernel_cache):
+        if not _PATH.match(path):
+            raise ValueError(f"container path {path!r}: expected an absolute path of [A-Za-z0-9._/-]")
+    check = (f"import sys; sys.path.insert(0, sys.argv[1]); from {HOOK_PACKAGE}.inmemory.check import main; "
+             "main(sys.argv[2:])")
+    lines = [
+        "#!/bin/sh",
+        f"# overlay-manager entrypoint for {plan.slug} (in-memory delivery): check plans, build kernels, exec "
+        + " ".join(plan.server_command).replace("\n", " ") + ".",
+        "set -eu",
+        f'OVERLAY="${{OVERLAY_BIN:-{bundle_dir}/bin/overlay}}"',
+        f'MEMORY="{bundle_dir}/{MEMORY_DIR}"',
+    ]
+    if plan.overlays:
+        lines += [
+            "# every target of the selected overlays against the bundle's signed plan: refuses in one line, exit 1",
+            f'OVERLAY_MEMORY_PLAN=$("${{OVERLAY_PYTHON:-python3}}" -c {shlex.quote(check)} "$MEMORY" '
+            f"{_words(plan.overlays)})",
+            "export OVERLAY_MEMORY_PLAN",
+        ]
+    else:
+        lines.append("# no overlay is needed by this deployment")
+    if plan.kernel_overlays:
+        lines.append(f'"$OVERLAY" build {_words(plan.kernel_overlays)} '
+                     f'--cache "${{OVERLAY_KERNEL_CACHE:-{kernel_cache}}}"')
+    if plan.overlays:
+        lines += [
+            "# the import hook (sitecustomize.py) in every interpreter the server starts",
+            'PYTHONPATH="$MEMORY${PYTHONPATH:+:$PYTHONPATH}"',
+            "export PYTHONPATH",
+        ]
+    lines.append(f'exec {_words(plan.server_command)} "$@"')
+    return "\n".join(lines) + "\n"

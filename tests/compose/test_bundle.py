@@ -49,7 +49,11 @@ def test_bundle_layout_holds_site_catalog_wrapper_and_manifest(bundle: Path) -> 
     cached = [p for p in bundle.rglob("*.pyc")]
     assert cached and all(p.parent.name == "__pycache__" and ".cpython-311." in p.name for p in cached)
     assert all((p.parent.parent / (p.name.split(".")[0] + ".py")).is_file() for p in cached)
-    assert not [p for p in bundle.rglob("__pycache__") if not p.relative_to(bundle).parts[0] == "site"]
+    assert not [p for p in bundle.rglob("__pycache__") if p.relative_to(bundle).parts[0] not in ("site", "memory")]
+    # in-memory delivery: the hook's sitecustomize and its stdlib-only package, never named `manager`
+    assert (bundle / "memory" / "sitecustomize.py").is_file()
+    assert (bundle / "memory" / "overlay_memory" / "inmemory" / "hook.py").is_file()
+    assert not (bundle / "memory" / "manager").exists()
     libcst = next((bundle / "site").glob("libcst-*.dist-info"))
     assert tuple(int(x) for x in libcst.name.split("-")[1].split(".")[:2]) >= (1, 8)
 
