@@ -47,3 +47,15 @@ def cli_run() -> Callable[..., CliResult]:
     """`cli_run(*args, env=None)`: `overlay ARGS` in this process through manager.cli.main and its error
     handler -> CliResult(exit_code, stdout, stderr) (tests/helpers/cli.py, `run_cli`)."""
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def cpu_engine_stack(tmp_path_factory):
+    """The real-engine compose set-up (engine venv, runtime image, tiny checkpoints and references, catalog,
+    renderings, bundle), built once per session and shared by tests/compose/test_cpu_deployment_real_engine.py,
+    test_memory_deployment_real_engine.py and tests/k8s/test_pod_semantics_real_engine.py. It lives here, not in
+    tests/compose/conftest.py, so that one definition serves every package (a fixture imported into another
+    module is a second definition, and its session value is built a second time)."""
+    from tests.compose.test_cpu_deployment_real_engine import build_stack
+
+    return build_stack(tmp_path_factory)

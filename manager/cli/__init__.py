@@ -16,7 +16,7 @@ import click
 from .. import __version__
 from . import app
 from .app import Application, handle_errors
-from . import build, completion, compose, engine, image, inspect, overlays, profiles, upstream, upstream_tests
+from . import build, completion, compose, engine, image, inspect, k8s, overlays, profiles, upstream, upstream_tests
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +49,7 @@ def _exit_status(ctx: click.Context, rv: object, **_: object) -> object:
     return rv
 
 
-for _module in (overlays, profiles, compose, image, upstream, upstream_tests, build, inspect, engine, completion):
+for _module in (overlays, profiles, compose, k8s, image, upstream, upstream_tests, build, inspect, engine, completion):
     _module.register(cli)
 app.accept_catalog_anywhere(cli)
 

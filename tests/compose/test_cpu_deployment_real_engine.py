@@ -196,7 +196,7 @@ def _catalog(dest: Path, checkpoint, checkpoint_tp2) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(cpu_engine_stack) -> Stack:
-    """The session's set-up (tests/compose/conftest.py: built once, shared with the memory-mode module)."""
+    """The session's set-up (tests/conftest.py: built once, shared with the memory-mode and k8s pod modules)."""
     return cpu_engine_stack
 
 

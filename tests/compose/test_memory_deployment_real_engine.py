@@ -1,7 +1,7 @@
 """In-memory delivery on the real engine through the generated compose file (issue 25 points 1 and 2).
 
 The CPU deployment of tests/compose/test_cpu_deployment_real_engine.py (same session set-up: engine venv, runtime
-image, tiny dense checkpoint and its transformers reference, catalog, bundle; tests/compose/conftest.py) rendered by
+image, tiny dense checkpoint and its transformers reference, catalog, bundle; tests/conftest.py) rendered by
 the real `overlay compose render SLUG --no-gpu --delivery memory`: `read_only: true`, tmpfs for the writable paths,
 an entrypoint that checks the bundle's signed plan against the engine's files and execs the API server with the
 bundle's `memory/` first on PYTHONPATH (no `overlay apply`). The site override mounts the engine venv read-only (no
