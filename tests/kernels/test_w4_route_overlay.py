@@ -666,3 +666,17 @@ def test_nvfp4_linear_with_k_not_a_multiple_of_32_is_dequantized_at_load_with_on
     assert rel.launches.calls == []
     (line,) = _messages(caplog, "K=48")
     assert "run dequantized to fp16" in line
+
+
+@pytest.mark.network
+def test_nvfp4_linear_apply_is_one_opaque_op_inside_a_fullgraph_torch_compile(release, monkeypatch):
+    """vLLM compiles model forwards (fullgraph): the ctypes launch sits behind the custom op sm70_w4::nvfp4_linear."""
+    rel = release((7, 0))
+    _, scheme = _scheme(rel, False)
+    layer, _ = _load_linear(scheme)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # dynamo must not initialise CUDA here
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: scheme.apply_weights(layer, x), fullgraph=True, backend="eager")
+    y = compiled(torch.zeros((4, 256), dtype=torch.float16))
+    assert tuple(y.shape) == (4, 160)
+    assert [c[:4] for c in rel.launches.calls] == [("linear", "fp4", 16, "decode")]

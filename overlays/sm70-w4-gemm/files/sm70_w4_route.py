@@ -41,6 +41,7 @@ ENV = "OVERLAY_W4"
 # vLLM's MoEActivation values -> the launcher's activations (vLLM's "gelu" is gelu_and_mul: erf GELU)
 ACTIVATIONS = {"gelu": "gelu", "silu": "silu"}
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_MODULE = "vllm.model_executor.layers.quantization.sm70_w4_route"
 _state: dict = {}
 _classes: dict = {}
 
@@ -349,17 +350,34 @@ def _linear_after_loading(self, layer) -> None:
     layer.weight = torch.nn.Parameter(packed, requires_grad=False)
     layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
     layer.sm70_w4 = "fp4"
+    linear_op()   # registered at load, outside any torch.compile trace
 
 
 def _linear_apply(self, layer, x, bias=None):
     if layer.sm70_w4 == "dense":
         return torch.nn.functional.linear(x, layer.weight.to(x.dtype), bias)
-    k = kernels()
     x2 = x.reshape(-1, x.shape[-1])
     xin = x2 if x2.dtype == torch.float16 and x2.is_contiguous() else x2.to(torch.float16).contiguous()
-    path = "decode" if xin.shape[0] <= launcher().TILES["decode"][0] else "prefill"
-    y = k.linear(xin, layer.weight, layer.weight_scale, "fp4", group=16, gscale=layer.weight_global_scale,
-                 path=path)
-    ran(f"NVFP4 linear {path}", f"{xin.shape[0]} rows, K {xin.shape[1]}, N {y.shape[1]}, x {x.dtype}")
+    y = torch.ops.sm70_w4.nvfp4_linear(xin, layer.weight, layer.weight_scale, layer.weight_global_scale)
     y = y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
     return y if bias is None else y + bias
+
+
+def _nvfp4_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The launch (run eagerly: inside torch.compile'd models it is the opaque op `sm70_w4::nvfp4_linear`)."""
+    route = sys.modules[_MODULE]   # the module instance serving now (the op is registered once per process)
+    path = "decode" if x.shape[0] <= route.launcher().TILES["decode"][0] else "prefill"
+    y = route.kernels().linear(x, w, s, "fp4", group=16, gscale=g, path=path)
+    route.ran(f"NVFP4 linear {path}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}")
+    return y
+
+
+def linear_op():
+    """`sm70_w4::nvfp4_linear`: the NVFP4 linear launch as a torch custom op (vLLM compiles model forwards with
+    torch.compile: a ctypes launch must not be traced), registered once per process."""
+    try:
+        return torch.ops.sm70_w4.nvfp4_linear
+    except (AttributeError, RuntimeError):
+        op = torch.library.custom_op("sm70_w4::nvfp4_linear", mutates_args=())(_nvfp4_linear)
+        op.register_fake(lambda x, w, s, g: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float16))
+        return torch.ops.sm70_w4.nvfp4_linear
