@@ -646,33 +646,18 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
                         params[n_].copy_(d)
                         quant[n_] = _nvfp4_tensors(torch, n_[: -len(".weight")], c, sc, g)
                         done.add(n_)
-        model = model.to(tdtype)
-        _write_quantized(dest, model, transformers_form, quant, nvfp4_config(moe))
-        return CheckpointInfo(
-            name,
-            dest,
-            dest / "dequantized",
-            seed,
-            transformers_form,
-            transformers.__version__,
-            dtype,
-            "compressed-tensors nvfp4-pack-quantized group 16"
-            + (" (experts, per expert)" if moe else " (attention and MLP linears)"),
-            _tensor_list(dest),
-        )
-
+        what = " (experts, per expert)" if moe else " (attention and MLP linears)"
+        return _write_quantized(dest, model.to(tdtype), transformers_form, quant, nvfp4_config(moe),
+                                CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
+                                               transformers.__version__, dtype,
+                                               "compressed-tensors nvfp4-pack-quantized group 16" + what, ()))
     return build
 
 
-def _write_quantized(
-    dest: Path,
-    model: Any,
-    transformers_form: str,
-    quant: dict[str, dict[str, Any]],
-    quantization_config: dict[str, Any],
-) -> None:
+def _write_quantized(dest: Path, model: Any, transformers_form: str, quant: dict[str, dict[str, Any]],
+                     quantization_config: dict[str, Any], info: CheckpointInfo) -> CheckpointInfo:
     """`model` (holding the dequantized weights) to dest/dequantized/, and to dest/ with each tensor of `quant` replaced
-    by its quantized tensors and config.json's quantization_config set."""
+    by its quantized tensors and config.json's quantization_config set; returns `info` with the tensors written."""
     from safetensors.torch import load_file, save_file
 
     deq_dir = dest / "dequantized"
@@ -692,6 +677,7 @@ def _write_quantized(
     cfg["quantization_config"] = quantization_config
     (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_tokenizer(dest)
+    return dataclasses.replace(info, tensors=_tensor_list(dest))
 
 
 # E2B/E4B's per-layer embedding at tiny size: hidden_size_per_layer_input 16 over 6 layers -> a [512, 96] table
@@ -716,19 +702,10 @@ def _nvfp4_ple_kind(name: str) -> Builder:
         qcfg = nvfp4_config(False)
         qcfg["config_groups"]["group_0"]["targets"] = ["re:.*embed_tokens_per_layer$"]
         qcfg["ignore"] = ["lm_head"]
-        _write_quantized(dest, model.to(getattr(torch, dtype)), transformers_form, quant, qcfg)
-        return CheckpointInfo(
-            name,
-            dest,
-            dest / "dequantized",
-            seed,
-            transformers_form,
-            transformers.__version__,
-            dtype,
-            "compressed-tensors nvfp4-pack-quantized group 16 (the per-layer embedding)",
-            _tensor_list(dest),
-        )
-
+        return _write_quantized(dest, model.to(getattr(torch, dtype)), transformers_form, quant, qcfg,
+                                CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
+                                               transformers.__version__, dtype, "compressed-tensors "
+                                               "nvfp4-pack-quantized group 16 (the per-layer embedding)", ()))
     return build
 
 
