@@ -700,8 +700,10 @@ def _nvfp4_ple_kind(name: str) -> Builder:
             params[pname].copy_(deq)
         quant = {pname: _nvfp4_tensors(torch, pname[: -len(".weight")], codes, scale, gscale)}
         qcfg = nvfp4_config(False)
-        qcfg["config_groups"]["group_0"]["targets"] = ["re:.*embed_tokens_per_layer$"]
-        qcfg["ignore"] = ["lm_head"]
+        # every Linear stays float (ignored: vLLM refuses a Linear no target or ignore entry matches)
+        qcfg["config_groups"]["group_0"]["targets"] = ["Linear", "re:.*embed_tokens_per_layer$"]
+        qcfg["ignore"] = ["lm_head", "re:.*self_attn.*", "re:.*mlp.*", "re:.*per_layer_model_projection$",
+                          "re:.*per_layer_input_gate$", "re:.*per_layer_projection$"]
         return _write_quantized(dest, model.to(getattr(torch, dtype)), transformers_form, quant, qcfg,
                                 CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
                                                transformers.__version__, dtype, "compressed-tensors "
