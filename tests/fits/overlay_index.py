@@ -18,6 +18,7 @@ def fake_status(version: str) -> dict[str, str]:
         "gemma4-convertor-per-layer": "pending" if v < Version("0.28.0") else "upstream",
         "dynamo-dict-caches": "pending",
         "sm70-d512-attention": "pending",
+        "sm70-w4-gemm": "pending" if v < Version("0.21") else "not-applicable",
     }
 
 
@@ -39,6 +40,8 @@ def make_index(status_fn=fake_status, drop: tuple[str, ...] = ()) -> OverlayInde
         "dynamo-dict-caches": OverlayInfo("dynamo-dict-caches", needed_when=NeededWhen(max_sm=7.0), versions=">=0.19.0"),
         "sm70-d512-attention": OverlayInfo("sm70-d512-attention", needed_when=NeededWhen(max_sm=7.0, head_dims=[512]),
                                            kernel=True),
+        "sm70-w4-gemm": OverlayInfo("sm70-w4-gemm", versions=">=0.19.0,<0.21", kernel=True, needed_when=NeededWhen(
+            min_sm=7.0, max_sm=7.0, weight_formats=["compressed-tensors", "nvfp4"])),
     }
     for d in drop:
         infos.pop(d)

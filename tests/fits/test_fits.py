@@ -55,9 +55,13 @@ def test_seed_31b_dense_does_not_fit_two_16gb_cards(run):
     assert r.memory.per_card["weights"] == 31_000_000_000  # 62 GB / TP 2
 
 
+NO_W4 = make_index(drop=("sm70-w4-gemm",))
+
+
 def test_seed_wna16_moe_on_sm70_routes_to_the_slow_generic_kernel(run):
     # TP 2: per-rank expert K 352 is no multiple of 64, so 0.19.1 takes the WNA16 (moe_wna16 / Triton FMA) path
-    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70")
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70",
+            overlay_index=NO_W4)
     c = r.constraint("quant-kernel")
     assert c.result == "warn" and "420x" in c.message
     assert "issue 29" in c.message and "moe_wna16" in c.message and "FMA" in c.message
@@ -65,10 +69,27 @@ def test_seed_wna16_moe_on_sm70_routes_to_the_slow_generic_kernel(run):
 
 def test_wna16_moe_on_sm70_at_tp1_fails_because_0_19_1_picks_marlin_on_shape_alone(run):
     # TP 1: per-rank K 704 % 64 == 0, so check_moe_marlin_supports_layer passes and Marlin (no sm_70 code) is chosen
-    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=1, engine="vllm-0.19.1-sm70")
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=1, engine="vllm-0.19.1-sm70",
+            overlay_index=NO_W4)
     c = r.constraint("quant-kernel")
     assert c.result == "fail" and "no capability test" in c.message and "704 % 64 == 0" in c.message
     assert r.verdict == "fails"
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_wna16_moe_on_sm70_passes_through_the_sm70_w4_gemm_overlay_when_the_catalog_has_it(run, gpus):
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", gpus=gpus, engine="vllm-0.19.1-sm70")
+    c = r.constraint("quant-kernel")
+    assert c.result == "pass" and "kernel overlay sm70-w4-gemm" in c.message and f"K {704 // gpus}" in c.message
+    assert "420x" not in c.message   # the engine's slow-path note is what the overlay replaces
+    assert "sm70-w4-gemm" in r.overlays   # needed: fits says which overlay makes it possible
+
+
+def test_the_w4_overlay_does_not_cover_other_gpus_or_formats(run):
+    r = run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=2, engine="vllm-0.22.0")
+    assert "sm70-w4-gemm" not in r.constraint("quant-kernel").message and "sm70-w4-gemm" not in r.overlays
+    r = run(model="gemma-4-26b-a4b", weights="autoround-int4-mixed", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70")
+    assert "sm70-w4-gemm" not in r.constraint("quant-kernel").message
 
 
 def test_marlin_on_shape_alone_is_an_engine_fact_other_engines_do_not_claim(P, run):
@@ -96,7 +117,9 @@ def test_26b_on_two_v100_with_the_0_19_1_engine_fits_with_its_overlays(run):
     # the tight verdict comes from named limits, not from memory or from unverified engine fields
     assert res(r, "memory") == "pass"
     warned = {c.id for c in r.constraints if c.result == "warn"}
-    assert warned == {"weight-format", "dtype", "quant-kernel", "unverified"}, warned
+    # quant-kernel passes: the catalog's sm70-w4-gemm routes the W4A16 MoE (without it: the slow path's warning)
+    assert warned == {"weight-format", "dtype", "unverified"}, warned
+    assert "sm70-w4-gemm" in r.overlays
     assert "engines/" not in r.constraint("unverified").message
 
 
@@ -158,10 +181,27 @@ def test_weight_format_passes_for_formats_the_engine_loads(run):
     c = run(model="gemma-4-26b-a4b", weights="awq", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70").constraint("weight-format")
     assert c.result == "warn" and "capability 75" in c.message and "symmetric" in c.message
     assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", engine="vllm-0.19.1-sm70"), "weight-format") == "pass"
-    r = run(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70")
+    r = run(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.1-sm70",
+            overlay_index=NO_W4)
     assert res(r, "weight-format") == "fail" and res(r, "quant-kernel") == "fail" and "7.5" in r.constraint("quant-kernel").message
     assert "issue 29" in r.constraint("weight-format").message
     assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", engine="vllm-0.33.0"), "weight-format") == "pass"
+
+
+def test_nvfp4_on_sm70_loads_through_the_sm70_w4_gemm_overlay_and_is_refused_without_it(run):
+    from tests.fits.overlay_index import closed_index
+
+    kw = dict(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70")
+    r = run(**kw, overlay_index=closed_index())
+    wf, qk = r.constraint("weight-format"), r.constraint("quant-kernel")
+    assert wf.result == "pass" and "through the kernel overlay sm70-w4-gemm" in wf.message
+    assert "capability 75" in wf.message   # what the engine alone does, kept beside the overlay
+    assert qk.result == "pass" and "kernel overlay sm70-w4-gemm" in qk.message and "0 extra bytes" in qk.message
+    assert "sm70-w4-gemm" in r.overlays and r.verdict != "fails"
+    r = run(**kw, overlay_index=NO_W4)
+    assert res(r, "weight-format") == "fail" and res(r, "quant-kernel") == "fail" and r.verdict == "fails"
+    assert "needs the kernel overlay sm70-w4-gemm (shipped with overlay-manager), not in the catalog" in \
+        r.constraint("quant-kernel").message
 
 
 def test_weight_format_fails_when_engine_lacks_format(P):
@@ -241,7 +281,9 @@ def test_quant_kernel_pass_and_fail(run):
     # TP 2 without tile padding: 352 % 64 != 0 -> generic kernel (warn); with padding (0.30+) Marlin passes
     assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=2, engine="vllm-0.22.0"), "quant-kernel") == "warn"
     assert res(run(model="gemma-4-26b-a4b", weights="awq", hardware="rtx-3090", gpus=2, engine="vllm-0.30.0"), "quant-kernel") == "pass"
-    assert res(run(model="gemma-4-31b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.0"), "quant-kernel") == "fail"
+    kw = dict(model="gemma-4-31b", weights="nvfp4", hardware="v100-sxm2-32gb", engine="vllm-0.19.0")
+    assert res(run(**kw, overlay_index=NO_W4), "quant-kernel") == "fail"
+    assert res(run(**kw), "quant-kernel") == "pass"   # dense NVFP4 linears: the sm70-w4-gemm route
 
 
 def test_drafter_pass_and_fail(run):

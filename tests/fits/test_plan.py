@@ -57,7 +57,9 @@ def test_cli_plan_on_two_v100_proposes_the_0_19_1_engine_with_its_overlays():
     data = json.loads(r.output)
     best = data["options"][0]
     assert (best["engine"], best["image"], best["tp"]) == ("vllm-0.19.1-sm70", "overlay-manager/vllm-v100:0.19.1-cu128", 2)
-    assert {"vllm-pr40886-gemma4-awq-moe-keys", "sm70-d512-attention"} <= set(best["overlays"])
+    # 4-bit weights on sm70 go through the sm70-w4-gemm route (NVFP4, or W4A16 with #40886's expert keys)
+    assert {"sm70-w4-gemm", "sm70-d512-attention"} <= set(best["overlays"])
+    assert best["weights"] == "nvfp4" or "vllm-pr40886-gemma4-awq-moe-keys" in best["overlays"]
     # tight for named reasons only: the memory numbers fit
     assert not any(w.startswith("memory:") for w in best["warnings"])
     assert not any("engines/vllm-0.19.1-sm70" in w for w in best["warnings"])

@@ -124,7 +124,7 @@ def test_shipped_native_from_is_the_release_drop_when_names():
     assert got == {
         "vllm-pr40886-gemma4-awq-moe-keys": "0.21.0", "vllm-pr40411-gemma4-mm-embedder-prenorm": "0.20.0", "gemma4-convertor-per-layer": "0.28.0",
         "gemma4-unified-port": "0.24.0", "gemma4-mtp-per-layer": "0.28.0", "gemma4-mtp-cpu-kv-sharing": "0.27.1",
-        "dynamo-dict-caches": None, "sm70-d512-attention": None, "sm70-w4-gemm": None,
+        "dynamo-dict-caches": None, "sm70-d512-attention": None, "sm70-w4-gemm": None, "gemma4-ple-nvfp4-dequant": None,
     }
 
 
