@@ -82,16 +82,20 @@ def _recipe_finding(registry: Registry, slug: str, pin: str, recipe: str) -> Fin
     try:
         data = yaml.safe_load((where / "recipe.yaml").read_text())
     except FileNotFoundError:
-        return Finding(slug, "image-pin", True, f"{pin}: local build, but its recipe {rel}/recipe.yaml is missing", warn=True)
+        return Finding(slug, "image-pin", True, f"{pin}: local build, but its recipe {rel}/recipe.yaml is missing",
+                       warn=True)
     except yaml.YAMLError as exc:
-        return Finding(slug, "image-pin", False, f"{rel}/recipe.yaml: not YAML ({exc.__class__.__name__})")
+        return Finding(slug, "image-pin", False,
+                       f"{rel}/recipe.yaml: not YAML ({exc.__class__.__name__})")
     tag = data.get("tag") if isinstance(data, dict) else None
     if tag != pin:
         return Finding(slug, "image-pin", False, f"{rel}/recipe.yaml: tag {tag!r} != engine pin {pin!r}")
-    return Finding(slug, "image-pin", True, f"{pin} (local build from {rel}: `overlay image build {recipe}`; no registry)")
+    return Finding(slug, "image-pin", True,
+                   f"{pin} (local build from {rel}: `overlay image build {recipe}`; no registry)")
 
 
-def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines: Mapping[str, EnginePin]) -> CheckReport:
+def check_registry(registry: Registry, plans: Mapping[str, ServicePlan],
+                   engines: Mapping[str, EnginePin]) -> CheckReport:
     """Unique ports, image = engine pin, TP = device count, fits() or experimental-with-reason, files current."""
     out: list[Finding] = []
     by_port: dict[int, list[str]] = {}
@@ -100,7 +104,8 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
     for port, slugs in sorted(by_port.items()):
         for slug in slugs:
             if len(slugs) > 1:
-                out.append(Finding(slug, "unique-port", False, f"port {port} is also used by {', '.join(s for s in slugs if s != slug)}"))
+                out.append(Finding(slug, "unique-port", False,
+                                   f"port {port} is also used by {', '.join(s for s in slugs if s != slug)}"))
             else:
                 out.append(Finding(slug, "unique-port", True, f"port {port}"))
 
@@ -117,17 +122,23 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
         if plan.failing:
             named = all(cid in dep.note for cid in plan.failing)
             if dep.status in ("experimental", "disabled") and named:
-                out.append(Finding(slug, "fits", True, f"{dep.status}; fails {', '.join(plan.failing)} (named in note)", warn=True))
+                out.append(Finding(slug, "fits", True, f"{dep.status}; fails {', '.join(plan.failing)} (named in note)",
+                                   warn=True))
             elif dep.status in ("experimental", "disabled"):
-                out.append(Finding(slug, "fits", False, f"fails {', '.join(plan.failing)}; the note must name the failing constraint"))
+                out.append(Finding(slug, "fits", False,
+                                   f"fails {', '.join(plan.failing)}; the note must name the failing constraint"))
             else:
-                out.append(Finding(slug, "fits", False, f"status {dep.status} but fits() fails {', '.join(plan.failing)}"))
+                out.append(Finding(slug, "fits", False,
+                                   f"status {dep.status} but fits() fails {', '.join(plan.failing)}"))
         else:
-            out.append(Finding(slug, "fits", True, f"verdict {plan.verdict or 'ok'}; overlays: {' '.join(dict.fromkeys(plan.overlays + plan.kernel_overlays)) or 'none'}"))
+            out.append(Finding(slug, "fits", True,
+                               f"verdict {plan.verdict or 'ok'}; overlays: "
+                               f"{' '.join(dict.fromkeys(plan.overlays + plan.kernel_overlays)) or 'none'}"))
         # every unverified profile field the verdict rests on (a placeholder image among them) is a warning
         unverified = [w.removeprefix("unverified: ") for w in plan.warnings if w.startswith("unverified: ")]
         if unverified:
-            out.append(Finding(slug, "unverified", True, f"rests on {len(unverified)} unverified field(s): {'; '.join(unverified)}", warn=True))
+            out.append(Finding(slug, "unverified", True,
+                               f"rests on {len(unverified)} unverified field(s): {'; '.join(unverified)}", warn=True))
         else:
             out.append(Finding(slug, "unverified", True, "every profile field names its source"))
         # generated file exists and is current
@@ -136,9 +147,11 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
         except FileNotFoundError:
             current = None
         if current is None:
-            out.append(Finding(slug, "generated-current", False, f"{path} is missing; run `overlay compose render --all`"))
+            out.append(Finding(slug, "generated-current", False,
+                               f"{path} is missing; run `overlay compose render --all`"))
         elif current != rendered[slug]:
-            out.append(Finding(slug, "generated-current", False, f"{path} is stale; run `overlay compose render --all`"))
+            out.append(Finding(slug, "generated-current", False,
+                               f"{path} is stale; run `overlay compose render --all`"))
         else:
             out.append(Finding(slug, "generated-current", True, str(path.name)))
         # the file on disk pins the engine profile's image and reserves tp devices
@@ -150,19 +163,25 @@ def check_registry(registry: Registry, plans: Mapping[str, ServicePlan], engines
         else:
             engine_unverified = engine.unverified if engine is not None else []
             if svc.get("image") != pin:
-                out.append(Finding(slug, "image-pin", False, f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
+                out.append(Finding(slug, "image-pin", False,
+                                   f"{path}: image {svc.get('image')!r} != engine {dep.engine} pin {pin!r}"))
             elif recipe := getattr(engine, "image_recipe", None):  # an EnginePin (a pulled image) has none
                 out.append(_recipe_finding(registry, slug, str(pin), recipe))
             elif "image" in engine_unverified:
-                out.append(Finding(slug, "image-pin", True, f"{pin}: unverified (engines/{dep.engine}: no such image was built or read)", warn=True))
+                out.append(Finding(slug, "image-pin", True,
+                                   f"{pin}: unverified (engines/{dep.engine}: no such image was built or read)",
+                                   warn=True))
             else:
                 out.append(Finding(slug, "image-pin", True, str(pin)))
-            devices = (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
+            devices = (((svc.get("deploy") or {}).get("resources") or {})
+                       .get("reservations") or {}).get("devices") or []
             ids = [i for d in devices for i in d.get("device_ids", [])]
             cmd = [str(a) for a in svc.get("command") or []]
             tp_arg = cmd[cmd.index("--tensor-parallel-size") + 1] if "--tensor-parallel-size" in cmd else None
             if len(ids) != dep.tp or tp_arg != str(dep.tp):
-                out.append(Finding(slug, "file-tp", False, f"{path}: {len(ids)} device(s), --tensor-parallel-size {tp_arg}, registry tp={dep.tp}"))
+                out.append(Finding(slug, "file-tp", False,
+                                   f"{path}: {len(ids)} device(s), --tensor-parallel-size {tp_arg}, "
+                                   f"registry tp={dep.tp}"))
             else:
                 out.append(Finding(slug, "file-tp", True, f"{len(ids)} device(s), --tensor-parallel-size {tp_arg}"))
     # generated files without a registry entry

@@ -190,7 +190,8 @@ def _recipe_plans(recipe: Recipe, catalog: Catalog, dest: Path) -> str:
     bad = [f"{i} {s}" for i, s in made.statuses if i in recipe.apply and s not in ("applied", "pending")]
     if bad:
         raise ComposeError(f"{recipe.path / 'recipe.yaml'}: on vllm {recipe.vllm_version}: {', '.join(bad)}")
-    return f"{recipe.name} default entrypoint: vllm {recipe.vllm_version} {' '.join(recipe.apply)}: plan {Path(made.path).name}"
+    return (f"{recipe.name} default entrypoint: vllm {recipe.vllm_version} {' '.join(recipe.apply)}: "
+            f"plan {Path(made.path).name}")
 
 
 def write_context(recipe: Recipe, catalog: Catalog, out: Path, python: str, platform: str = "manylinux_2_28_x86_64",
@@ -273,7 +274,8 @@ def _follow(chunks: Iterator[dict], on_log: Callable[[str], None] | None) -> Non
     for chunk in chunks:
         if "error" in chunk:
             detail = " | ".join(ln.strip() for ln in tail[-3:] if ln.strip())
-            raise ComposeError(f"docker build failed: {str(chunk['error']).strip()}" + (f" (after: {detail})" if detail else ""))
+            raise ComposeError(f"docker build failed: {str(chunk['error']).strip()}"
+                               + (f" (after: {detail})" if detail else ""))
         line = chunk.get("stream")
         if line:
             tail = (tail + line.splitlines())[-20:]

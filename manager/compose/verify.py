@@ -91,7 +91,8 @@ def _run(client: Any, image: str, script: str, bundle: Path | None, timeout: int
         try:
             rc = int(container.wait(timeout=timeout)["StatusCode"])
         except Exception as exc:  # noqa: BLE001 - timeouts come as requests exceptions
-            raise ComposeError(f"image {image!r}: the check did not finish in {timeout}s ({type(exc).__name__})") from None
+            raise ComposeError(f"image {image!r}: the check did not finish in {timeout}s "
+                               f"({type(exc).__name__})") from None
         stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
         stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
     finally:
@@ -120,7 +121,8 @@ def verify_image(image: str, catalog: Catalog, bundle: Path | None = None, timeo
     if bundle is None:
         rc, out, err = _run(client, image, probe_script(False), None, timeout)
         if rc != 0:
-            raise ComposeError(f"image {image!r}: python3 probe failed (exit {rc}): {(err or out).strip().splitlines()[-1:]}")
+            raise ComposeError(f"image {image!r}: python3 probe failed (exit {rc}): "
+                               f"{(err or out).strip().splitlines()[-1:]}")
         info = json.loads(out.strip().splitlines()[-1])
         from .bundle import build_bundle
         from ..releases import cache_dir

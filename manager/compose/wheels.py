@@ -91,8 +91,8 @@ def wheel_set(recipe: Recipe, python: str, platform: str, root: Path | None = No
             if not cached:
                 d.mkdir(parents=True, exist_ok=True)
                 plat_args = [a for t in platform_tags(platform) for a in ("--platform", t)]
-                _pip(["download", "-q", "--no-cache-dir", "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-                      *plat_args, "-d", str(d), *recipe.requirements],
+                _pip(["download", "-q", "--no-cache-dir", "--only-binary=:all:", "--python-version", python,
+                      "--implementation", "cp", *plat_args, "-d", str(d), *recipe.requirements],
                      what=f"pip download of the {recipe.name} wheels for python {python} / {platform}")
                 _write_lock(d)
                 marker.write_text("\n".join(recipe.requirements) + "\n")

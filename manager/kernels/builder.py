@@ -185,7 +185,8 @@ def _inside(overlay_dir: Path, rel: str) -> Path:
     base = Path(overlay_dir).resolve()
     real = (base / rel).resolve()
     if base not in real.parents:
-        raise BuildError(f"{Path(overlay_dir) / rel}: resolves to {real}, outside the overlay directory {base}; refused")
+        raise BuildError(f"{Path(overlay_dir) / rel}: resolves to {real}, "
+                         f"outside the overlay directory {base}; refused")
     return real
 
 

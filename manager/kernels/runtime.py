@@ -83,8 +83,10 @@ class Driver:
 
     def compute_capability(self, device: int) -> tuple[int, int]:
         major, minor = ctypes.c_int(), ctypes.c_int()
-        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "cuDeviceGetAttribute")
-        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "cuDeviceGetAttribute")
+        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                                 device), "cuDeviceGetAttribute")
+        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                                 device), "cuDeviceGetAttribute")
         return major.value, minor.value
 
     def load_module(self, image: bytes) -> int:
@@ -132,7 +134,8 @@ class Kernel:
         n = ctypes.c_int()
         smem = self.entry.shared_bytes if shared_bytes is None else shared_bytes
         self.driver.check(self.driver.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(n), ctypes.c_void_p(self.handle), self.entry.threads, smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            ctypes.byref(n), ctypes.c_void_p(self.handle), self.entry.threads, smem),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return n.value
 
     def launch(self, grid: Sequence[int], args: Sequence[Any], stream: int | None = None,
