@@ -38,6 +38,7 @@ VARIANTS = {"v2": ("decode", (16, 64), 128), "v3": ("decode", (16, 32), 256), "v
 DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
 DECODE_MAX_ROWS_PER_EXPERT = 16
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -69,6 +70,11 @@ def moe_align(topk_ids: Any, block: int, num_experts: int) -> tuple[Any, Any, An
         expert_ids = torch.full((1,), -1, dtype=torch.int32, device=flat.device)
     num_post = torch.tensor([total], dtype=torch.int32, device=flat.device)
     return sorted_ids, expert_ids, num_post
+
+
+def pick_path(tokens: int, top_k: int, experts: int) -> str:
+    """The MoE path for a batch: the 16-row decode tile while the routed rows stay few per expert."""
+    return "decode" if tokens * top_k <= DECODE_MAX_ROWS_PER_EXPERT * experts // 8 else "prefill"
 
 
 def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int) -> tuple[int, int]:
@@ -182,8 +188,7 @@ class W4Kernels:
         top_k = topk_ids.shape[1]
         e, n13 = w13.shape[0], w13.shape[1]
         inter = n13 // 2
-        if path is None:
-            path = "decode" if m * top_k <= DECODE_MAX_ROWS_PER_EXPERT * e // 8 else "prefill"
+        path = path or pick_path(m, top_k, e)
         bm = TILES[path][0]
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
         nv = m * top_k
@@ -192,10 +197,12 @@ class W4Kernels:
         gate, up = y1[:, :inter], y1[:, inter:]
         if activation == "gelu_tanh":
             a = torch.nn.functional.gelu(gate, approximate="tanh") * up
+        elif activation == "gelu":   # erf GELU: vLLM's MoEActivation.GELU (gelu_and_mul), what Gemma-4's MoE runs
+            a = torch.nn.functional.gelu(gate) * up
         elif activation == "silu":
             a = torch.nn.functional.silu(gate) * up
         else:
-            raise BuildError(f"activation {activation!r}: expected gelu_tanh or silu")
+            raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
         # down: routing weight and the top-k sum fused (fp32 atomics over the k rows of a token)
         return self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
                          expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
