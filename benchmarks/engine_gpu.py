@@ -781,7 +781,7 @@ def markdown(doc: dict) -> str:
 
 
 def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool,
-        only: tuple[str, ...] = (), tp: int = 1) -> int:
+        only: tuple[str, ...] = (), tp: int = 1, skip_done: bool = False) -> int:
     start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "tp": tp, "runs": {}}
@@ -808,6 +808,8 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
             return 1
     for spec in plan(work, phases, tp):
         if only and not any(spec["name"].startswith(o) for o in only):
+            continue
+        if skip_done and doc["runs"].get(spec["name"], {}).get("rc") == 0:   # done by an earlier call into --out
             continue
         left = budget_s - (time.time() - start)
         if left < 45 and not dry:
@@ -862,6 +864,8 @@ def main(argv=None) -> int:
     u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
     u.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel size of every engine (needs that many GPUs and the kinds staged with --tp)")
+    u.add_argument("--skip-done", action="store_true",
+                   help="skip the runs --out's results.json already holds with rc 0 (a run split over device calls)")
     u.add_argument("--dry-run", action="store_true")
     w = sub.add_parser("worker")
     w.add_argument("spec", type=Path)
@@ -890,7 +894,7 @@ def main(argv=None) -> int:
         print(f"engine_gpu: {why}", file=sys.stderr)
         return 1
     only = tuple(o.strip() for o in args.only.split(",") if o.strip())
-    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only, args.tp)
+    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only, args.tp, args.skip_done)
 
 
 if __name__ == "__main__":

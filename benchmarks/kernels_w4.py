@@ -277,7 +277,7 @@ def bench_vllm_anchors(k, mod, peak, copy):
             row = dict(fmt="int4", group=group, tokens=tokens, path=path, experts_used=int(ti.unique().numel()))
             outs = {}
             for label, use_cuda in (("triton", False), ("moe_wna16", True)):
-                fm.should_moe_wna16_use_cuda = (lambda use: (lambda **kw: use))(use_cuda)
+                fm.should_moe_wna16_use_cuda = (lambda use: (lambda *a, **kw: use))(use_cuda)
                 try:
                     outs[label] = vllm_moe().float()
                     row[f"vllm_{label}_us"] = timed(vllm_moe) * 1e6
