@@ -300,26 +300,18 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
             runs.append({"name": f"a-g{g}-reference16", "phase": "a", "kind": "reference", "dtype": "float16",
                          "model": str(Path(m) / "dequantized"), "group": g,
                          "score": [f"a-g{g}-patched", f"a-g{g}-dequant"]})
-    if "b" in phases or "c" in phases:
-        for model in ("dense", "moe"):
-            m = str(ck / kinds[model])
-            for mode in ("off", "force"):
-                runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": m,
-                             "eager": False, "d512": mode, "long": model == "dense" and "b" in phases,
-                             "throughput": model == "dense" and "c" in phases, "short": "b" in phases})
-            if "b" in phases:
-                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": m,
-                             "score": [f"b-{model}-off", f"b-{model}-force"]})
-    if "f" in phases:
-        for model in FAMILY_MODELS:
-            if model not in kinds:
-                continue
-            m = str(ck / kinds[model])
-            for mode in ("off", "force"):
-                runs.append({"name": f"f-{model}-{mode}", "phase": "f", "root": "full", "model": m, "eager": False,
-                             "d512": mode, "long": model == FAMILY_MODELS[0], "short": True})
-            runs.append({"name": f"f-{model}-reference", "phase": "f", "kind": "reference", "model": m,
-                         "score": [f"f-{model}-off", f"f-{model}-force"]})
+    # b and f: the attention route off vs forced under CUDA graphs (+ the fp32 reference scoring both arms)
+    ab = [("b", model, model == "dense" and "b" in phases, model == "dense" and "c" in phases, "b" in phases)
+          for model in ("dense", "moe") if "b" in phases or "c" in phases]
+    ab += [("f", model, model == FAMILY_MODELS[0], False, True) for model in FAMILY_MODELS if "f" in phases]
+    for ph, model, long, thr, short in ab:
+        m = str(ck / kinds[model])
+        for mode in ("off", "force"):
+            runs.append({"name": f"{ph}-{model}-{mode}", "phase": ph, "root": "full", "model": m, "eager": False,
+                         "d512": mode, "long": long, "throughput": thr, "short": short})
+        if short:
+            runs.append({"name": f"{ph}-{model}-reference", "phase": ph, "kind": "reference", "model": m,
+                         "score": [f"{ph}-{model}-off", f"{ph}-{model}-force"]})
     if "w" in phases:
         for model in W4_MODELS:
             if model not in kinds:
@@ -743,11 +735,7 @@ def summarize(results: dict) -> dict:
             if r and ref and "short" in r and "short" in ref:
                 s[f"{ph}-{model}-{mode}-vs-transformers"] = compare(r["short"], ref["short"])
         scored = (ref or {}).get("scored", {})
-        if off and force and f"{ph}-{model}-off" in scored and f"{ph}-{model}-force" in scored:
-            tf_off = teacher_forced(off, scored[f"{ph}-{model}-off"])
-            tf_force = teacher_forced(force, scored[f"{ph}-{model}-force"])
-            s[f"{ph}-{model}-off-teacher-forced"] = tf_off
-            s[f"{ph}-{model}-force-teacher-forced"] = tf_force | judge(tf_force, tf_off)
+        judged_pair(s, scored, f"{ph}-{model}-off", off, f"{ph}-{model}-force", force)
         if off and force and "long" in off and "long" in force:
             s[f"{ph}-{model}-long"] = compare([off["long"]], [force["long"]]) | {
                 "tolerance": TOL_ROUTE, "seconds_off": off["long"]["seconds"], "seconds_force": force["long"]["seconds"]}
@@ -763,12 +751,18 @@ def summarize(results: dict) -> dict:
             s[f"w-{model}-vs-dequant-engine"] = compare(route["short"], dq["short"]) | {
                 "markers_route": route.get("markers", []), "markers_dequant": dq.get("markers", [])}
         scored = (ref or {}).get("scored", {})
-        if route and dq and f"w-{model}-route" in scored and f"w-{model}-dequant" in scored:
-            tf_dq = teacher_forced(dq, scored[f"w-{model}-dequant"])
-            tf_route = teacher_forced(route, scored[f"w-{model}-route"])
-            s[f"w-{model}-dequant-teacher-forced"] = tf_dq
-            s[f"w-{model}-route-teacher-forced"] = tf_route | judge(tf_route, tf_dq)
+        judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-route", route)
     return s
+
+
+def judged_pair(s: dict, scored: dict, base_name: str, base: dict | None, run_name: str, run: dict | None) -> None:
+    """The teacher-forced errors of a baseline run and of the run under test, the latter judged against the former
+    (summary keys `<name>-teacher-forced`), when the reference scored both."""
+    if base and run and base_name in scored and run_name in scored:
+        tf_base = teacher_forced(base, scored[base_name])
+        tf_run = teacher_forced(run, scored[run_name])
+        s[f"{base_name}-teacher-forced"] = tf_base
+        s[f"{run_name}-teacher-forced"] = tf_run | judge(tf_run, tf_base)
 
 
 def markdown(doc: dict) -> str:
