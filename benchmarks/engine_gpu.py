@@ -3,7 +3,7 @@
 Runs on the GPU machine from what benchmarks/engine_gpu_prepare.py staged (driver: engine_gpu.sh):
 
     engine_gpu.py receive --manifest M --work W DIR     keep this call's pieces (sha256-checked) in W/in
-    engine_gpu.py run --manifest M --work W --out OUT [--phases install,a,b,c] [--budget-s 540] [--tp N] [--dry-run]
+    engine_gpu.py run --manifest M --work W --out OUT [--phases install,a,b,c,f,w] [--budget-s 540] [--tp N] [--dry-run]
 
 `run` first installs what has arrived (once: join the parts, unpack vLLM without FA2, `pip install
 --no-deps --target W/site` the dependency wheels, unpack the kernel cache, checkpoints and project),
@@ -22,6 +22,14 @@ b. D=512 route A/B with CUDA graphs (no enforce_eager) on the full root: OVERLAY
    process, and (dense) one long request through chunked prefill and split decode.
 c. throughput, route off vs on (dense): prefill tokens/s, decode tokens/s (short and long context),
    medians of 3.
+f. the whole SM70 attention family (issue 32), CUDA graphs on, the full root: $OVERLAY_SM70_ATTENTION=off vs
+   force on checkpoints whose layers use every head dim between them (FAMILY_MODELS: dense-h256 = sliding 256 +
+   global 512, Gemma-4's own pair, with the chunked 24K prompt; moe-h128 = 128 + 512; dense = 64 + 512), greedy
+   tokens, teacher-forced errors of both arms against the fp32 reference (the tolerance rule below), and the
+   route's marker lines (first decode / split decode / prefill / chunked prefill per head dim, fallback reasons).
+w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $OVERLAY_W4=force on the tiny
+   ct-w4a16-moe, ct-nvfp4-moe and ct-nvfp4-dense checkpoints against the same weights dequantized through the same
+   engine (the baseline of the tolerance rule), both scored by the fp32 reference; the route's marker lines.
 
 `--tp N` (default 1) starts every vLLM engine with `--tensor-parallel-size N` (LLM(tensor_parallel_size=N))
 on the checkpoint kinds whose shapes divide by N (TP_CHECKPOINTS; stage them with engine_gpu_prepare.py
@@ -58,14 +66,25 @@ ROOTS = {
     "pr40886": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys"),
     "full": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches",
              "sm70-d512-attention"),
+    "w4": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches",
+           "sm70-d512-attention", "sm70-w4-gemm"),
 }
-MARKER = "head_dim-512 attention:"
+# the routes' log lines: the attention family's per-head-dim launch markers ("head_dim-D attention: decode ran on
+# sm70-d512-attention kernels ...") and fallback reasons ("sm70 attention: ..."), and the 4-bit route's lines
+MARKER_RE = re.compile(r"head_dim-\d+ attention:|sm70 attention|sm70-w4-gemm|sm70 w4|OVERLAY_W4")
+MARKERS_KEPT = 40
+# phase f: (run-name model key, checkpoint key) -- head dims (sliding + global) 256 + 512, 128 + 512, 64 + 512
+FAMILY_MODELS = ("dense-h256", "moe-h128", "dense")
+# phase w: the 4-bit checkpoints the route takes (each with its dequantized/ float model)
+W4_MODELS = ("ct-w4a16-moe", "ct-nvfp4-moe", "ct-nvfp4-dense")
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
 # checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (testing/checkpoints.py:
 # 2 KV heads on both layer types, 4 query heads, MoE intermediate 128) divide by 2; it has no group-16 TP=2 kind,
 # so at TP=2 phase a runs group 32 (the Marlin MoE path) only. Same names as engine_gpu_prepare.CHECKPOINT_KINDS_TP.
 TP_CHECKPOINTS = {
-    1: {"dense": "dense", "moe": "moe", 32: "ct-w4a16-moe", 16: "ct-w4a16-moe-g16"},
+    1: {"dense": "dense", "moe": "moe", 32: "ct-w4a16-moe", 16: "ct-w4a16-moe-g16", "dense-h256": "dense-h256",
+        "moe-h128": "moe-h128", "ct-w4a16-moe": "ct-w4a16-moe", "ct-nvfp4-moe": "ct-nvfp4-moe",
+        "ct-nvfp4-dense": "ct-nvfp4-dense"},
     2: {"dense": "dense-tp2", "moe": "moe-tp2", 32: "ct-w4a16-moe-tp2"},
 }
 # Tolerances on the logprob of each greedy token while the token streams agree (stated up front):
@@ -153,7 +172,7 @@ def _join(manifest: dict, work: Path, group: str) -> Path:
     return out
 
 
-def install(manifest: dict, work: Path, dry: bool = False) -> dict:
+def install(manifest: dict, work: Path, dry: bool = False, roots: set[str] | None = None) -> dict:
     """Join and unpack every group whose parts are all here (once each); build the overlay roots."""
     report = {}
     have = {f.name for f in (work / "in").iterdir()} if (work / "in").exists() else set()
@@ -188,7 +207,7 @@ def install(manifest: dict, work: Path, dry: bool = False) -> dict:
     for group, r in report.items():
         say(f"{group}: {r}")
     if (work / ".done-vllm").exists() and (work / ".done-project").exists():
-        report["roots"] = make_roots(work)
+        report["roots"] = make_roots(work, roots)
     return report
 
 
@@ -200,10 +219,12 @@ def _env_for(work: Path, root: str | None = None, **extra: str) -> dict:
     return env
 
 
-def make_roots(work: Path) -> dict:
-    """Hard-linked copies of the unpacked vLLM with each root's overlays applied (once)."""
+def make_roots(work: Path, names: set[str] | None = None) -> dict:
+    """Hard-linked copies of the unpacked vLLM with each root's overlays applied (once); `names`: only these."""
     out = {}
     for name, ids in ROOTS.items():
+        if names is not None and name not in names:
+            continue
         root = work / "roots" / name
         done = root / ".ready"
         if done.exists():
@@ -220,8 +241,11 @@ def make_roots(work: Path) -> dict:
                                   capture_output=True, text=True, env=_env_for(work), cwd=str(work))
             rec["apply_rc"] = proc.returncode
             rec["apply"] = (proc.stderr + proc.stdout).strip().splitlines()[-len(ids) - 2:]
-            if proc.returncode != 0:
-                raise SystemExit(f"engine_gpu: overlay apply {' '.join(ids)} on {root} failed:\n{proc.stderr[-1500:]}")
+            if proc.returncode != 0:   # the runs on this root are skipped (run_one), the others go on
+                rec["error"] = f"overlay apply {' '.join(ids)} failed: {(proc.stderr + proc.stdout)[-1500:]}"
+                say(f"root {name}: {rec['error']}")
+                out[name] = rec
+                continue
         done.write_text(json.dumps(rec))
         say(f"root {name}: {', '.join(ids) or 'no overlays'}")
         out[name] = rec
@@ -276,16 +300,29 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
             runs.append({"name": f"a-g{g}-reference16", "phase": "a", "kind": "reference", "dtype": "float16",
                          "model": str(Path(m) / "dequantized"), "group": g,
                          "score": [f"a-g{g}-patched", f"a-g{g}-dequant"]})
-    if "b" in phases or "c" in phases:
-        for model in ("dense", "moe"):
+    # b and f: the attention route off vs forced under CUDA graphs (+ the fp32 reference scoring both arms)
+    ab = [("b", model, model == "dense" and "b" in phases, model == "dense" and "c" in phases, "b" in phases)
+          for model in ("dense", "moe") if "b" in phases or "c" in phases]
+    ab += [("f", model, model == FAMILY_MODELS[0], False, True) for model in FAMILY_MODELS if "f" in phases]
+    for ph, model, long, thr, short in ab:
+        m = str(ck / kinds[model])
+        for mode in ("off", "force"):
+            runs.append({"name": f"{ph}-{model}-{mode}", "phase": ph, "root": "full", "model": m, "eager": False,
+                         "d512": mode, "long": long, "throughput": thr, "short": short})
+        if short:
+            runs.append({"name": f"{ph}-{model}-reference", "phase": ph, "kind": "reference", "model": m,
+                         "score": [f"{ph}-{model}-off", f"{ph}-{model}-force"]})
+    if "w" in phases:
+        for model in W4_MODELS:
+            if model not in kinds:
+                continue
             m = str(ck / kinds[model])
-            for mode in ("off", "force"):
-                runs.append({"name": f"b-{model}-{mode}", "phase": "b", "root": "full", "model": m,
-                             "eager": False, "d512": mode, "long": model == "dense" and "b" in phases,
-                             "throughput": model == "dense" and "c" in phases, "short": "b" in phases})
-            if "b" in phases:
-                runs.append({"name": f"b-{model}-reference", "phase": "b", "kind": "reference", "model": m,
-                             "score": [f"b-{model}-off", f"b-{model}-force"]})
+            runs.append({"name": f"w-{model}-route", "phase": "w", "root": "w4", "model": m, "eager": True,
+                         "w4": "force"})
+            runs.append({"name": f"w-{model}-dequant", "phase": "w", "root": "w4", "model": str(Path(m) / "dequantized"),
+                         "eager": True, "w4": "force"})
+            runs.append({"name": f"w-{model}-reference", "phase": "w", "kind": "reference",
+                         "model": str(Path(m) / "dequantized"), "score": [f"w-{model}-route", f"w-{model}-dequant"]})
     out: list[dict] = []
     for r in runs:
         if r.get("kind") == "reference":
@@ -356,7 +393,7 @@ def check_tp(tp: int, manifest: dict, dry: bool, env: dict | None = None, smi_li
                 f"(sizes with kinds: {', '.join(map(str, TP_CHECKPOINTS))})")
     staged = set((manifest.get("info") or {}).get("checkpoints") or {})
     need = sorted(set(TP_CHECKPOINTS[tp].values()))
-    if staged and not set(need) <= staged:
+    if staged and not set(need) & staged:   # a subset may be staged (engine_gpu_prepare.py --kinds); runs skip the rest
         return (f"--tp {tp}: the manifest's checkpoints are {', '.join(sorted(staged))}; --tp {tp} needs "
                 f"{', '.join(need)} (stage them with engine_gpu_prepare.py --tp {tp})")
     n = visible_gpus(os.environ if env is None else env, _smi_lines() if smi_lines is ... else smi_lines)
@@ -585,8 +622,10 @@ def first_error_line(log: str) -> str | None:
 def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dict:
     env_extra = {"OVERLAY_KERNEL_CACHE": str(work / "kernels"), "OVERLAY_MANAGER_HOME": str(work / "project"),
                  "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
-    if "d512" in spec:
-        env_extra["OVERLAY_D512"] = spec["d512"]
+    if "d512" in spec:   # the family's switch, and its old name (read when the new one is unset)
+        env_extra["OVERLAY_SM70_ATTENTION"] = env_extra["OVERLAY_D512"] = spec["d512"]
+    if "w4" in spec:
+        env_extra["OVERLAY_W4"] = spec["w4"]
     env_extra["OVERLAY_TRACE"] = "1"   # the runtime marker: one line per patched block per process
     env = _env_for(work, spec.get("root"), **env_extra)
     if spec.get("kind") == "reference":   # the image's transformers, none of the carried packages
@@ -603,6 +642,13 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
             + (f" engine: {' '.join(flags)}" if flags else " transformers reference"))
         return {"name": spec["name"], "dry_run": True, "model_present": Path(spec["model"]).is_dir(),
                 "engine_flags": flags, "tp": spec.get("tp"), "expect_trace": spec.get("expect_trace", [])}
+    if not Path(spec["model"]).is_dir():
+        say(f"skip {spec['name']}: {spec['model']} was not staged")
+        return {"name": spec["name"], "skipped": "checkpoint not staged"}
+    root = spec.get("root")
+    if root and not (work / "roots" / root / ".ready").exists():
+        say(f"skip {spec['name']}: root {root} was not made (overlay apply failed; see install.roots)")
+        return {"name": spec["name"], "skipped": f"root {root} not made"}
     say(f"start {spec['name']}")
     t0 = time.time()
     try:
@@ -618,7 +664,7 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
         res["twin_of"] = spec["twin_of"]
     if rc != 0:
         res["error"] = first_error_line(log)
-    res["markers"] = [ln.strip()[:300] for ln in log.splitlines() if MARKER in ln][:12]
+    res["markers"] = [ln.strip()[:300] for ln in log.splitlines() if MARKER_RE.search(ln)][:MARKERS_KEPT]
     res["tp"] = spec.get("tp", 1)
     if spec.get("expect_trace"):
         res["trace"] = trace_by_rank(log, spec.get("tp", 1), spec["expect_trace"], _read_trace(work))
@@ -676,35 +722,47 @@ def summarize(results: dict) -> dict:
             if not suffix and baseline and baseline["max_abs_logprob_err"] is not None:
                 tf["vs_unquantized_moe_checkpoint"] = judge(tf, baseline)
             s[f"a-g{g}-teacher-forced{suffix}"] = tf
-    for model in ("dense", "moe"):
-        off, force = results.get(f"b-{model}-off"), results.get(f"b-{model}-force")
+    for ph, model in [("b", "dense"), ("b", "moe"), *(("f", m) for m in FAMILY_MODELS)]:
+        off, force = results.get(f"{ph}-{model}-off"), results.get(f"{ph}-{model}-force")
         if off and force and "short" in off and "short" in force:
             c = compare(off["short"], force["short"]) | {"tolerance": TOL_ROUTE}
             c["within_tolerance"] = c["max_abs_logprob_diff"] <= TOL_ROUTE
             c["markers_force"] = force.get("markers", [])
             c["markers_off"] = off.get("markers", [])
-            s[f"b-{model}"] = c
-        ref = results.get(f"b-{model}-reference")
+            s[f"{ph}-{model}"] = c
+        ref = results.get(f"{ph}-{model}-reference")
         for mode, r in (("off", off), ("force", force)):
             if r and ref and "short" in r and "short" in ref:
-                s[f"b-{model}-{mode}-vs-transformers"] = compare(r["short"], ref["short"])
+                s[f"{ph}-{model}-{mode}-vs-transformers"] = compare(r["short"], ref["short"])
         scored = (ref or {}).get("scored", {})
-        if off and force and f"b-{model}-off" in scored and f"b-{model}-force" in scored:
-            tf_off = teacher_forced(off, scored[f"b-{model}-off"])
-            tf_force = teacher_forced(force, scored[f"b-{model}-force"])
-            s[f"b-{model}-off-teacher-forced"] = tf_off
-            s[f"b-{model}-force-teacher-forced"] = tf_force | judge(tf_force, tf_off)
+        judged_pair(s, scored, f"{ph}-{model}-off", off, f"{ph}-{model}-force", force)
         if off and force and "long" in off and "long" in force:
-            s[f"b-{model}-long"] = compare([off["long"]], [force["long"]]) | {"tolerance": TOL_ROUTE,
-                                                                             "seconds_off": off["long"]["seconds"],
-                                                                             "seconds_force": force["long"]["seconds"]}
+            s[f"{ph}-{model}-long"] = compare([off["long"]], [force["long"]]) | {
+                "tolerance": TOL_ROUTE, "seconds_off": off["long"]["seconds"], "seconds_force": force["long"]["seconds"]}
         if off and force and "throughput" in off and "throughput" in force:
             s[f"c-{model}"] = {k: {"off": off["throughput"][k]["tokens_per_s"],
                                    "force": force["throughput"][k]["tokens_per_s"],
                                    "ratio_force_over_off": round(force["throughput"][k]["tokens_per_s"]
                                                                  / off["throughput"][k]["tokens_per_s"], 3)}
                                for k in off["throughput"]}
+    for model in W4_MODELS:   # the 4-bit route vs the same weights dequantized through the same engine
+        route, dq, ref = (results.get(f"w-{model}-{k}") for k in ("route", "dequant", "reference"))
+        if route and dq and "short" in route and "short" in dq:
+            s[f"w-{model}-vs-dequant-engine"] = compare(route["short"], dq["short"]) | {
+                "markers_route": route.get("markers", []), "markers_dequant": dq.get("markers", [])}
+        scored = (ref or {}).get("scored", {})
+        judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-route", route)
     return s
+
+
+def judged_pair(s: dict, scored: dict, base_name: str, base: dict | None, run_name: str, run: dict | None) -> None:
+    """The teacher-forced errors of a baseline run and of the run under test, the latter judged against the former
+    (summary keys `<name>-teacher-forced`), when the reference scored both."""
+    if base and run and base_name in scored and run_name in scored:
+        tf_base = teacher_forced(base, scored[base_name])
+        tf_run = teacher_forced(run, scored[run_name])
+        s[f"{base_name}-teacher-forced"] = tf_base
+        s[f"{run_name}-teacher-forced"] = tf_run | judge(tf_run, tf_base)
 
 
 def markdown(doc: dict) -> str:
@@ -717,14 +775,15 @@ def markdown(doc: dict) -> str:
 
 
 def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float, dry: bool,
-        only: tuple[str, ...] = (), tp: int = 1) -> int:
+        only: tuple[str, ...] = (), tp: int = 1, skip_done: bool = False) -> int:
     start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     doc: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": sorted(phases), "tp": tp, "runs": {}}
     res_file = out / "results.json"
     if res_file.exists():
         doc["runs"] = json.loads(res_file.read_text()).get("runs", {})
-    doc["install"] = install(manifest, work, dry)
+    # the roots the planned runs use, and `full` (the import check's)
+    doc["install"] = install(manifest, work, dry, {"full"} | {r["root"] for r in plan(work, phases, tp) if r.get("root")})
     missing = [g for g, r in doc["install"].items() if str(r).startswith("waiting")]
     if missing:
         say(f"cannot run yet: {', '.join(missing)} incomplete")
@@ -743,6 +802,8 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
             return 1
     for spec in plan(work, phases, tp):
         if only and not any(spec["name"].startswith(o) for o in only):
+            continue
+        if skip_done and doc["runs"].get(spec["name"], {}).get("rc") == 0:   # done by an earlier call into --out
             continue
         left = budget_s - (time.time() - start)
         if left < 45 and not dry:
@@ -771,7 +832,7 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
     with open(out / "logs.txt", "w") as f:
         for p in logs:
             text = p.read_text().splitlines()
-            keep = [ln for ln in text if MARKER in ln or "Error" in ln or "error" in ln][:40]
+            keep = [ln for ln in text if MARKER_RE.search(ln) or "Error" in ln or "error" in ln][:60]
             f.write(f"===== {p.name} ({len(text)} lines): markers/errors, then the last 40 lines\n")
             f.write("\n".join([*keep, "-----", *text[-40:]]) + "\n")
     if not dry and (out / "logs").exists():
@@ -792,11 +853,13 @@ def main(argv=None) -> int:
     u.add_argument("--manifest", type=Path, required=True)
     u.add_argument("--work", type=Path, required=True)
     u.add_argument("--out", type=Path, required=True)
-    u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c")
+    u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c, f, w")
     u.add_argument("--budget-s", type=float, default=540.0, help="stop starting engines after this many seconds")
     u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
     u.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel size of every engine (needs that many GPUs and the kinds staged with --tp)")
+    u.add_argument("--skip-done", action="store_true",
+                   help="skip the runs --out's results.json already holds with rc 0 (a run split over device calls)")
     u.add_argument("--dry-run", action="store_true")
     w = sub.add_parser("worker")
     w.add_argument("spec", type=Path)
@@ -815,16 +878,17 @@ def main(argv=None) -> int:
         rep = receive(manifest, args.work, args.src)
         return 1 if rep["rejected"] else 0
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
-    bad = phases - {"install", "a", "b", "c"}
+    bad = phases - {"install", "a", "b", "c", "f", "w"}
     if bad:
-        print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c)", file=sys.stderr)
+        print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c, f, w)",
+              file=sys.stderr)
         return 1
     why = check_tp(args.tp, manifest, args.dry_run)
     if why:
         print(f"engine_gpu: {why}", file=sys.stderr)
         return 1
     only = tuple(o.strip() for o in args.only.split(",") if o.strip())
-    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only, args.tp)
+    return run(manifest, args.work, args.out, phases, args.budget_s, args.dry_run, only, args.tp, args.skip_done)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Prepare, on a CPU machine, everything the H200 engine run (benchmarks/engine_gpu.py) carries.
 
-    python3 benchmarks/engine_gpu_prepare.py --out DIR [--part-mib 55] [--call-mib 60] [--tp 1|2]
+    python3 benchmarks/engine_gpu_prepare.py --out DIR [--part-mib 55] [--call-mib 60] [--tp 1|2] [--kinds A,B]
 
 The H200 machine has python3 3.12, torch 2.11.0+cu130, triton and transformers 5.17 but no vLLM,
 pydantic or libcst, reaches no network, and takes at most 64 MiB of files per command. This script
@@ -12,10 +12,12 @@ builds, under DIR:
    and split into parts of at most --part-mib MiB;
 2. the dependency wheels the machine lacks (DEPENDENCY_WHEELS: cp312 manylinux/any, `--no-deps`,
    one pinned version each), pydantic/pydantic-core and libcst (manylinux_2_28) for the overlay tool;
-3. the compute_70 PTX of the sm70-d512-attention kernels (`overlay build`'s library, NVRTC 12 from
-   PyPI wheels) as a packed kernel cache;
+3. the compute_70 PTX of the sm70-d512-attention and sm70-w4-gemm kernels (`overlay build`'s library,
+   NVRTC 12 from PyPI wheels) as one packed kernel cache;
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
-   reference) from `testing.checkpoints`; with `--tp 2` instead the kinds whose shapes tensor
+   reference; dense-h256 and moe-h128, the dense / moe models with 256- / 128-wide sliding layers beside the
+   512-wide global ones, for the attention family's engine A/B; ct-nvfp4-moe and ct-nvfp4-dense for the
+   4-bit route) from `testing.checkpoints` (`--kinds` stages a subset); with `--tp 2` instead the kinds whose shapes tensor
    parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
    group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
@@ -41,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# not benchmarks/ itself: its kernels.py would shadow the `kernels` package transformers probes for (hub kernels)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -84,7 +88,12 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
 
 # factory kinds (testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
 # ct-w4a16-moe-g16 takes the non-Marlin path; the ct kinds carry their dequantized model in dequantized/.
-CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16")
+CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16", "dense-h256", "moe-h128", "ct-nvfp4-moe",
+                    "ct-nvfp4-dense")
+# kinds this script adds to the factory (testing.checkpoints' own float recipe with other sliding-layer head dims):
+# name -> (moe, config overrides). KV page sizes still divide (sliding 2 x 256 = global 1 x 512; 2 x 128 = 256).
+EXTRA_KINDS = {"dense-h256": (False, {"head_dim": 256}), "moe-h128": (True, {"head_dim": 128})}
+KERNEL_OVERLAYS = ("sm70-d512-attention", "sm70-w4-gemm")
 # per tensor-parallel size, the kinds whose head counts, expert shapes and MoE intermediate size divide by it
 # (checkpoints.py's TP2 shapes); the GPU side (engine_gpu.py TP_CHECKPOINTS) maps the same names to its runs
 CHECKPOINT_KINDS_TP = {1: CHECKPOINT_KINDS, 2: ("dense-tp2", "moe-tp2", "ct-w4a16-moe-tp2")}
@@ -331,12 +340,12 @@ def plan_calls(pieces: list[Piece], limit: int, fixed: int = 0) -> CarryPlan:
 
 
 def build_kernel_cache(dest: Path, nvrtc: str | None = None) -> dict:
-    """compute_70 PTX of sm70-d512-attention (overlay build's library) into dest."""
+    """compute_70 PTX of the kernel overlays (overlay build's library) into dest."""
     from manager.kernels import builder
 
     if nvrtc is None:
         nvrtc = str(nvrtc12())
-    r = builder.build(ROOT / "overlays", ["sm70-d512-attention"], archs=["compute_70"], cache=dest,
+    r = builder.build(ROOT / "overlays", list(KERNEL_OVERLAYS), archs=["compute_70"], cache=dest,
                       nvrtc_path=nvrtc, progress=False)
     return {"compiled": r.compiled, "objects": [(i.source, i.arch, i.kind, i.key) for i in r.items]}
 
@@ -354,6 +363,9 @@ def build_checkpoints(dest: Path, kinds: tuple[str, ...] = CHECKPOINT_KINDS) -> 
         from testing import checkpoints as factory
     except ImportError as exc:
         raise PrepareError(f"testing.checkpoints: {exc} (the factory is not on this branch yet)") from exc
+    for name, (moe, overrides) in EXTRA_KINDS.items():
+        if name in kinds and name not in factory.kinds():
+            factory.register_kind(name, factory._float_kind(moe, name, overrides))
     out = {}
     for kind in kinds:
         # bfloat16 storage halves what travels; bf16 values are exact in the fp16 engine and fp32 reference
@@ -408,9 +420,20 @@ def checkpoint_kinds(tp: int) -> tuple[str, ...]:
     return CHECKPOINT_KINDS_TP[tp]
 
 
-def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, checkpoints: bool,
-            kernels: bool, stage: str = ".gpu", tp: int = 1) -> Manifest:
+def select_kinds(tp: int, only: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The staged kinds: checkpoint_kinds(tp), or the named subset of them (PrepareError naming any other)."""
     kinds = checkpoint_kinds(tp)
+    if not only:
+        return kinds
+    bad = [k for k in only if k not in kinds]
+    if bad:
+        raise PrepareError(f"--kinds: {', '.join(bad)} not among the --tp {tp} kinds ({', '.join(kinds)})")
+    return tuple(only)
+
+
+def prepare(out: Path, part_mib: float, call_mib: float, repo: Path | None, checkpoints: bool,
+            kernels: bool, stage: str = ".gpu", tp: int = 1, only_kinds: tuple[str, ...] | None = None) -> Manifest:
+    kinds = select_kinds(tp, only_kinds)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
     work.mkdir(exist_ok=True)
@@ -519,14 +542,16 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default=".gpu", help="the staging directory's path inside the checkout")
     ap.add_argument("--tp", type=int, default=1,
                     help="tensor-parallel size the run will use: stages the checkpoint kinds that divide by it (1, 2)")
+    ap.add_argument("--kinds", default="", help="comma list: stage only these checkpoint kinds (default: all of --tp's)")
     args = ap.parse_args(argv)
+    only = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) or None
     if not 1 <= args.part_mib <= args.call_mib <= 64:
         print(f"--part-mib {args.part_mib} / --call-mib {args.call_mib}: need 1 <= part <= call <= 64", file=sys.stderr)
         return 1
     try:
-        checkpoint_kinds(args.tp)   # before anything is written
+        select_kinds(args.tp, only)   # before anything is written
         m = prepare(args.out.resolve(), args.part_mib, args.call_mib, args.repo, not args.no_checkpoints,
-                    not args.no_kernels, args.stage, args.tp)
+                    not args.no_kernels, args.stage, args.tp, only)
     except PrepareError as exc:
         print(f"engine_gpu_prepare: {exc}", file=sys.stderr)
         return 1

@@ -11,8 +11,14 @@
    gate_up + down (CUDA-graph replay; `us_eager` = launched from Python), bytes of the activated experts' packed
    weights + scales, % of HBM peak and of the copy;
 5. MoE prefill (2048 and 8192 tokens) TFLOPS against one torch fp16 GEMM of the same FLOPs on dequantized weights (the
-   cuBLAS ceiling a grouped GEMM can reach) and, when vLLM is importable, its Triton fused_moe;
-6. linear decode / prefill (12B-like 3840 -> 15360) against torch fp16 GEMM on dequantized weights.
+   cuBLAS ceiling a grouped GEMM can reach);
+6. linear decode / prefill (12B-like 3840 -> 15360) against torch fp16 GEMM on dequantized weights;
+7. with `--vllm-anchors` (vLLM importable): the whole MoE layer (alignment, gate_up, SiLU-and-mul, down, top-k
+   sum) of vLLM's `fused_experts` W4A16 through its Triton kernel (`fused_moe_kernel_gptq_awq`) and through its
+   `moe_wna16` CUDA kernel (the dispatcher's `should_moe_wna16_use_cuda` pinned to False / True), against this
+   overlay's `fused_moe` on the same packed weights and vLLM's own `moe_align_block_size` (int4 symmetric, groups 32
+   and 128; 1/4/8/2048/8192 tokens).
+   `--only-anchors` runs the copy bandwidth and step 7 alone.
 Writes results.json and results.md under --out.
 """
 
@@ -235,12 +241,84 @@ def bench_variants(k, mod, peak):
     return rows
 
 
+def bench_vllm_anchors(k, mod, peak, copy):
+    """Issue 29's anchors on 26B-A4B shapes: vLLM 0.20's W4A16 MoE (Triton and moe_wna16 CUDA) vs ours, same weights.
+
+    The int4 layout is the same bytes for both (compressed-tensors int32 [E, N, K/8] LSB first = vLLM's uint8
+    [E, N, K/2], low nibble first; symmetric value = nibble - 8; fp16 scales [E, N, ceil(K/g)]). Every timing is the
+    whole layer from topk ids and weights (CUDA-graph replay medians); `err_vs_triton` checks that the three agree."""
+    import vllm
+    from vllm.model_executor.layers.fused_moe import fused_moe as fm
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import int4_w4a16_moe_quant_config
+    from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+
+    rows = []
+    orig = fm.should_moe_wna16_use_cuda
+    for group in (32, 128):
+        w13 = make_weights("int4", E, 2 * INTER, H, group, seed=51, with_deq=False)
+        w2 = make_weights("int4", E, H, INTER, group, seed=52, with_deq=False)
+        v13, v2 = w13.w.view(torch.uint8), w2.w.view(torch.uint8)   # [E, N, K/2]
+        qc = int4_w4a16_moe_quant_config(w13.scales, w2.scales, None, None, block_shape=[0, group])
+        per_expert = w13.bytes_per_expert() + w2.bytes_per_expert()
+        for tokens in (1, 4, 8, 2048, 8192):
+            path = "decode" if tokens <= 8 else "prefill"
+            tw, ti = route(tokens, E, TOPK, seed=tokens)
+            x = (torch.randn((tokens, H), device="cuda") * 0.5).half()
+            bm = mod.TILES[path][0]
+
+            def ours():
+                return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, "int4", group=group,
+                                   activation="silu", path=path, align=moe_align_block_size(ti, bm, E))
+
+            def vllm_moe():
+                return fm.fused_experts(x, v13, v2, tw, ti, activation=MoEActivation.SILU, quant_config=qc)
+
+            row = dict(fmt="int4", group=group, tokens=tokens, path=path, experts_used=int(ti.unique().numel()))
+            outs = {}
+            for label, use_cuda in (("triton", False), ("moe_wna16", True)):
+                fm.should_moe_wna16_use_cuda = (lambda use: (lambda *a, **kw: use))(use_cuda)
+                try:
+                    outs[label] = vllm_moe().float()
+                    row[f"vllm_{label}_us"] = timed(vllm_moe) * 1e6
+                except Exception as exc:  # noqa: BLE001
+                    row[f"vllm_{label}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                finally:
+                    fm.should_moe_wna16_use_cuda = orig
+            outs["ours"] = ours().float()
+            row["ours_us"] = timed(ours) * 1e6
+            ref = outs.get("triton")
+            if ref is not None:
+                for label in ("ours", "moe_wna16"):
+                    if label in outs:
+                        row[f"err_{label}_vs_triton"] = float((outs[label] - ref).abs().max() / ref.abs().max())
+            nbytes = row["experts_used"] * per_expert
+            flops = 2 * tokens * TOPK * 3 * INTER * H
+            for label in ("ours", "vllm_triton", "vllm_moe_wna16"):
+                t = row.get(f"{label}_us")
+                if t:
+                    row[f"{label}_pct_peak"] = 100 * nbytes / (t * 1e-6) / peak
+                    row[f"{label}_pct_copy"] = 100 * nbytes / (t * 1e-6) / copy
+                    row[f"{label}_tflops"] = flops / (t * 1e-6) / 1e12
+            for label in ("vllm_triton", "vllm_moe_wna16"):
+                if row.get(f"{label}_us"):
+                    row[f"{label}_us_over_ours"] = row[f"{label}_us"] / row["ours_us"]
+            rows.append(row)
+            print(json.dumps({a: (round(b, 4) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
+        del w13, w2, v13, v2
+        torch.cuda.empty_cache()
+    return {"vllm": vllm.__version__, "rows": rows}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
     ap.add_argument("--prefer", default="ptx")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--vllm-anchors", action="store_true",
+                    help="also vLLM's W4A16 fused_moe (Triton, moe_wna16) anchors")
+    ap.add_argument("--only-anchors", action="store_true", help="copy bandwidth and the vLLM anchors only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -256,10 +334,15 @@ def main():
                                        capture_output=True, text=True).stdout.strip()
     except Exception as exc:  # noqa: BLE001
         res["driver"] = f"unknown ({exc})"
-    for key, fn in (("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
-                    ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
-                    ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
-                    ("variants", lambda: bench_variants(k, mod, peak))):
+    steps = [("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
+             ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
+             ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
+             ("variants", lambda: bench_variants(k, mod, peak))]
+    if args.only_anchors:
+        steps = steps[1:2]
+    if args.vllm_anchors or args.only_anchors:
+        steps.append(("vllm_anchors", lambda: bench_vllm_anchors(k, mod, peak, res["copy_bw"])))
+    for key, fn in steps:
         t0 = time.time()
         try:
             res[key] = fn()
@@ -279,6 +362,10 @@ def main():
     for key in ("moe", "linear", "variants"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
+    if "vllm_anchors" in res:
+        md += ["", f"## vLLM {res['vllm_anchors']['vllm']} W4A16 MoE anchors (whole layer, us)"]
+        md += [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
+               for r in res["vllm_anchors"]["rows"]]
     (out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -396,7 +396,7 @@ def test_tp2_plan_starts_every_engine_at_tensor_parallel_size_2_on_the_tp2_kinds
 
 
 def test_tp1_plan_has_no_twins_and_runs_at_tensor_parallel_size_1_on_the_tp1_kinds(tmp_path):
-    specs = egpu.plan(tmp_path, {"a", "b", "c"})
+    specs = egpu.plan(tmp_path, {"a", "b", "c", "f", "w"})
     assert not any(s.get("twin_of") for s in specs)
     assert {Path(s["model"]).relative_to(tmp_path / "ckpt").parts[0] for s in specs} == set(prep.CHECKPOINT_KINDS)
     flags = egpu.engine_flags(egpu.llm_kwargs(next(s for s in specs if s["name"] == "b-dense-off")))
@@ -463,7 +463,7 @@ def test_tp2_dry_run_installs_and_plans_every_engine_with_tensor_parallel_size_2
     err = capsys.readouterr().err
     assert rc == 0, err
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert doc["tp"] == 2 and set(doc["roots"]) == set(egpu.ROOTS)
+    assert doc["tp"] == 2 and set(doc["roots"]) == set(egpu.ROOTS) - {"w4"}   # the roots phases a and b use
     runs = doc["runs"]
     assert [n for n in runs] == [s["name"] for s in egpu.plan(tmp_path / "w", {"a", "b"}, 2)]
     for name, r in runs.items():
@@ -541,3 +541,42 @@ def test_prepare_refuses_a_tp_without_kinds_before_writing(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
     assert prep.call_command(2, True, ".gpu", 2) == ("bash .gpu/common/engine_gpu.sh receive .gpu/call2 && "
                                                    "bash .gpu/common/engine_gpu.sh run --tp 2")
+
+
+def test_select_kinds_stages_a_named_subset_and_refuses_a_kind_of_another_tp_by_name():
+    assert prep.select_kinds(1, ("dense-h256", "ct-nvfp4-moe")) == ("dense-h256", "ct-nvfp4-moe")
+    assert prep.select_kinds(1, None) == prep.CHECKPOINT_KINDS
+    with pytest.raises(prep.PrepareError, match="dense-tp2 not among the --tp 1 kinds"):
+        prep.select_kinds(1, ("dense", "dense-tp2"))
+
+
+def test_family_phase_forces_every_head_dim_pair_under_cuda_graphs_and_w4_phase_scores_route_against_dequantized(
+        tmp_path):
+    runs = {s["name"]: s for s in egpu.plan(tmp_path, {"f", "w"})}
+    for model in egpu.FAMILY_MODELS:
+        off, force, ref = (runs[f"f-{model}-{k}"] for k in ("off", "force", "reference"))
+        assert (off["d512"], force["d512"], off["eager"], force["root"]) == ("off", "force", False, "full")
+        assert ref["score"] == [f"f-{model}-off", f"f-{model}-force"]
+    assert runs["f-dense-h256-force"]["long"] and not runs["f-moe-h128-force"]["long"]
+    for model in egpu.W4_MODELS:
+        route, dq, ref = (runs[f"w-{model}-{k}"] for k in ("route", "dequant", "reference"))
+        assert route["w4"] == dq["w4"] == "force" and route["root"] == dq["root"] == "w4"
+        assert Path(dq["model"]).name == "dequantized" and ref["model"] == dq["model"]
+        assert ref["score"] == [f"w-{model}-route", f"w-{model}-dequant"]
+
+
+def test_judged_pair_judges_the_run_under_test_against_its_baseline_only_when_both_were_scored():
+    def run(lps):
+        return {"short": [{"tokens": [5] * len(lps), "steps": [{"token": 5, "logprob": x} for x in lps]}]}
+
+    def scored(lps):
+        return {"short": [{"ref_logprob": lps, "ref_argmax": [5] * len(lps), "ref_max_logprob": lps}]}
+
+    s: dict = {}
+    egpu.judged_pair(s, {"x-off": scored([-1.0, -2.0])}, "x-off", run([-1.1, -2.0]), "x-force", run([-1.0, -2.5]))
+    assert s == {}   # the run under test was not scored
+    sc = {"x-off": scored([-1.0, -2.0]), "x-force": scored([-1.0, -2.0])}
+    egpu.judged_pair(s, sc, "x-off", run([-1.1, -2.0]), "x-force", run([-1.0, -2.5]))
+    assert s["x-off-teacher-forced"]["max_abs_logprob_err"] == pytest.approx(0.1)
+    assert s["x-force-teacher-forced"]["allowed"] == pytest.approx(1.5 * 0.1 + 0.01)
+    assert s["x-force-teacher-forced"]["within"] is False   # 0.5 > 0.16
