@@ -16,7 +16,8 @@ LOADER_FINDINGS = ("fused-moe-quantized-experts", "quantized-per-layer-embedding
 
 
 def checkpoint_model(insp: Inspection) -> ModelProfile:
-    """The import-config profile of the checkpoint, its one weight variant carrying the loader failures predicted per engine."""
+    """The import-config profile of the checkpoint, its one weight variant carrying the loader failures predicted
+    per engine."""
     prof: dict[str, Any] = dict(insp.profile)
     vid = prof["default_weights"]
     var = dict(prof["weights"][vid])
@@ -28,10 +29,12 @@ def checkpoint_model(insp: Inspection) -> ModelProfile:
     if var.get("format") == "compressed-tensors" and prof.get("moe"):
         # as the catalog's compressed-tensors MoE variants: vLLM's WNA16 MoE falls back to moe_wna16
         var["moe_fallback"] = "moe-wna16"
-        var.setdefault("sources", {})["moe_fallback"] = ("vLLM compressed-tensors MoE: when Marlin rejects the shape or arch "
-                                                         "the WNA16 MoE falls back to the generic moe_wna16 kernel "
-                                                         "(as profiles/models/gemma-4-26b-a4b.yaml awq)")
-    var["known_broken"] = [KnownBroken(reason=f"predicted by overlay inspect: {msg}", source=src, engines=engines).model_dump()
+        var.setdefault("sources", {})["moe_fallback"] = (
+            "vLLM compressed-tensors MoE: when Marlin rejects the shape or arch "
+            "the WNA16 MoE falls back to the generic moe_wna16 kernel "
+            "(as profiles/models/gemma-4-26b-a4b.yaml awq)")
+    var["known_broken"] = [KnownBroken(reason=f"predicted by overlay inspect: {msg}", source=src,
+                                       engines=engines).model_dump()
                            for (msg, src), engines in by_msg.items()]
     prof["weights"] = {vid: var}
     return ModelProfile.model_validate(prof)

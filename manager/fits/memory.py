@@ -25,7 +25,8 @@ MiB = 1 << 20
 
 # Constants (estimates; each names where it comes from). Error bars are wide on purpose:
 # the verdict marks a deployment `tight` when these could tip it.
-CUDA_CONTEXT_BYTES = 512 * MiB  # CUDA context of a torch process: measured 527 MiB on an H200 (total - free after torch init, 2026-11-29)
+# CUDA context of a torch process: measured 527 MiB on an H200 (total - free after torch init, 2026-11-29)
+CUDA_CONTEXT_BYTES = 512 * MiB
 CUDA_GRAPH_BYTES = 512 * MiB  # vLLM log "Graph capturing finished ... took 0.3-1.0 GiB" for default capture sizes
 NCCL_BYTES = 256 * MiB  # NCCL communicator buffers per rank when TP > 1 (estimate)
 PROFILE_TOKENS = 2048  # vLLM V1 default max_num_batched_tokens for the profile run (chunked prefill)
@@ -164,7 +165,8 @@ def compute(model: ModelProfile, variant: WeightVariant, hw: HardwareProfile, en
         max_ctx = int(min(max_ctx, model.max_context))
         capacity = int(max(0, kv_avail - seqs * slide_fixed_card) // grow_card) if grow_card else 0
     use_ctx = ctx or max_ctx
-    kv_needed = seqs * (grow_card * use_ctx + kv_bytes(model, tp=tp, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=use_ctx)[1])
+    kv_needed = seqs * (grow_card * use_ctx
+                        + kv_bytes(model, tp=tp, dtype_bytes=dbytes, k_eq_v_copies=copies, ctx=use_ctx)[1])
     per_card = {
         "total": hw.total_bytes,
         "budget": budget,

@@ -148,7 +148,8 @@ class OverlayIndex:
                         pass
             except ManagerError as exc:
                 first = str(exc).splitlines()[0][:80]
-                result = self._from_ranges(version, f"vLLM {version} sources unavailable ({first}); decided by manifest versions ranges")
+                result = self._from_ranges(version, f"vLLM {version} sources unavailable ({first}); "
+                                                    "decided by manifest versions ranges")
         if result is None:
             result = self._from_ranges(version, "no release status available; used manifest versions ranges")
         self._memo[version] = result
@@ -166,7 +167,8 @@ class OverlayIndex:
             if not matches(info.needed_when, d):
                 continue
             if info.invalid:
-                out.append(OverlayVerdict(info.id, True, "fail", f"{info.id}: matches but its manifest is invalid: {info.invalid}"))
+                out.append(OverlayVerdict(info.id, True, "fail",
+                                          f"{info.id}: matches but its manifest is invalid: {info.invalid}"))
                 continue
             stats, warn = self.statuses(vllm_version)
             st = stats.get(info.id, "pending" if info.in_range(vllm_version) else "not-applicable")
@@ -174,12 +176,15 @@ class OverlayIndex:
                 st = "pending"  # a kernel overlay has no native counterpart upstream
             if st in NEEDED:
                 out.append(OverlayVerdict(info.id, True, "warn" if warn else "pass",
-                                          f"{info.id}: needed, pending on vLLM {vllm_version}" + (f" ({warn})" if warn else "")))
+                                          f"{info.id}: needed, pending on vLLM {vllm_version}"
+                                          + (f" ({warn})" if warn else "")))
             elif st in NATIVE:
-                out.append(OverlayVerdict(info.id, False, "pass", f"{info.id}: not needed on vLLM {vllm_version} ({st})"))
+                out.append(OverlayVerdict(info.id, False, "pass",
+                                          f"{info.id}: not needed on vLLM {vllm_version} ({st})"))
             elif st == "superseded" and (native := _native_from(info, known)).native_on(vllm_version):
                 out.append(OverlayVerdict(info.id, False, "pass",
-                                          f"{info.id}: not needed on vLLM {vllm_version} (superseded; fix native since {native.native_from})"))
+                                          f"{info.id}: not needed on vLLM {vllm_version} "
+                                          f"(superseded; fix native since {native.native_from})"))
             elif st == "applied":
                 out.append(OverlayVerdict(info.id, True, "pass", f"{info.id}: needed, already applied"))
             else:
@@ -187,7 +192,8 @@ class OverlayIndex:
         for oid, info in sorted(known.items()):
             if oid in seen or not matches(info.needed_when, d) or info.native_on(vllm_version):
                 continue
-            out.append(OverlayVerdict(oid, True, "fail", f"{oid}: needed on vLLM {vllm_version} but not in the catalog"))
+            out.append(OverlayVerdict(oid, True, "fail",
+                                      f"{oid}: needed on vLLM {vllm_version} but not in the catalog"))
         return out
 
 
