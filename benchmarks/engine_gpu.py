@@ -97,9 +97,9 @@ TOL_TP = 1e-2      # fp16 TP=N vs TP=1 on one checkpoint (the all-reduce sums pe
 # reference is at most BASELINE_FACTOR x the baseline's + BASELINE_SLACK, the baseline being the same
 # engine without the change under test (W4A16 + #40886: the same weights, dequantized, through the same
 # fp16 engine's unquantized MoE path -- first pass used the separate unquantized MoE checkpoint, still
-# reported as vs_unquantized_moe_checkpoint; the D=512 route: OVERLAY_D512=off, vLLM's Triton path). A position where the engine's
-# token is not the reference's argmax counts as a near-tie when the reference puts it within the
-# configuration's own allowed error of its top token; any other mismatch fails.
+# reported as vs_unquantized_moe_checkpoint; the D=512 route: OVERLAY_D512=off, vLLM's Triton path).
+# A position where the engine's token is not the reference's argmax counts as a near-tie when the reference puts it
+# within the configuration's own allowed error of its top token; any other mismatch fails.
 BASELINE_FACTOR = 1.5
 BASELINE_SLACK = 1e-2
 MAX_TOKENS = 16
@@ -319,7 +319,8 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
             m = str(ck / kinds[model])
             runs.append({"name": f"w-{model}-route", "phase": "w", "root": "w4", "model": m, "eager": True,
                          "w4": "force"})
-            runs.append({"name": f"w-{model}-dequant", "phase": "w", "root": "w4", "model": str(Path(m) / "dequantized"),
+            runs.append({"name": f"w-{model}-dequant", "phase": "w", "root": "w4",
+                         "model": str(Path(m) / "dequantized"),
                          "eager": True, "w4": "force"})
             runs.append({"name": f"w-{model}-reference", "phase": "w", "kind": "reference",
                          "model": str(Path(m) / "dequantized"), "score": [f"w-{model}-route", f"w-{model}-dequant"]})
@@ -331,7 +332,8 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
         r["tp"] = tp
         if tp > 1 and not r.get("expect_error"):
             # the TP=1 engine on the same checkpoint, just before: greedy tokens to compare the TP=N run with
-            out.append(dict(r, name=f"{r['name']}-tp1", tp=1, long=False, throughput=False, short=True, twin_of=r["name"]))
+            out.append(dict(r, name=f"{r['name']}-tp1", tp=1, long=False, throughput=False, short=True,
+                            twin_of=r["name"]))
         out.append(r)
     return out
 
@@ -400,7 +402,8 @@ def check_tp(tp: int, manifest: dict, dry: bool, env: dict | None = None, smi_li
     if n is None and dry:
         return None   # a dry run on a machine without GPUs: nothing to count
     if (n or 0) < tp:
-        return f"--tp {tp}: needs {tp} visible GPU(s), this machine shows {n or 0} (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
+        return (f"--tp {tp}: needs {tp} visible GPU(s), this machine shows {n or 0} "
+                "(nvidia-smi -L, CUDA_VISIBLE_DEVICES)")
     return None
 
 
@@ -491,7 +494,8 @@ def throughput(llm) -> dict:
             t1 = [timed(ps, 1) for _ in range(3)]
             tn = [timed(ps, n) for _ in range(3)]
             dec = statistics.median(tn) - statistics.median(t1)
-            out[label] = {"tokens_per_s": round(b * (n - 1) / dec, 1), "seconds_prefill_only": [round(x, 4) for x in t1],
+            out[label] = {"tokens_per_s": round(b * (n - 1) / dec, 1),
+                          "seconds_prefill_only": [round(x, 4) for x in t1],
                           "seconds_total": [round(x, 4) for x in tn]}
     return out
 
@@ -655,7 +659,8 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(work))
         log, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
-        log = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")) + \
+        log = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes)
+               else (exc.stdout or "")) + \
               ((exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or ""))
         rc = "timeout"
     res = json.loads(res_path.read_text()) if res_path.exists() else {"name": spec["name"]}
@@ -738,7 +743,8 @@ def summarize(results: dict) -> dict:
         judged_pair(s, scored, f"{ph}-{model}-off", off, f"{ph}-{model}-force", force)
         if off and force and "long" in off and "long" in force:
             s[f"{ph}-{model}-long"] = compare([off["long"]], [force["long"]]) | {
-                "tolerance": TOL_ROUTE, "seconds_off": off["long"]["seconds"], "seconds_force": force["long"]["seconds"]}
+                "tolerance": TOL_ROUTE, "seconds_off": off["long"]["seconds"],
+                "seconds_force": force["long"]["seconds"]}
         if off and force and "throughput" in off and "throughput" in force:
             s[f"c-{model}"] = {k: {"off": off["throughput"][k]["tokens_per_s"],
                                    "force": force["throughput"][k]["tokens_per_s"],
@@ -783,7 +789,8 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
     if res_file.exists():
         doc["runs"] = json.loads(res_file.read_text()).get("runs", {})
     # the roots the planned runs use, and `full` (the import check's)
-    doc["install"] = install(manifest, work, dry, {"full"} | {r["root"] for r in plan(work, phases, tp) if r.get("root")})
+    doc["install"] = install(manifest, work, dry,
+                             {"full"} | {r["root"] for r in plan(work, phases, tp) if r.get("root")})
     missing = [g for g, r in doc["install"].items() if str(r).startswith("waiting")]
     if missing:
         say(f"cannot run yet: {', '.join(missing)} incomplete")
@@ -792,7 +799,8 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
     if dry:
         doc["roots"] = doc["install"].get("roots")
     else:   # one cheap import first: a missing module stops here, not once per engine start
-        proc = subprocess.run([sys.executable, "-c", "import vllm, vllm.entrypoints.llm, vllm.model_executor.models.gemma4;"
+        proc = subprocess.run([sys.executable, "-c",
+                               "import vllm, vllm.entrypoints.llm, vllm.model_executor.models.gemma4;"
                                "print('import ok', vllm.__version__)"], capture_output=True, text=True,
                               env=_env_for(work, "full"))
         doc["import_check"] = (proc.stdout + proc.stderr).strip().splitlines()[-3:]

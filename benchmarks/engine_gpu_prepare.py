@@ -17,8 +17,8 @@ builds, under DIR:
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
    reference; dense-h256 and moe-h128, the dense / moe models with 256- / 128-wide sliding layers beside the
    512-wide global ones, for the attention family's engine A/B; ct-nvfp4-moe and ct-nvfp4-dense for the
-   4-bit route) from `testing.checkpoints` (`--kinds` stages a subset); with `--tp 2` instead the kinds whose shapes tensor
-   parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
+   4-bit route) from `testing.checkpoints` (`--kinds` stages a subset); with `--tp 2` instead the kinds whose
+   shapes tensor parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
    group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
 
@@ -209,7 +209,33 @@ def _version_of(wheel: Path) -> str:
 
 
 # The H200 image's Python packages (device KINDS.md, "Python packages already there", read 2026-11-17).
-IMAGE_PACKAGES = frozenset(["absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio", "attrs", "botorch", "build", "certifi", "charset-normalizer", "chex", "click", "cloudpickle", "cmake", "colorama", "contourpy", "coverage", "cuda-bindings", "cuda-core", "cuda-pathfinder", "cuda-toolkit", "cupy-cuda13x", "cycler", "cython", "diffrax", "e3nn", "einops", "equinox", "etils", "execnet", "filelock", "flatbuffers", "flax", "fonttools", "formulaic", "frozenlist", "fsspec", "gpytorch", "grpcio", "h11", "h5py", "hf-xet", "httpcore", "httpx", "huggingface-hub", "humanize", "hypothesis", "idna", "imageio", "iniconfig", "interface-meta", "jax", "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "jaxtyping", "jinja2", "joblib", "kiwisolver", "lazy-loader", "lightning", "lightning-utilities", "linear-operator", "lineax", "llvmlite", "lxml", "markdown", "markdown-it-py", "markupsafe", "matplotlib", "mdurl", "meson", "ml-dtypes", "mpi4py", "mpmath", "msgpack", "multidict", "multipledispatch", "mypy-extensions", "nanobind", "narwhals", "networkx", "ninja", "numba", "numba-cuda", "numpy", "numpyro", "nvidia-cublas", "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13", "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink", "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "opencv-python-headless", "optax", "opt-einsum", "opt-einsum-fx", "optimistix", "orbax-checkpoint", "packaging", "pandas", "pathspec", "patsy", "peft", "pillow", "pip", "pluggy", "portalocker", "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow", "pybind11", "py-cpuinfo", "pygments", "pyparsing", "pyproject-hooks", "pyre-extensions", "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock", "pytest-timeout", "pytest-xdist", "python-dateutil", "pytorch-lightning", "pyyaml", "regex", "requests", "rich", "sacrebleu", "safetensors", "scikit-build-core", "scikit-image", "scikit-learn", "scipy", "seaborn", "sentencepiece", "sentence-transformers", "setuptools", "shellingham", "simplejson", "six", "sortedcontainers", "statsmodels", "sympy", "tabulate", "tensorboard", "tensorboard-data-server", "tensorstore", "threadpoolctl", "tifffile", "tiktoken", "timm", "tokenizers", "toolz", "torch", "torchaudio", "torchdiffeq", "torch-geometric", "torchmetrics", "torchvision", "tqdm", "transformers", "treescope", "triton", "typer", "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp"])
+IMAGE_PACKAGES = frozenset([
+    "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio", "attrs",
+    "botorch", "build", "certifi", "charset-normalizer", "chex", "click", "cloudpickle", "cmake", "colorama",
+    "contourpy", "coverage", "cuda-bindings", "cuda-core", "cuda-pathfinder", "cuda-toolkit", "cupy-cuda13x", "cycler",
+    "cython", "diffrax", "e3nn", "einops", "equinox", "etils", "execnet", "filelock", "flatbuffers", "flax",
+    "fonttools", "formulaic", "frozenlist", "fsspec", "gpytorch", "grpcio", "h11", "h5py", "hf-xet", "httpcore",
+    "httpx", "huggingface-hub", "humanize", "hypothesis", "idna", "imageio", "iniconfig", "interface-meta", "jax",
+    "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "jaxtyping", "jinja2", "joblib", "kiwisolver", "lazy-loader",
+    "lightning", "lightning-utilities", "linear-operator", "lineax", "llvmlite", "lxml", "markdown", "markdown-it-py",
+    "markupsafe", "matplotlib", "mdurl", "meson", "ml-dtypes", "mpi4py", "mpmath", "msgpack", "multidict",
+    "multipledispatch", "mypy-extensions", "nanobind", "narwhals", "networkx", "ninja", "numba", "numba-cuda", "numpy",
+    "numpyro", "nvidia-cublas", "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cudnn-cu13",
+    "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver", "nvidia-cusparse", "nvidia-cusparselt-cu13",
+    "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nvjitlink", "nvidia-nvshmem-cu13", "nvidia-nvtx", "onnx", "onnx-ir",
+    "onnxruntime", "onnxscript", "opencv-python-headless", "optax", "opt-einsum", "opt-einsum-fx", "optimistix",
+    "orbax-checkpoint", "packaging", "pandas", "pathspec", "patsy", "peft", "pillow", "pip", "pluggy", "portalocker",
+    "prometheus-client", "propcache", "protobuf", "psutil", "pyarrow", "pybind11", "py-cpuinfo", "pygments",
+    "pyparsing", "pyproject-hooks", "pyre-extensions", "pytest", "pytest-benchmark", "pytest-cov", "pytest-mock",
+    "pytest-timeout", "pytest-xdist", "python-dateutil", "pytorch-lightning", "pyyaml", "regex", "requests", "rich",
+    "sacrebleu", "safetensors", "scikit-build-core", "scikit-image", "scikit-learn", "scipy", "seaborn",
+    "sentencepiece", "sentence-transformers", "setuptools", "shellingham", "simplejson", "six", "sortedcontainers",
+    "statsmodels", "sympy", "tabulate", "tensorboard", "tensorboard-data-server", "tensorstore", "threadpoolctl",
+    "tifffile", "tiktoken", "timm", "tokenizers", "toolz", "torch", "torchaudio", "torchdiffeq", "torch-geometric",
+    "torchmetrics", "torchvision", "tqdm", "transformers", "treescope", "triton", "typer", "typing-extensions",
+    "typing-inspect", "urllib3", "uvloop", "wadler-lindig", "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl",
+    "zipp",
+])
 
 
 def _norm(name: str) -> str:
@@ -248,7 +274,8 @@ def check_one_version_each(specs) -> None:
             raise PrepareError(f"DEPENDENCY_WHEELS: {s!r} is not pinned (name==version)")
         name = _wheel_name(s)
         if name in seen:
-            raise PrepareError(f"DEPENDENCY_WHEELS: {name} listed twice ({seen[name]}, {s}); pip --target stops on two versions")
+            raise PrepareError(f"DEPENDENCY_WHEELS: {name} listed twice ({seen[name]}, {s}); "
+                               "pip --target stops on two versions")
         seen[name] = s
 
 
@@ -542,7 +569,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default=".gpu", help="the staging directory's path inside the checkout")
     ap.add_argument("--tp", type=int, default=1,
                     help="tensor-parallel size the run will use: stages the checkpoint kinds that divide by it (1, 2)")
-    ap.add_argument("--kinds", default="", help="comma list: stage only these checkpoint kinds (default: all of --tp's)")
+    ap.add_argument("--kinds", default="",
+                    help="comma list: stage only these checkpoint kinds (default: all of --tp's)")
     args = ap.parse_args(argv)
     only = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) or None
     if not 1 <= args.part_mib <= args.call_mib <= 64:

@@ -138,8 +138,10 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
     dgrid = [(512, "fp16", *r) for r in DECODE_GRID] + (FAMILY_DECODE_GRID if family else [])
     pgrid = [(512, "fp16", *r) for r in PREFILL_GRID] + (FAMILY_PREFILL_GRID if family else [])
     if quick:
-        dgrid = dgrid[:4] + [r for r in FAMILY_DECODE_GRID if r[3] == 1000 or r[1] != "fp16"][:6] if family else dgrid[:4]
-        pgrid = pgrid[:3] + [r for r in FAMILY_PREFILL_GRID if r[2] == [37] or r[1] != "fp16"][:6] if family else pgrid[:3]
+        dgrid = (dgrid[:4] + [r for r in FAMILY_DECODE_GRID if r[3] == 1000 or r[1] != "fp16"][:6] if family
+                 else dgrid[:4])
+        pgrid = (pgrid[:3] + [r for r in FAMILY_PREFILL_GRID if r[2] == [37] or r[1] != "fp16"][:6] if family
+                 else pgrid[:3])
     for i, (hd, fmt, batch, ctx, hq, hk, bs, window, shared, splits) in enumerate(dgrid if decode else []):
         if only and only not in str(dgrid[i]):
             continue
@@ -155,7 +157,8 @@ def correctness(attn, device: str, quick: bool = False, only: str | None = None,
         e = _err(out, ref)
         eff = min(max(lens), window or 10**9)
         rows.append(dict(kind="decode", head_dim=hd, kv=fmt, batch=batch, ctx=ctx, q_heads=hq, kv_heads=hk, block=bs,
-                         window=window, kv_shared=shared, splits=splits or attn.pick_splits(batch, hk, hq // hk, eff, hd),
+                         window=window, kv_shared=shared,
+                         splits=splits or attn.pick_splits(batch, hk, hq // hk, eff, hd),
                          max_abs_err=e, ok=bool(e <= TOL and not math.isnan(e))))
         if old is not None and hd == 512 and fmt == "fp16":
             o2 = old.decode(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, max(lens), scale,
@@ -359,7 +362,8 @@ def bench_decode(attn, device: str, peak: float, hq: int = 16, hk: int = 2, bs: 
                     work: dict = {}
                     try:
                         bt0 = tables[0]
-                        ref = attn.decode(q, case.k_cache, case.v_cache, bt0, lens, ctx, scale, kv_shared=shared).float()
+                        ref = attn.decode(q, case.k_cache, case.v_cache, bt0, lens, ctx, scale,
+                                          kv_shared=shared).float()
                         tri = triton.decode(q, case, bt0, lens, ctx, scale, shared, work).float()
                         row["triton_vs_ours_max_abs"] = float((tri - ref).abs().max())
 
@@ -435,8 +439,10 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
         if sdpa:
             from tests.kernels.d512_reference import gather
 
-            k = torch.stack([gather(case.k_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
-            v = torch.stack([gather(case.v_cache, case.block_tables[b], L) for b in range(batch)]).transpose(1, 2).contiguous()
+            k = torch.stack([gather(case.k_cache, case.block_tables[b], L)
+                             for b in range(batch)]).transpose(1, 2).contiguous()
+            v = torch.stack([gather(case.v_cache, case.block_tables[b], L)
+                             for b in range(batch)]).transpose(1, 2).contiguous()
             qs = q.view(batch, L, hq, hd).transpose(1, 2).contiguous()
             best, res = _sdpa_best(qs, k, v, sdpa_backends)
             if best and repeats > 1:  # the chosen backend again, median like ours
@@ -444,7 +450,8 @@ def bench_prefill(attn, device: str, hq: int = 16, hk: int = 2, bs: int = 16, sd
                 from torch.nn.attention import SDPBackend, sdpa_kernel
 
                 be, tag = best.split("/")
-                kk, vv = (k, v) if tag == "gqa" else (k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1))
+                kk, vv = (k, v) if tag == "gqa" else (k.repeat_interleave(hq // hk, dim=1),
+                                                      v.repeat_interleave(hq // hk, dim=1))
                 with sdpa_kernel([getattr(SDPBackend, be)]):
                     f2 = lambda: F.scaled_dot_product_attention(qs, kk, vv, is_causal=True, enable_gqa=(tag == "gqa"))  # noqa: E731
                     res[best] = statistics.median(_time(f2, iters=5, warmup=1) for _ in range(repeats))
@@ -484,7 +491,8 @@ def md_tables(res: dict) -> str:
         corr = v.get("correctness", [])
         if corr:
             worst = max(r["max_abs_err"] for r in corr)
-            lines.append(f"Correctness: {sum(r['ok'] for r in corr)}/{len(corr)} cases within {TOL}; worst max abs error {worst:.2e}\n")
+            lines.append(f"Correctness: {sum(r['ok'] for r in corr)}/{len(corr)} cases within {TOL}; "
+                         f"worst max abs error {worst:.2e}\n")
             lines.append("| kind | shape | max abs err | ok |\n|---|---|---|---|")
             for r in corr:
                 shape = ", ".join(f"{k}={r[k]}" for k in r if k not in ("kind", "max_abs_err", "ok"))
@@ -493,23 +501,32 @@ def md_tables(res: dict) -> str:
         nan = float("nan")
         dec = v.get("decode", [])
         if dec:
-            lines.append(f"Decode (16 query heads over 2 KV heads, block 16; copy anchor {res.get('copy', {}).get('copy_GBps', nan):.0f} GB/s):\n")
-            lines.append("| D | kv | batch | context | K=V shared | splits | time (us) | KV read (GB/s) | of peak | time / read at copy bw | "
-                         "old D=512 (us) | Triton (us) | Triton / ours |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            lines.append("Decode (16 query heads over 2 KV heads, block 16; "
+                         f"copy anchor {res.get('copy', {}).get('copy_GBps', nan):.0f} GB/s):\n")
+            lines.append("| D | kv | batch | context | K=V shared | splits | time (us) | KV read (GB/s) | of peak | "
+                         "time / read at copy bw | "
+                         "old D=512 (us) | Triton (us) | Triton / ours |\n"
+                         "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in dec:
-                lines.append(f"| {r.get('head_dim', 512)} | {r.get('kv', 'fp16')} | {r['batch']} | {r['ctx']} | {r['kv_shared']} | {r['splits']} | "
-                             f"{r['us']:.1f} | {r['kv_read_GBps']:.0f} | {100 * r['frac_peak']:.1f} % | {r.get('over_copy', nan):.2f} | "
-                             f"{r.get('old_us', nan):.1f} | {r.get('triton_us', nan):.1f} | {r.get('ours_over_triton', nan):.2f} |")
+                lines.append(f"| {r.get('head_dim', 512)} | {r.get('kv', 'fp16')} | {r['batch']} | {r['ctx']} | "
+                             f"{r['kv_shared']} | {r['splits']} | "
+                             f"{r['us']:.1f} | {r['kv_read_GBps']:.0f} | {100 * r['frac_peak']:.1f} % | "
+                             f"{r.get('over_copy', nan):.2f} | "
+                             f"{r.get('old_us', nan):.1f} | {r.get('triton_us', nan):.1f} | "
+                             f"{r.get('ours_over_triton', nan):.2f} |")
             lines.append("")
         pre = v.get("prefill", [])
         if pre:
-            lines.append("| D | batch x seq | ours (ms) | ours TFLOPS | old D=512 (ms) | SDPA best | SDPA (ms) | SDPA TFLOPS | ours / SDPA | "
+            lines.append("| D | batch x seq | ours (ms) | ours TFLOPS | old D=512 (ms) | SDPA best | SDPA (ms) | "
+                         "SDPA TFLOPS | ours / SDPA | "
                          "Triton (ms) | Triton / ours |\n|---|---|---|---|---|---|---|---|---|---|---|")
             for r in pre:
-                lines.append(f"| {r.get('head_dim', 512)} | {r['batch']} x {r['seq']} | {r['ours_ms']:.2f} | {r['ours_tflops']:.1f} | "
+                lines.append(f"| {r.get('head_dim', 512)} | {r['batch']} x {r['seq']} | {r['ours_ms']:.2f} | "
+                             f"{r['ours_tflops']:.1f} | "
                              f"{r.get('old_ms', nan):.2f} | {r.get('sdpa_best', '-')} | "
                              f"{r.get('sdpa_ms', nan):.2f} | {r.get('sdpa_tflops', nan):.1f} | "
-                             f"{r.get('speedup_vs_sdpa', nan):.2f}x | {r.get('triton_ms', nan):.2f} | {r.get('ours_over_triton', nan):.2f} |")
+                             f"{r.get('speedup_vs_sdpa', nan):.2f}x | {r.get('triton_ms', nan):.2f} | "
+                             f"{r.get('ours_over_triton', nan):.2f} |")
             lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -635,7 +652,8 @@ def main() -> int:
         try:
             d512._loaded.clear()
             # --variant builds use the entry specs recorded in their own index (their shared_bytes may differ)
-            attn = d512.load(cache=cache, prefer=prefer, overlay_dir=None if extra else ROOT / "overlays" / "sm70-d512-attention")
+            attn = d512.load(cache=cache, prefer=prefer,
+                             overlay_dir=None if extra else ROOT / "overlays" / "sm70-d512-attention")
             launch = cache / "launch.json"   # kernel_variants.py rows= (a -DPREFILL_BM build)
             if extra and launch.is_file():
                 attn.prefill_rows = int(json.loads(launch.read_text())["prefill_rows"])
@@ -646,7 +664,8 @@ def main() -> int:
             fam = not a.no_family_grid
             try:
                 if a.full_grid:
-                    v["correctness"] = correctness(attn, "cuda", only=a.only, family=fam, old=old if not extra else None)
+                    v["correctness"] = correctness(attn, "cuda", only=a.only, family=fam,
+                                                   old=old if not extra else None)
                 elif extra and a.variant_grid == "decode":
                     v["correctness"] = correctness(attn, "cuda", only=a.only, prefill=False)
                 else:
@@ -664,8 +683,10 @@ def main() -> int:
                     for hd in bench_dims:
                         short = a.small_dims_short and hd < 256
                         v["decode"] += bench_decode(attn, "cuda", peak, sweep=a.split_sweep, triton=anchor, head_dim=hd,
-                                                    batches=(8, 32) if short else tuple(int(x) for x in a.decode_batches.split(",")),
-                                                    ctxs=(32768,) if short else tuple(int(x) for x in a.decode_ctxs.split(",")),
+                                                    batches=(8, 32) if short
+                                                    else tuple(int(x) for x in a.decode_batches.split(",")),
+                                                    ctxs=(32768,) if short
+                                                    else tuple(int(x) for x in a.decode_ctxs.split(",")),
                                                     shareds=(False,) if short else (False, True),
                                                     old=old if not extra else None, copy_GBps=cbw)
                         if a.fp8_bench and hd >= 256:
@@ -676,10 +697,12 @@ def main() -> int:
                     v["prefill"] = []
                     for hd in bench_dims:
                         short = a.small_dims_short and hd < 256
-                        v["prefill"] += bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra), repeats=a.repeats,
+                        v["prefill"] += bench_prefill(attn, "cuda", sdpa=(prefer != "cubin" and not extra),
+                                                      repeats=a.repeats,
                                                       triton=anchor, head_dim=hd, old=old if not extra else None,
                                                       sdpa_backends=sdpa_backends,
-                                                      shapes=((1, 8192),) if short else ((1, 2048), (1, 8192), (4, 4096), (1, 16384)))
+                                                      shapes=((1, 8192),) if short
+                                                      else ((1, 2048), (1, 8192), (4, 4096), (1, 16384)))
                         save()
         except Exception as exc:  # noqa: BLE001
             v["error"] = f"{type(exc).__name__}: {exc}"

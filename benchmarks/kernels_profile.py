@@ -3,8 +3,8 @@
     ncu --clock-control none -k regex:d512 --section ... python3 benchmarks/kernels_profile.py --cache DIR
 
 `--variant` profiles a `benchmarks/kernel_variants.py` build (its own entry specs and launch.json);
-`--only prefill|decode` runs one of the two. Each kernel runs twice (the first launch JIT-compiles the PTX and warms the caches); profile the
-second with `--launch-skip 1` per kernel name. Prints the launches it made.
+`--only prefill|decode` runs one of the two. Each kernel runs twice (the first launch JIT-compiles the PTX and
+warms the caches); profile the second with `--launch-skip 1` per kernel name. Prints the launches it made.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
     ap.add_argument("--prefer", default="ptx")
-    ap.add_argument("--variant", action="store_true", help="a kernel_variants.py build: its own entry specs and launch.json")
+    ap.add_argument("--variant", action="store_true",
+                    help="a kernel_variants.py build: its own entry specs and launch.json")
     ap.add_argument("--only", choices=("decode", "prefill"))
     a = ap.parse_args()
     import torch
@@ -34,7 +35,8 @@ def main() -> int:
     d512 = d512_launcher()
 
     cache = Path(a.cache)
-    attn = d512.load(cache=cache, prefer=a.prefer, overlay_dir=None if a.variant else ROOT / "overlays" / "sm70-d512-attention")
+    attn = d512.load(cache=cache, prefer=a.prefer,
+                     overlay_dir=None if a.variant else ROOT / "overlays" / "sm70-d512-attention")
     if a.variant and (cache / "launch.json").is_file():
         attn.prefill_rows = int(json.loads((cache / "launch.json").read_text())["prefill_rows"])
     scale = 1.0 / math.sqrt(512)
