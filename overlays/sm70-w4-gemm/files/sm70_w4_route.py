@@ -2,13 +2,14 @@
 
 CompressedTensorsConfig (compressed_tensors.py, the same path in vLLM 0.19.1 and 0.20.0) asks this module first:
 * `moe_method(config, layer, prefix)` for a FusedMoE layer: a compressed-tensors W4A16 (pack-quantized int4,
-  symmetric, group strategy) MoE gets `SM70CompressedTensorsWNA16MoEMethod` (a subclass of vLLM's
-  CompressedTensorsWNA16MoEMethod: its weights, loader and repack, then the launcher's fused_moe after vLLM's
-  moe_align_block_size; the router's topk_softmax ran before apply). On compute capability 7.0 this also keeps
-  vLLM from picking CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks Marlin on shape alone, and Marlin has no
-  sm_70 code): where the kernels cannot run there, the layer gets vLLM's own CompressedTensorsWNA16MoEMethod
-  (Triton fused_moe). An NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection,
-  weight_packed / weight_scale kept as the checkpoint has them: the kernels read that layout).
+  symmetric, group strategy) MoE gets `SM70CompressedTensorsWNA16MoEMethod` (its __qualname__; a subclass of
+  vLLM's CompressedTensorsWNA16MoEMethod under that __name__, which vLLM's FusedMoE loader keys on: its weights,
+  loader and repack, then the launcher's fused_moe after vLLM's moe_align_block_size; the router's topk_softmax
+  ran before apply). On compute capability 7.0 this also keeps vLLM from picking
+  CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks Marlin on shape alone, and Marlin has no sm_70 code): where
+  the kernels cannot run there, the layer gets vLLM's own CompressedTensorsWNA16MoEMethod (Triton fused_moe). An
+  NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed /
+  weight_scale kept as the checkpoint has them: the kernels read that layout).
 * `linear_scheme(config, weight_quant, input_quant)`: an NVFP4 Linear layer (W4A4 or W4A16 NVFP4) gets a subclass of
   CompressedTensorsW4A4Fp4 / CompressedTensorsW4A16Fp4 whose get_min_capability() is 70 on compute capability 7.0
   (stock: 75) and whose apply_weights calls the launcher's linear. A layer whose K the kernels cannot take (not a
@@ -282,8 +283,13 @@ def _moe_class(kind: str, base):
                     "apply": _nvfp4_moe_apply, "is_monolithic": property(lambda self: False),
                     "get_fused_moe_quant_config": lambda self, layer: None,
                     "maybe_make_prepare_finalize": lambda self, routing_tables=None: None}
-        body.update(__doc__=f"{base.__name__} on the sm70-w4-gemm kernels (overlay sm70-w4-gemm).", _sm70_base=base)
-        _classes[key] = type(f"SM70{base.__name__}", (base,), body)
+        body.update(__doc__=f"{base.__name__} on the sm70-w4-gemm kernels (overlay sm70-w4-gemm).", _sm70_base=base,
+                    __qualname__=f"SM70{base.__name__}")
+        # W4A16 keeps vLLM's class name: FusedMoE.weight_loader transposes compressed-tensors packed weights and
+        # scales only for a method whose __class__.__name__ is CompressedTensorsWNA16(Marlin)MoEMethod (layer.py,
+        # 0.19.1 and 0.20.0), and create_weights gets intermediate_size_full by the same test (issue 29)
+        name = base.__name__ if kind == "wna16" else f"SM70{base.__name__}"
+        _classes[key] = type(name, (base,), body)
     return _classes[key]
 
 
