@@ -155,14 +155,8 @@ def kinds() -> tuple[str, ...]:
     return tuple(sorted(_BUILDERS))
 
 
-def build_checkpoint(
-    kind: str,
-    dest: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    transformers_form: str = "released",
-    dtype: str | None = None,
-) -> CheckpointInfo:
+def build_checkpoint(kind: str, dest: str | os.PathLike[str], *, seed: int = 0, transformers_form: str = "released",
+                     dtype: str | None = None) -> CheckpointInfo:
     """Write a tiny checkpoint of `kind` into `dest` (created; must be empty or absent) and describe it."""
     if kind not in _BUILDERS:
         raise CheckpointError(f"checkpoint kind {kind!r}: unknown (known: {', '.join(kinds())})")
@@ -198,32 +192,19 @@ def write_tokenizer(dest: Path, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY["vocab_size"],
-        special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     if tok.get_vocab_size() > TINY["vocab_size"]:
         raise CheckpointError(f"tokenizer vocabulary {tok.get_vocab_size()} > {TINY['vocab_size']}")
     tok.save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "pad_token": "<pad>",
-                "eos_token": "<eos>",
-                "bos_token": "<bos>",
-                "model_max_length": TINY["max_position_embeddings"],
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>",
+        "model_max_length": TINY["max_position_embeddings"],
+    }, indent=2) + "\n")
     (dest / "special_tokens_map.json").write_text(
-        json.dumps({"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n"
-    )
+        json.dumps({"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}, indent=2) + "\n")
 
 
 def _text_config(transformers: Any, moe: bool, dtype: str, overrides: dict[str, Any] | None = None):
@@ -288,9 +269,8 @@ def _tensor_list(dest: Path) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     return tuple(sorted(out))
 
 
-def _random_model(
-    torch: Any, transformers: Any, moe: bool, seed: int, dtype: str, overrides: dict[str, Any] | None = None
-):
+def _random_model(torch: Any, transformers: Any, moe: bool, seed: int, dtype: str,
+                  overrides: dict[str, Any] | None = None):
     cfg = _text_config(transformers, moe, "float32", overrides)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(cfg).float()
@@ -324,9 +304,8 @@ def _float_kind(moe: bool, kind: str | None = None, overrides: dict[str, Any] | 
         model = _random_model(torch, transformers, moe, seed, dtype, overrides)
         _save_model(model, dest, transformers_form)
         write_tokenizer(dest)
-        return CheckpointInfo(
-            kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None, _tensor_list(dest)
-        )
+        return CheckpointInfo(kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
+                              _tensor_list(dest))
 
     return build
 
@@ -516,16 +495,9 @@ def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] 
         (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         write_tokenizer(dest)
         return CheckpointInfo(
-            name,
-            dest,
-            deq_dir,
-            seed,
-            transformers_form,
-            transformers.__version__,
-            dtype,
+            name, dest, deq_dir, seed, transformers_form, transformers.__version__, dtype,
             f"compressed-tensors pack-quantized w4a16 group {group}" + (" with _shape tensors" if with_shape else ""),
-            _tensor_list(dest),
-        )
+            _tensor_list(dest))
 
     return build
 
@@ -539,16 +511,8 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {
-                    "num_bits": 4,
-                    "type": "int",
-                    "symmetric": True,
-                    "strategy": "group",
-                    "group_size": group,
-                    "dynamic": False,
-                    "actorder": None,
-                    "observer": "minmax",
-                },
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group,
+                            "dynamic": False, "actorder": None, "observer": "minmax"},
                 "input_activations": None,
                 "output_activations": None,
                 "format": "pack-quantized",
@@ -581,12 +545,9 @@ def _nvfp4_quantize_shared(torch: Any, ws: list[Any]) -> list[tuple[Any, Any, An
 
 
 def _nvfp4_tensors(torch: Any, base: str, codes: Any, scale: Any, gscale: Any) -> dict[str, Any]:
-    return {
-        base + ".weight_packed": pack_fp4(codes),
-        base + ".weight_scale": scale.clone().contiguous(),
-        base + ".weight_global_scale": gscale.reshape(1).to(torch.float32).clone(),
-        base + ".input_global_scale": torch.tensor([NVFP4_INPUT_GLOBAL_SCALE], dtype=torch.float32),
-    }
+    return {base + ".weight_packed": pack_fp4(codes), base + ".weight_scale": scale.clone().contiguous(),
+            base + ".weight_global_scale": gscale.reshape(1).to(torch.float32).clone(),
+            base + ".input_global_scale": torch.tensor([NVFP4_INPUT_GLOBAL_SCALE], dtype=torch.float32)}
 
 
 def _nvfp4_kind(moe: bool, name: str) -> Builder:
@@ -611,8 +572,7 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
                         deqs = []
                         for e in range(p.shape[0]):
                             (cg, sg, gg, dg), (cu, su, gu, du) = _nvfp4_quantize_shared(
-                                torch, [p[e, :inter], p[e, inter:]]
-                            )
+                                torch, [p[e, :inter], p[e, inter:]])
                             repl.update(_nvfp4_tensors(torch, f"{base}{e}.gate_proj", cg, sg, gg))
                             repl.update(_nvfp4_tensors(torch, f"{base}{e}.up_proj", cu, su, gu))
                             deqs.append(torch.cat([dg, du], dim=0))
@@ -631,18 +591,16 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
             else:
                 done: set[str] = set()
                 for pname in list(params):
-                    if (
-                        not pname.endswith("_proj.weight")
+                    if (not pname.endswith("_proj.weight")
                         or pname in done
-                        or (".self_attn." not in pname and ".mlp." not in pname)
-                    ):
+                        or (".self_attn." not in pname and ".mlp." not in pname)):
                         continue
                     prefix, proj = pname[: -len(".weight")].rsplit(".", 1)
                     group = next((g for g in _NVFP4_FUSED if proj in g), (proj,))
                     names = [f"{prefix}.{m}.weight" for m in group if f"{prefix}.{m}.weight" in params]
-                    for n_, (c, sc, g, d) in zip(
-                        names, _nvfp4_quantize_shared(torch, [params[n_].data for n_ in names]), strict=False
-                    ):
+                    for n_, (c, sc, g, d) in zip(names,
+                                                 _nvfp4_quantize_shared(torch, [params[n_].data for n_ in names]),
+                                                 strict=False):
                         params[n_].copy_(d)
                         quant[n_] = _nvfp4_tensors(torch, n_[: -len(".weight")], c, sc, g)
                         done.add(n_)
@@ -714,16 +672,8 @@ def _nvfp4_ple_kind(name: str) -> Builder:
 def nvfp4_config(moe: bool) -> dict[str, Any]:
     """A compressed-tensors NVFP4 config (weights and input activations float 4-bit, tensor_group, group 16: what
     vLLM 0.19.1's CompressedTensorsConfig._is_nvfp4_format accepts; W4A4, llm-compressor's NVFP4 preset form)."""
-    args = {
-        "num_bits": 4,
-        "type": "float",
-        "symmetric": True,
-        "strategy": "tensor_group",
-        "group_size": NVFP4_GROUP,
-        "dynamic": False,
-        "actorder": None,
-        "observer": "minmax",
-    }
+    args = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": NVFP4_GROUP,
+            "dynamic": False, "actorder": None, "observer": "minmax"}
     return {
         "quant_method": "compressed-tensors",
         "format": "nvfp4-pack-quantized",
@@ -746,30 +696,16 @@ def nvfp4_config(moe: bool) -> dict[str, Any]:
 
 # The multimodal placeholder ids of Gemma4UnifiedConfig, given their own special tokens (ids 3..9) so that they
 # fit the tiny vocabulary and never occur in a text prompt.
-UNIFIED_TOKENS = dict(
-    boi_token_id=3,
-    eoi_token_id=4,
-    image_token_id=5,
-    video_token_id=6,
-    boa_token_id=7,
-    eoa_token_index=8,
-    audio_token_id=9,
-)
+UNIFIED_TOKENS = dict(boi_token_id=3, eoi_token_id=4, image_token_id=5, video_token_id=6, boa_token_id=7,
+                      eoa_token_index=8, audio_token_id=9)
 # "<|video|>": Gemma4UnifiedProcessor adds that exact token to the tokenizer; having it already keeps the vocab at 512.
 UNIFIED_SPECIAL_TOKENS = (*SPECIAL_TOKENS, "<boi>", "<eoi>", "<image>", "<|video|>", "<boa>", "<eoa>", "<audio>")
-UNIFIED_TOKENIZER_ATTRS = dict(
-    boi_token="<boi>",
-    eoi_token="<eoi>",
-    image_token="<image>",
-    boa_token="<boa>",
-    eoa_token="<eoa>",
-    audio_token="<audio>",
-)
+UNIFIED_TOKENIZER_ATTRS = dict(boi_token="<boi>", eoi_token="<eoi>", image_token="<image>", boa_token="<boa>",
+                               eoa_token="<eoa>", audio_token="<audio>")
 # Tiny encoder-free embedders: patches of 4 x 4 pixels pooled 2 x 2 (model patch 8 -> 192 raw channels), audio frames
 # of 32 samples. transformers' defaults are the 12B's (patch 16, pool 3, mm_embed_dim 3840).
-UNIFIED_VISION = dict(
-    patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32, output_proj_dims=TINY["hidden_size"]
-)
+UNIFIED_VISION = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=32,
+                      output_proj_dims=TINY["hidden_size"])
 UNIFIED_AUDIO = dict(audio_embed_dim=32)
 # vision_config.num_soft_tokens: vLLM 0.24.0's gemma4_unified.py
 # (Gemma4UnifiedProcessingInfo.get_mm_max_tokens_per_item) reads it from the checkpoint's config.json;
@@ -798,15 +734,8 @@ def _unified_kind(kind: str, overrides: dict[str, Any] | None = None) -> Builder
     return build
 
 
-def _build_unified(
-    dest: Path,
-    seed: int,
-    transformers_form: str,
-    dtype: str | None,
-    *,
-    kind: str = "unified",
-    overrides: dict[str, Any] | None = None,
-) -> CheckpointInfo:
+def _build_unified(dest: Path, seed: int, transformers_form: str, dtype: str | None, *, kind: str = "unified",
+                   overrides: dict[str, Any] | None = None) -> CheckpointInfo:
     """The unified 12B form (model_type gemma4_unified, Gemma4UnifiedForConditionalGeneration) at the tiny size:
     the dense text model of the other kinds as `text_config` (model_type gemma4_unified_text), plus tiny vision and
     audio embedders. config.json and tensor names as released (flat text_config, `model.vision_embedder.*`).
@@ -819,13 +748,9 @@ def _build_unified(
     dtype = dtype or "float32"
     text = {k: v for k, v in TINY.items() if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
     text.update(overrides or {})
-    cfg = transformers.Gemma4UnifiedConfig(
-        text_config=dict(text, layer_types=list(LAYER_TYPES)),
-        vision_config=dict(UNIFIED_VISION),
-        audio_config=dict(UNIFIED_AUDIO),
-        tie_word_embeddings=True,
-        **UNIFIED_TOKENS,
-    )
+    cfg = transformers.Gemma4UnifiedConfig(text_config=dict(text, layer_types=list(LAYER_TYPES)),
+                                           vision_config=dict(UNIFIED_VISION), audio_config=dict(UNIFIED_AUDIO),
+                                           tie_word_embeddings=True, **UNIFIED_TOKENS)
     cfg.architectures = ["Gemma4UnifiedForConditionalGeneration"]
     torch.manual_seed(seed)
     model = transformers.Gemma4UnifiedForConditionalGeneration(cfg).float()
@@ -851,52 +776,30 @@ def _build_unified(
     _finish_nested_config(dest, transformers_form, unified_fields)
     write_tokenizer(dest, UNIFIED_SPECIAL_TOKENS)
     _write_unified_processor(transformers, dest)
-    return CheckpointInfo(
-        kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None, _tensor_list(dest)
-    )
+    return CheckpointInfo(kind, dest, dest, seed, transformers_form, transformers.__version__, dtype, None,
+                          _tensor_list(dest))
 
 
 def unified_processor_config() -> dict[str, Any]:
     """processor_config.json for the tiny unified model: what transformers 5.24.0's Gemma4UnifiedProcessor
     .save_pretrained writes for these sizes (read from one such save), written as data so that building needs
     neither torchvision nor PIL (the image/video processors need both)."""
-    vis = dict(
-        do_convert_rgb=True,
-        do_rescale=True,
-        do_resize=True,
-        image_mean=[0.0, 0.0, 0.0],
-        image_std=[1.0, 1.0, 1.0],
-        patch_size=UNIFIED_VISION["patch_size"],
-        pooling_kernel_size=UNIFIED_VISION["pooling_kernel_size"],
-        resample=3,
-        rescale_factor=1 / 255,
-    )
+    vis = dict(do_convert_rgb=True, do_rescale=True, do_resize=True, image_mean=[0.0, 0.0, 0.0],
+               image_std=[1.0, 1.0, 1.0], patch_size=UNIFIED_VISION["patch_size"],
+               pooling_kernel_size=UNIFIED_VISION["pooling_kernel_size"], resample=3, rescale_factor=1 / 255)
     return {
         "audio_ms_per_token": 40,
         "audio_seq_length": 750,
-        "feature_extractor": {
-            "audio_samples_per_token": UNIFIED_AUDIO["audio_embed_dim"],
-            "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
-            "feature_size": UNIFIED_AUDIO["audio_embed_dim"],
-            "padding_side": "right",
-            "padding_value": 0.0,
-            "return_attention_mask": True,
-            "sampling_rate": 16000,
-        },
-        "image_processor": dict(
-            vis, do_normalize=False, image_processor_type="Gemma4UnifiedImageProcessor", max_soft_tokens=280
-        ),
+        "feature_extractor": {"audio_samples_per_token": UNIFIED_AUDIO["audio_embed_dim"],
+                              "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
+                              "feature_size": UNIFIED_AUDIO["audio_embed_dim"], "padding_side": "right",
+                              "padding_value": 0.0, "return_attention_mask": True, "sampling_rate": 16000},
+        "image_processor": dict(vis, do_normalize=False, image_processor_type="Gemma4UnifiedImageProcessor",
+                                max_soft_tokens=280),
         "image_seq_length": 280,
         "processor_class": "Gemma4UnifiedProcessor",
-        "video_processor": dict(
-            vis,
-            do_normalize=True,
-            do_sample_frames=True,
-            max_soft_tokens=70,
-            num_frames=32,
-            return_metadata=False,
-            video_processor_type="Gemma4UnifiedVideoProcessor",
-        ),
+        "video_processor": dict(vis, do_normalize=True, do_sample_frames=True, max_soft_tokens=70, num_frames=32,
+                                return_metadata=False, video_processor_type="Gemma4UnifiedVideoProcessor"),
     }
 
 
@@ -939,14 +842,8 @@ def _build_pair(moe: bool, dest: Path, seed: int, transformers_form: str, dtype:
     dtype = target.dtype
     adir = dest / "assistant"
     adir.mkdir()
-    text = dict(
-        TINY,
-        num_hidden_layers=len(ASSISTANT_LAYER_TYPES),
-        layer_types=list(ASSISTANT_LAYER_TYPES),
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0,
-        model_type="gemma4_text",
-    )
+    text = dict(TINY, num_hidden_layers=len(ASSISTANT_LAYER_TYPES), layer_types=list(ASSISTANT_LAYER_TYPES),
+                hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, model_type="gemma4_text")
     cfg = transformers.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=TINY["hidden_size"])
     cfg.architectures = ["Gemma4AssistantForCausalLM"]
     torch.manual_seed(seed + 100)
@@ -983,13 +880,8 @@ KINDS = kinds()
 # -------------------------------------------------------------------------------------------------- reference
 
 
-def reference(
-    checkpoint_dir: str | os.PathLike[str],
-    prompt_ids: list[int] | tuple[int, ...],
-    n_tokens: int,
-    top_k: int = 5,
-    dtype: str = "float32",
-) -> Reference:
+def reference(checkpoint_dir: str | os.PathLike[str], prompt_ids: list[int] | tuple[int, ...], n_tokens: int,
+              top_k: int = 5, dtype: str = "float32") -> Reference:
     """Greedy decoding of `prompt_ids` for `n_tokens` with transformers (eager attention, no EOS stop) in `dtype`
     ("float32", the default, or "float16" / "bfloat16": the weights are cast on load, as the engine casts them;
     the logprobs are taken in float32 from the last position's logits).
@@ -1008,8 +900,7 @@ def reference(
     if dtype not in ("float32", "float16", "bfloat16"):
         raise CheckpointError(f"reference dtype {dtype!r}: expected float32, float16 or bfloat16")
     model = (cls or transformers.AutoModelForCausalLM).from_pretrained(
-        str(path), dtype=getattr(torch, dtype), attn_implementation="eager"
-    )
+        str(path), dtype=getattr(torch, dtype), attn_implementation="eager")
     model.eval()
     ids = list(prompt_ids)
     toks: list[int] = []
@@ -1025,9 +916,8 @@ def reference(
             lps.append(float(vals[0]))
             tops.append(tuple((int(i), float(v)) for i, v in zip(idx, vals, strict=False)))
             ids.append(nxt)
-    return Reference(
-        tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__, torch.__version__, dtype
-    )
+    return Reference(tuple(prompt_ids), tuple(toks), tuple(tops), tuple(lps), transformers.__version__,
+                     torch.__version__, dtype)
 
 
 def copy_checkpoint(src: Path, dest: Path) -> Path:

@@ -115,13 +115,7 @@ class _Ctx:
                  ctx: int | None, kv_dtype: str, max_seqs: int | None, index: OverlayIndex | None):
         self.p, self.m, self.vid, self.w, self.hw, self.e, self.d = profiles, model, vid, variant, hw, engine, drafter
         self.gpus, self.tp, self.ctx, self.kv_dtype, self.max_seqs, self.index = (
-            gpus,
-            tp,
-            ctx,
-            kv_dtype,
-            max_seqs,
-            index,
-        )
+            gpus, tp, ctx, kv_dtype, max_seqs, index)
 
 
 # ----------------------------------------------------------------------------- constraints
@@ -136,10 +130,8 @@ def c_gpu_count(c: _Ctx) -> Constraint:
         return Constraint("gpu-count", "warn", f"{c.gpus} GPUs is not a multiple of TP {c.tp}: {c.gpus % c.tp} idle")
     if c.gpus > c.tp:
         return Constraint(
-            "gpu-count",
-            "warn",
-            f"TP {c.tp} on {c.gpus} GPUs: {c.gpus - c.tp} idle unless run as {c.gpus // c.tp} data-parallel replicas",
-        )
+            "gpu-count", "warn",
+            f"TP {c.tp} on {c.gpus} GPUs: {c.gpus - c.tp} idle unless run as {c.gpus // c.tp} data-parallel replicas")
     return Constraint("gpu-count", "pass", f"TP {c.tp} on {c.gpus} GPU{'s' if c.gpus > 1 else ''}")
 
 
@@ -159,17 +151,10 @@ def c_tp_heads(c: _Ctx) -> Constraint:
     if bad:
         return Constraint("tp-heads", "fail", f"TP {tp} does not divide {', '.join(bad)}; valid TP {valid}")
     kvs = "/".join(str(g.kv_heads) for g in m.layer_groups if g.kind != "linear")
-    rep = (
-        (
-            f"; {', '.join(replicated)} (each rank holds a copy: vLLM gemma4.py Gemma4Attention, "
-            f"tp_size % num_kv_heads == 0)"
-        )
-        if replicated
-        else ""
-    )
-    return Constraint(
-        "tp-heads", "pass", f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}{rep}; valid TP {valid}"
-    )
+    rep = (f"; {', '.join(replicated)} (each rank holds a copy: vLLM gemma4.py Gemma4Attention, "
+           f"tp_size % num_kv_heads == 0)") if replicated else ""
+    return Constraint("tp-heads", "pass",
+                      f"TP {tp} divides {m.num_attention_heads} heads and KV heads {kvs}{rep}; valid TP {valid}")
 
 
 def _family_port(c: _Ctx) -> tuple[str | None, str]:
@@ -196,24 +181,18 @@ def c_engine_family(c: _Ctx) -> Constraint:
         port, why = _family_port(c)
         if port is None:
             return Constraint(
-                "engine-family",
-                "fail",
+                "engine-family", "fail",
                 f"{e.id} does not serve family {m.family} ({m.architecture}; serves {', '.join(e.families)})"
-                + (f"; {why}" if why else ""),
-            )
+                + (f"; {why}" if why else ""))
     if m.min_transformers and Version(e.transformers_version) < Version(m.min_transformers):
         return Constraint(
-            "engine-family",
-            "fail",
-            f"{e.id} ships transformers {e.transformers_version}; {m.family} configs need >= {m.min_transformers}",
-        )
+            "engine-family", "fail",
+            f"{e.id} ships transformers {e.transformers_version}; {m.family} configs need >= {m.min_transformers}")
     if port:
         return Constraint(
-            "engine-family",
-            "pass",
+            "engine-family", "pass",
             f"{e.id} lacks {m.family} ({m.architecture}); overlay {port} ports it onto vLLM {e.vllm_version} "
-            f"(transformers {e.transformers_version})",
-        )
+            f"(transformers {e.transformers_version})")
     return Constraint("engine-family", "pass", f"{e.id} serves {m.family} (transformers {e.transformers_version})")
 
 
@@ -233,34 +212,25 @@ def _broken_note(kb) -> str:
 
 def c_weight_format(c: _Ctx) -> Constraint:
     w, e = c.w, c.e
-    broken = [
-        kb
-        for kb in list(w.known_broken) + list(e.known_broken)
-        if kb.constraint == "weight-format" and _broken_applies(kb, c)
-    ]
+    broken = [kb
+              for kb in list(w.known_broken) + list(e.known_broken)
+              if kb.constraint == "weight-format" and _broken_applies(kb, c)]
     if w.format not in e.weight_formats:
         why = "".join(f"; {_broken_note(kb)}" for kb in broken if kb.formats)
         ov, ov_why = _format_overlay_for(c)
         own = [kb for kb in broken if kb in w.known_broken]  # the checkpoint's own problems stay
         if ov and not own:
-            return Constraint(
-                "weight-format",
-                "pass",
-                f"{c.vid}: format {w.format} loads on sm {c.hw.sm} through the "
-                f"kernel overlay {ov} ({e.id} alone: not loadable{why})",
-            )
+            return Constraint("weight-format", "pass", f"{c.vid}: format {w.format} loads on sm {c.hw.sm} through the "
+                              f"kernel overlay {ov} ({e.id} alone: not loadable{why})")
         why += f"; {ov_why}" if ov_why else ""
         return Constraint("weight-format", "fail", f"{c.vid}: format {w.format} not loadable by {e.id}{why}")
     if broken:
         result = "fail" if any(kb.result == "fail" for kb in broken) else "warn"
-        return Constraint(
-            "weight-format", result, f"{c.vid} ({w.format}): " + "; ".join(_broken_note(kb) for kb in broken)
-        )
+        return Constraint("weight-format", result,
+                          f"{c.vid} ({w.format}): " + "; ".join(_broken_note(kb) for kb in broken))
     return Constraint(
-        "weight-format",
-        "pass",
-        f"{c.vid}: {w.format}" + (f" {w.bits}-bit g{w.group_size}" if w.bits else "") + f" loads in {e.id}",
-    )
+        "weight-format", "pass",
+        f"{c.vid}: {w.format}" + (f" {w.bits}-bit g{w.group_size}" if w.bits else "") + f" loads in {e.id}")
 
 
 def c_engine_sm(c: _Ctx) -> Constraint:
@@ -272,15 +242,11 @@ def c_engine_sm(c: _Ctx) -> Constraint:
     if sm < e.min_sm - 1e-9 or (e.cuda_arch_list and min(e.cuda_arch_list) > sm + 1e-9):
         low = min(e.cuda_arch_list) if e.cuda_arch_list else e.min_sm
         return Constraint(
-            "engine-sm",
-            "fail",
-            f"{e.id}'s binaries carry no code for sm {sm}: built for sm >= {max(e.min_sm, low)} "
-            f"(cuda_arch_list {e.cuda_arch_list or '-'}, CUDA {e.cuda_version or '?'}); {c.hw.id} is sm {sm}",
-        )
+            "engine-sm", "fail", f"{e.id}'s binaries carry no code for sm {sm}: built for sm >= {max(e.min_sm, low)} "
+            f"(cuda_arch_list {e.cuda_arch_list or '-'}, CUDA {e.cuda_version or '?'}); {c.hw.id} is sm {sm}")
     if e.cuda_arch_list and not any(int(a) == int(sm) and a <= sm + 1e-9 for a in e.cuda_arch_list):
-        return Constraint(
-            "engine-sm", "warn", f"{e.id} has no sm{int(sm)}.x binaries in {e.cuda_arch_list}; relies on PTX JIT"
-        )
+        return Constraint("engine-sm", "warn",
+                          f"{e.id} has no sm{int(sm)}.x binaries in {e.cuda_arch_list}; relies on PTX JIT")
     return Constraint("engine-sm", "pass", f"{e.id} targets sm {sm} (min {e.min_sm})")
 
 
@@ -294,30 +260,23 @@ def c_dtype(c: _Ctx) -> Constraint:
         msgs.append(f"compute {m.dtype} on sm {hw.sm}")
     if w.format == "fp8" and hw.sm < 8.9:
         result = "warn" if hw.sm >= c.e.marlin_min_sm else "fail"
-        msgs.append(
-            f"fp8 compute needs sm >= 8.9; sm {hw.sm} "
-            + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path")
-        )
+        msgs.append(f"fp8 compute needs sm >= 8.9; sm {hw.sm} "
+                    + ("runs fp8 weights weight-only (Marlin)" if result == "warn" else "has no fp8 path"))
     return Constraint("dtype", result, "; ".join(msgs))
 
 
 def c_kv_dtype(c: _Ctx) -> Constraint:
     kvd = mem.effective_kv_dtype(c.kv_dtype, c.m, c.hw)
     if c.kv_dtype not in c.e.kv_dtypes or (
-        c.kv_dtype == "auto" and kvd not in c.e.kv_dtypes and "auto" not in c.e.kv_dtypes
-    ):
-        return Constraint(
-            "kv-dtype", "fail", f"--kv-cache-dtype {c.kv_dtype} not supported by {c.e.id} ({', '.join(c.e.kv_dtypes)})"
-        )
+            c.kv_dtype == "auto" and kvd not in c.e.kv_dtypes and "auto" not in c.e.kv_dtypes):
+        return Constraint("kv-dtype", "fail",
+                          f"--kv-cache-dtype {c.kv_dtype} not supported by {c.e.id} ({', '.join(c.e.kv_dtypes)})")
     if kvd == "bfloat16" and not c.hw.bf16:
         return Constraint("kv-dtype", "fail", f"bf16 KV cache on sm {c.hw.sm}: no bf16 support; use float16 or fp8")
     if kvd.startswith("fp8") and not c.hw.fp8:
-        return Constraint(
-            "kv-dtype",
-            "pass",
-            f"{kvd} KV on sm {c.hw.sm}: storage only (dequantised in the attention kernel), "
-            f"{mem.KV_DTYPE_BYTES[kvd]} B/elem",
-        )
+        return Constraint("kv-dtype", "pass",
+                          f"{kvd} KV on sm {c.hw.sm}: storage only (dequantised in the attention kernel), "
+                          f"{mem.KV_DTYPE_BYTES[kvd]} B/elem")
     return Constraint("kv-dtype", "pass", f"KV cache {kvd} ({mem.KV_DTYPE_BYTES.get(kvd, 2)} B/elem)")
 
 
@@ -362,8 +321,7 @@ def _kernel_overlay(c: _Ctx, covers: Callable[[OverlayInfo], bool]) -> tuple[str
         return None, f"needs the kernel overlay {shipped.id} (shipped with overlay-manager), not in the catalog"
     return None, (
         f"{shipped.id} is in the catalog but "
-        + (f"its manifest is invalid: {mine.invalid}" if mine.invalid else "its needed_when does not cover this case")
-    )
+        + (f"its manifest is invalid: {mine.invalid}" if mine.invalid else "its needed_when does not cover this case"))
 
 
 def _forced(c: _Ctx):
@@ -381,17 +339,14 @@ def c_head_dim(c: _Ctx) -> Constraint:
     if forced is not None:
         parts.append(
             f"{c.e.id} forces {forced.backend} for every layer (head dims {'/'.join(map(str, c.m.head_dims))} differ, "
-            f"max > {forced.when_head_dims_differ_above}; {forced.source})"
-        )
+            f"max > {forced.when_head_dims_differ_above}; {forced.source})")
     for d in c.m.head_dims:
-        names = [
-            b.backend
-            for b in c.e.attention
-            if b.runs_on(c.hw.sm)
-            and b.supports_head_dim(d)
-            and (c.kv_dtype in b.kv_dtypes or kvd in b.kv_dtypes)
-            and (forced is None or b.backend == forced.backend)
-        ]
+        names = [b.backend
+                 for b in c.e.attention
+                 if b.runs_on(c.hw.sm)
+                 and b.supports_head_dim(d)
+                 and (c.kv_dtype in b.kv_dtypes or kvd in b.kv_dtypes)
+                 and (forced is None or b.backend == forced.backend)]
         if names:
             parts.append(f"D={d}: {names[0]}")
             continue
@@ -409,11 +364,9 @@ def c_quant_kernel(c: _Ctx) -> Constraint:
     """The kernel rules below, then every known_broken entry scoped to quant-kernel that applies
     (the engine's missing sm70 kernels, each with its fix)."""
     base = _quant_kernel(c)
-    notes = [
-        kb
-        for kb in list(c.w.known_broken) + list(c.e.known_broken)
-        if kb.constraint == "quant-kernel" and _broken_applies(kb, c)
-    ]
+    notes = [kb
+             for kb in list(c.w.known_broken) + list(c.e.known_broken)
+             if kb.constraint == "quant-kernel" and _broken_applies(kb, c)]
     ov, _ = _format_overlay_for(c)
     if ov and base.result == "pass" and f"kernel overlay {ov}" in base.message:
         # the engine's own limits for this format on this SM are what the overlay replaces
@@ -421,8 +374,7 @@ def c_quant_kernel(c: _Ctx) -> Constraint:
     if not notes:
         return base
     result = max(
-        [base.result if base.result != "skip" else "pass", *(kb.result for kb in notes)], key=lambda r: RANK[r]
-    )
+        [base.result if base.result != "skip" else "pass", *(kb.result for kb in notes)], key=lambda r: RANK[r])
     return Constraint("quant-kernel", result, "; ".join([base.message, *(_broken_note(kb) for kb in notes)]))
 
 
@@ -437,23 +389,16 @@ def _quant_kernel(c: _Ctx) -> Constraint:
             return Constraint("quant-kernel", "pass", f"{w.format}: native tensor-core kernels on sm {hw.sm}")
         if hw.sm >= floor - 1e-9:
             how = "Marlin weight-only (W4A16)" if hw.sm >= e.marlin_min_sm else f"{e.id} weight-only path"
-            return Constraint(
-                "quant-kernel", "pass", f"{w.format} on sm {hw.sm}: {how}; no {w.format} tensor cores below sm {native}"
-            )
+            return Constraint("quant-kernel", "pass",
+                              f"{w.format} on sm {hw.sm}: {how}; no {w.format} tensor cores below sm {native}")
         ov, ov_why = _format_overlay_for(c)
         if ov and w.format == "nvfp4":
-            return Constraint(
-                "quant-kernel",
-                "pass",
-                f"nvfp4 on sm {hw.sm}: kernel overlay {ov} (WMMA, fp16 "
-                f"activations, E2M1/E4M3 decoded in registers; weights as loaded, no repack: 0 extra "
-                f"bytes; {e.id} alone needs sm >= {floor})",
-            )
+            return Constraint("quant-kernel", "pass", f"nvfp4 on sm {hw.sm}: kernel overlay {ov} (WMMA, fp16 "
+                              f"activations, E2M1/E4M3 decoded in registers; weights as loaded, no repack: 0 extra "
+                              f"bytes; {e.id} alone needs sm >= {floor})")
         return Constraint(
-            "quant-kernel",
-            "fail",
-            f"{w.format} needs sm >= {floor} in {e.id}; {hw.id} is sm {hw.sm}" + (f"; {ov_why}" if ov_why else ""),
-        )
+            "quant-kernel", "fail",
+            f"{w.format} needs sm >= {floor} in {e.id}; {hw.id} is sm {hw.sm}" + (f"; {ov_why}" if ov_why else ""))
     if w.format in INT_FORMATS:
         g = w.group_size if w.group_size is not None else -1
         path = MARLIN_PATH[w.format]
@@ -461,16 +406,12 @@ def _quant_kernel(c: _Ctx) -> Constraint:
             k = (m.intermediate_size or m.hidden_size * 4) // tp
             if g > 0 and k % g:
                 return Constraint(
-                    "quant-kernel",
-                    "fail",
-                    f"group {g} does not divide per-rank K {k} (intermediate {m.intermediate_size}/TP {tp})",
-                )
+                    "quant-kernel", "fail",
+                    f"group {g} does not divide per-rank K {k} (intermediate {m.intermediate_size}/TP {tp})")
             if hw.sm < e.marlin_min_sm:
                 return Constraint(
-                    "quant-kernel",
-                    "warn",
-                    f"no Marlin below sm {e.marlin_min_sm}: int{w.bits} falls back to a generic kernel (slow)",
-                )
+                    "quant-kernel", "warn",
+                    f"no Marlin below sm {e.marlin_min_sm}: int{w.bits} falls back to a generic kernel (slow)")
             return Constraint("quant-kernel", "pass", f"Marlin W{w.bits}A16, group {g}, per-rank K {k}")
         k = m.moe.expert_intermediate_size // tp
         pad = path in e.marlin_moe_tile_padding
@@ -484,37 +425,25 @@ def _quant_kernel(c: _Ctx) -> Constraint:
             problems.append(f"hidden {m.hidden_size} % 128 = {m.hidden_size % 128}")
         if need > 0 and k % need:
             problems.append(
-                f"per-rank expert K {m.moe.expert_intermediate_size}/TP {tp} = {k}, {k} % {need} = {k % need} != 0"
-            )
+                f"per-rank expert K {m.moe.expert_intermediate_size}/TP {tp} = {k}, {k} % {need} = {k % need} != 0")
         if not problems:
-            return Constraint(
-                "quant-kernel", "pass", f"MoE Marlin W{w.bits}A16: per-rank expert K {k} % {need} == 0, group {g}"
-            )
+            return Constraint("quant-kernel", "pass",
+                              f"MoE Marlin W{w.bits}A16: per-rank expert K {k} % {need} == 0, group {g}")
         routed = _w4a16_moe_overlay(c, k, g) if hw.sm < e.marlin_min_sm and path == "compressed-tensors" else None
         if routed is not None:
             return routed
-        if (
-            problems == [f"no Marlin below sm {e.marlin_min_sm}"]
-            and e.marlin_moe_ignores_sm
-            and path == "compressed-tensors"
-        ):
-            return Constraint(
-                "quant-kernel",
-                "fail",
-                f"per-rank expert K {k} % {need} == 0, group {g}: {e.id} picks the MoE Marlin "
-                f"kernel on shape alone (no capability test), and Marlin has no sm {hw.sm} code "
-                f"(needs sm >= {e.marlin_min_sm}); "
-                f"a TP whose per-rank K is not a multiple of {need} takes the WNA16 path instead",
-            )
+        if (problems == [f"no Marlin below sm {e.marlin_min_sm}"] and e.marlin_moe_ignores_sm
+            and path == "compressed-tensors"):
+            return Constraint("quant-kernel", "fail",
+                              f"per-rank expert K {k} % {need} == 0, group {g}: {e.id} picks the MoE Marlin "
+                              f"kernel on shape alone (no capability test), and Marlin has no sm {hw.sm} code "
+                              f"(needs sm >= {e.marlin_min_sm}); "
+                              f"a TP whose per-rank K is not a multiple of {need} takes the WNA16 path instead")
         why = "; ".join(problems)
         if w.moe_fallback == "moe-wna16":
-            return Constraint(
-                "quant-kernel",
-                "warn",
-                f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}"
-                if hw.sm < e.marlin_min_sm
-                else f"{why} -> generic MoE WNA16 kernel (slower than Marlin)",
-            )
+            return Constraint("quant-kernel", "warn",
+                              f"{why} -> generic MoE WNA16 kernel, {GENERIC_MOE_SLOWDOWN}" if hw.sm < e.marlin_min_sm
+                              else f"{why} -> generic MoE WNA16 kernel (slower than Marlin)")
         reason = f" ({w.moe_fallback_reason})" if w.moe_fallback_reason else ""
         return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}{reason}")
     return Constraint("quant-kernel", "skip", f"{w.format}: no kernel rules")
@@ -530,13 +459,9 @@ def _w4a16_moe_overlay(c: _Ctx, k: int, g: int) -> Constraint | None:
     bad += [f"group {g} is not a positive multiple of 16"] if g <= 0 or g % 16 else []
     if bad:
         return Constraint("quant-kernel", "fail", f"kernel overlay {ov} cannot take this MoE: {'; '.join(bad)}")
-    return Constraint(
-        "quant-kernel",
-        "pass",
-        f"MoE W4A16 on sm {c.hw.sm}: kernel overlay {ov} (WMMA, per-rank "
-        f"expert K {k}, group {g}; Marlin is never picked there; weights as loaded, no repack: 0 extra "
-        f"bytes)",
-    )
+    return Constraint("quant-kernel", "pass", f"MoE W4A16 on sm {c.hw.sm}: kernel overlay {ov} (WMMA, per-rank "
+                      f"expert K {k}, group {g}; Marlin is never picked there; weights as loaded, no repack: 0 extra "
+                      f"bytes)")
 
 
 def c_drafter(c: _Ctx) -> Constraint:
@@ -554,11 +479,8 @@ def c_drafter(c: _Ctx) -> Constraint:
         probs.append(f"needs vLLM >= {d.min_vllm}, {e.id} is {e.vllm_version}")
     if probs:
         return Constraint("drafter", "fail", "; ".join(probs))
-    return Constraint(
-        "drafter",
-        "pass",
-        f"{d.id}: {d.method}, {d.default_tokens} speculative tokens (max {d.max_tokens}), {d.size_gb} GB",
-    )
+    return Constraint("drafter", "pass",
+                      f"{d.id}: {d.method}, {d.default_tokens} speculative tokens (max {d.max_tokens}), {d.size_gb} GB")
 
 
 def c_context(c: _Ctx) -> Constraint:
@@ -574,11 +496,9 @@ def c_context(c: _Ctx) -> Constraint:
 
 def c_memory(c: _Ctx, mm: mem.Memory) -> Constraint:
     pc = mm.per_card
-    head = (
-        f"per card: weights {_gb(pc['weights'])} ({mm.weights_source}) + drafter {_gb(pc['drafter'])} "
-        f"+ overhead {_gb(pc['overhead'])} + "
-        f"activations {_gb(pc['activations'])} of budget {_gb(pc['budget'])} -> KV {_gb(pc['kv_available'])}"
-    )
+    head = (f"per card: weights {_gb(pc['weights'])} ({mm.weights_source}) + drafter {_gb(pc['drafter'])} "
+            f"+ overhead {_gb(pc['overhead'])} + "
+            f"activations {_gb(pc['activations'])} of budget {_gb(pc['budget'])} -> KV {_gb(pc['kv_available'])}")
     if pc["kv_available"] <= 0:
         over = pc["weights"] + pc["drafter"] + pc["overhead"] + pc["activations"] - pc["budget"]
         return Constraint("memory", "fail", f"{head}; over by {_gb(over)}")
@@ -596,17 +516,10 @@ def c_memory(c: _Ctx, mm: mem.Memory) -> Constraint:
 def c_overlays(c: _Ctx) -> tuple[Constraint, list[str]]:
     if c.index is None:
         return Constraint("overlays", "skip", "no overlay catalog"), []
-    facts = DeploymentFacts(
-        family=c.m.family,
-        weight_format=c.w.format,
-        quant_method=c.w.quant_method,
-        sm=c.hw.sm,
-        head_dims=tuple(c.m.head_dims),
-        transformers=c.e.transformers_version,
-        moe=c.m.moe is not None,
-        drafter_model_type=c.d.model_type if c.d is not None else None,
-        device=c.hw.device,
-    )
+    facts = DeploymentFacts(family=c.m.family, weight_format=c.w.format, quant_method=c.w.quant_method, sm=c.hw.sm,
+                            head_dims=tuple(c.m.head_dims), transformers=c.e.transformers_version,
+                            moe=c.m.moe is not None, drafter_model_type=c.d.model_type if c.d is not None else None,
+                            device=c.hw.device)
     verdicts = c.index.evaluate(facts, c.e.vllm_version)
     needed = [v.id for v in verdicts if v.needed and v.result != "fail"]
     if not verdicts:
@@ -621,9 +534,8 @@ def c_nvlink(c: _Ctx) -> Constraint:
         return Constraint("nvlink", "skip", "TP 1: no all-reduce")
     if c.hw.nvlink:
         return Constraint("nvlink", "pass", f"{c.hw.id}: NVLink for TP {c.tp} all-reduce")
-    return Constraint(
-        "nvlink", "warn", f"{c.hw.id}: no NVLink; TP {c.tp} all-reduce over PCIe (advisory: slower decode)"
-    )
+    return Constraint("nvlink", "warn",
+                      f"{c.hw.id}: no NVLink; TP {c.tp} all-reduce over PCIe (advisory: slower decode)")
 
 
 # ----------------------------------------------------------------------------- unverified fields
@@ -632,73 +544,36 @@ def c_nvlink(c: _Ctx) -> Constraint:
 # profile's `unverified` list: `layer_groups[1].kv_heads (...)` -> `layer_groups`).
 UNVERIFIED_RESTS_ON: dict[str, dict[str, tuple[str, ...]]] = {
     "models": {
-        "architecture": ("engine-family",),
-        "family": ("engine-family",),
-        "min_transformers": ("engine-family",),
-        "hidden_size": ("quant-kernel", "memory"),
-        "num_layers": ("memory",),
-        "num_attention_heads": ("tp-heads",),
-        "layer_groups": ("tp-heads", "head-dim", "memory"),
-        "vocab_size": ("memory",),
-        "intermediate_size": ("quant-kernel",),
-        "moe": ("quant-kernel", "memory"),
-        "max_context": ("context", "memory"),
-        "dtype": ("dtype",),
+        "architecture": ("engine-family",), "family": ("engine-family",), "min_transformers": ("engine-family",),
+        "hidden_size": ("quant-kernel", "memory"), "num_layers": ("memory",),
+        "num_attention_heads": ("tp-heads",), "layer_groups": ("tp-heads", "head-dim", "memory"),
+        "vocab_size": ("memory",), "intermediate_size": ("quant-kernel",), "moe": ("quant-kernel", "memory"),
+        "max_context": ("context", "memory"), "dtype": ("dtype",),
     },
     "weights": {
-        "format": ("weight-format",),
-        "quant_method": ("quant-kernel",),
-        "bits": ("quant-kernel",),
-        "group_size": ("quant-kernel",),
-        "size_gb": ("memory",),
-        "replicated_gb": ("memory",),
-        "hf_repo": ("weight-format",),
-        "moe_fallback": ("quant-kernel",),
+        "format": ("weight-format",), "quant_method": ("quant-kernel",), "bits": ("quant-kernel",),
+        "group_size": ("quant-kernel",), "size_gb": ("memory",), "replicated_gb": ("memory",),
+        "hf_repo": ("weight-format",), "moe_fallback": ("quant-kernel",),
     },
     "engines": {
-        "image": ("engine-sm",),
-        "image_recipe": (),
-        "vllm_version": ("overlays", "drafter"),
-        "upstream_ref": ("overlays",),
-        "device": ("engine-sm", "overlays"),
-        "server": (),
-        "transformers_version": ("engine-family", "overlays"),
-        "cuda_version": ("engine-sm",),
-        "cuda_arch_list": ("engine-sm",),
-        "min_sm": ("engine-sm",),
-        "target_sm": (),
-        "families": ("engine-family",),
-        "weight_formats": ("weight-format",),
-        "kv_dtypes": ("kv-dtype",),
-        "attention": ("head-dim",),
-        "forced_attention": ("head-dim",),
-        "drafter_methods": ("drafter",),
-        "drafter_model_types": ("drafter",),
-        "k_eq_v_cache_copies": ("memory",),
-        "marlin_moe_tile_padding": ("quant-kernel",),
-        "marlin_min_sm": ("quant-kernel",),
-        "marlin_moe_ignores_sm": ("quant-kernel",),
+        "image": ("engine-sm",), "image_recipe": (), "vllm_version": ("overlays", "drafter"),
+        "upstream_ref": ("overlays",), "device": ("engine-sm", "overlays"), "server": (),
+        "transformers_version": ("engine-family", "overlays"), "cuda_version": ("engine-sm",),
+        "cuda_arch_list": ("engine-sm",), "min_sm": ("engine-sm",), "target_sm": (), "families": ("engine-family",),
+        "weight_formats": ("weight-format",), "kv_dtypes": ("kv-dtype",), "attention": ("head-dim",),
+        "forced_attention": ("head-dim",), "drafter_methods": ("drafter",), "drafter_model_types": ("drafter",),
+        "k_eq_v_cache_copies": ("memory",), "marlin_moe_tile_padding": ("quant-kernel",),
+        "marlin_min_sm": ("quant-kernel",), "marlin_moe_ignores_sm": ("quant-kernel",),
         "quant_min_sm": ("quant-kernel",),
     },
     "drafters": {
-        "size_gb": ("drafter", "memory"),
-        "default_tokens": ("drafter",),
-        "max_tokens": ("drafter",),
-        "method": ("drafter",),
-        "model_type": ("drafter",),
-        "min_vllm": ("drafter",),
-        "hf_repo": ("drafter",),
+        "size_gb": ("drafter", "memory"), "default_tokens": ("drafter",), "max_tokens": ("drafter",),
+        "method": ("drafter",), "model_type": ("drafter",), "min_vllm": ("drafter",), "hf_repo": ("drafter",),
     },
     "hardware": {
-        "sm": ("engine-sm", "head-dim", "quant-kernel"),
-        "device": ("engine-sm", "overlays"),
-        "vram_gb": ("memory",),
-        "vram_bytes": ("memory",),
-        "safe_mem_util": ("memory",),
-        "bf16": ("dtype", "kv-dtype"),
-        "fp8": ("dtype", "kv-dtype"),
-        "smem_per_block_kb": ("head-dim",),
-        "nvlink": ("nvlink",),
+        "sm": ("engine-sm", "head-dim", "quant-kernel"), "device": ("engine-sm", "overlays"), "vram_gb": ("memory",),
+        "vram_bytes": ("memory",), "safe_mem_util": ("memory",), "bf16": ("dtype", "kv-dtype"),
+        "fp8": ("dtype", "kv-dtype"), "smem_per_block_kb": ("head-dim",), "nvlink": ("nvlink",),
     },
 }
 
@@ -709,12 +584,10 @@ def _field_root(entry: str) -> str:
 
 def unverified_fields(c: _Ctx) -> list[tuple[str, str, tuple[str, ...]]]:
     """(where, field as written, constraints resting on it) for every profile in this deployment."""
-    parts: list[tuple[str, str, Documented]] = [
-        ("models", f"models/{c.m.id}", c.m),
-        ("weights", f"models/{c.m.id}.weights.{c.vid}", c.w),
-        ("engines", f"engines/{c.e.id}", c.e),
-        ("hardware", f"hardware/{c.hw.id}", c.hw),
-    ]
+    parts: list[tuple[str, str, Documented]] = [("models", f"models/{c.m.id}", c.m),
+                                                ("weights", f"models/{c.m.id}.weights.{c.vid}", c.w),
+                                                ("engines", f"engines/{c.e.id}", c.e),
+                                                ("hardware", f"hardware/{c.hw.id}", c.hw)]
     if c.d is not None:
         parts.append(("drafters", f"drafters/{c.d.id}", c.d))
     out = []
@@ -741,9 +614,8 @@ def mark_unverified(cons: list[Constraint], fields: list[tuple[str, str, tuple[s
             x = Constraint(x.id, x.result, f"{x.message} [rests on unverified: {', '.join(dict.fromkeys(names))}]")
         out.append(x)
     if fields:
-        listed = "; ".join(
-            f"{where}.{entry}" + (f" (-> {', '.join(cids)})" if cids else "") for where, entry, cids in fields
-        )
+        listed = "; ".join(f"{where}.{entry}" + (f" (-> {', '.join(cids)})" if cids else "")
+                           for where, entry, cids in fields)
         out.append(Constraint("unverified", "warn", f"{len(fields)} unverified profile field(s): {listed}"))
     else:
         out.append(Constraint("unverified", "pass", "every profile field in this deployment names its source"))
@@ -802,51 +674,17 @@ def fits(
         cat = _catalog_for(profiles, catalog)
         overlay_index = index_for(cat) if cat is not None else None
     c = _Ctx(profiles, m, vid, m.weights[vid], hw, e, d, gpus, max(tp_, 1), ctx, kvd, max_seqs, overlay_index)
-    mm = mem.compute(
-        m,
-        c.w,
-        hw,
-        e,
-        tp=c.tp,
-        kv_dtype=kvd,
-        ctx=ctx,
-        max_seqs=max_seqs,
-        drafter_gb=d.size_gb if d else 0.0,
-        measured=measured.get(c.tp),
-    )
+    mm = mem.compute(m, c.w, hw, e, tp=c.tp, kv_dtype=kvd, ctx=ctx, max_seqs=max_seqs,
+                     drafter_gb=d.size_gb if d else 0.0, measured=measured.get(c.tp))
     ov, needed = c_overlays(c)
-    cons = [
-        c_gpu_count(c),
-        c_tp_heads(c),
-        c_engine_family(c),
-        c_weight_format(c),
-        c_engine_sm(c),
-        c_dtype(c),
-        c_kv_dtype(c),
-        c_head_dim(c),
-        c_quant_kernel(c),
-        c_drafter(c),
-        c_context(c),
-        c_memory(c, mm),
-        ov,
-        c_nvlink(c),
-    ]
+    cons = [c_gpu_count(c), c_tp_heads(c), c_engine_family(c), c_weight_format(c), c_engine_sm(c), c_dtype(c),
+            c_kv_dtype(c), c_head_dim(c), c_quant_kernel(c), c_drafter(c), c_context(c), c_memory(c, mm), ov,
+            c_nvlink(c)]
     unv = unverified_fields(c)
     cons = mark_unverified(cons, unv)
     # nvlink is advisory; `unverified` is the evidence, reported beside the verdict (FitReport.evidence)
     worst = max(RANK[x.result] for x in cons if x.id != "unverified" and (x.id != "nvlink" or x.result != "warn"))
-    deployment = {
-        "model": m.id,
-        "weights": vid,
-        "hardware": hw.id,
-        "gpus": gpus,
-        "tp": c.tp,
-        "engine": e.id,
-        "image": e.image,
-        "drafter": d.id if d else None,
-        "ctx": ctx,
-        "kv_dtype": kvd,
-        "max_seqs": max_seqs,
-        "unverified": [f"{where}.{entry}" for where, entry, _ in unv],
-    }
+    deployment = {"model": m.id, "weights": vid, "hardware": hw.id, "gpus": gpus, "tp": c.tp, "engine": e.id,
+                  "image": e.image, "drafter": d.id if d else None, "ctx": ctx, "kv_dtype": kvd, "max_seqs": max_seqs,
+                  "unverified": [f"{where}.{entry}" for where, entry, _ in unv]}
     return FitReport(VERDICT[worst], cons, needed, mm, deployment)
