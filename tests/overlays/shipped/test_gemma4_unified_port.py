@@ -201,12 +201,15 @@ def test_fits_12b_engine_family_passes_through_the_port_only_where_it_is_pending
     # vllm-0.20.0 ships transformers 5.6.2 (unverified): no gemma4_unified configs before 5.10.0
     c = fits(P, model="gemma-4-12b", hardware="rtx-3090", engine="vllm-0.20.0", overlay_index=idx).constraint("engine-family")
     assert c.result == "fail" and ">= 5.10.0" in c.message
-    # the V100 deployment: the family is ported, the NVFP4 weights are not loadable there
+    # the V100 deployment: the family is ported; the NVFP4 weights load there only through the shipped kernel overlay
+    # sm70-w4-gemm (its refusal without the overlay: tests/fits/test_fits.py, NO_W4)
     r = fits(P, model="gemma-4-12b", weights="nvfp4", hardware="v100-sxm2-16gb", gpus=2, engine="vllm-0.19.1-sm70",
              kv_dtype="float16", overlay_index=idx)
     # the V100 engine ships transformers 5.24.0, which has gemma4_unified (>= 5.10.0): never the transformers limit
     assert ">= 5.10.0" not in r.constraint("engine-family").message
-    assert r.constraint("weight-format").result == "fail" and r.verdict == "fails"
+    wf = r.constraint("weight-format")
+    assert wf.result == "pass" and "through the kernel overlay sm70-w4-gemm" in wf.message
+    assert "sm70-w4-gemm" in r.overlays and PORT in r.overlays and r.verdict != "fails"
 
 
 def test_bundle_carries_the_release_files_and_the_image_needs_no_network(tmp_path, monkeypatch):
