@@ -135,6 +135,7 @@ def markdown(doc: dict) -> str:
               f"{t['prefill']['v100_ms']:.1f} ms** (= {doc['prompt'] / t['prefill']['v100_ms'] * 1e3:.0f} tok/s; fork "
               f"~{FORK['prefill_tok_s']:.0f} tok/s = {doc['prompt'] / FORK['prefill_tok_s'] * 1e3:.0f} ms)",
               f"all-reduces (not in the sums, assumption only): {json.dumps(doc['allreduce'])}"]
+    lines += [f"FAILED (not in the sums): {e}" for e in doc.get("errors", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -196,18 +197,28 @@ def measure(args) -> dict:
         rows.append(Row(phase, comp, count, us, nbytes, flops, v, rule, extra))
         print(f"{phase:8s} {comp:28s} x{count:3d}  {us:9.1f} us  V100 {v:9.1f} us ({rule})", flush=True)
 
+    errors: list[str] = []
+
+    def guarded(fn, *a) -> None:   # one component failing is data; the others still run
+        try:
+            fn(ctx, add, *a)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{fn.__name__}{a[:1]}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            print(f"FAILED {errors[-1]}", flush=True)
+        torch.cuda.empty_cache()
+
     for phase, tokens in (("decode", 1), ("prefill", args.prompt)):
         for lin in linears():
-            _linear(ctx, add, phase, tokens, lin)
-        _moe(ctx, add, phase, tokens)
+            guarded(_linear, phase, tokens, lin)
+        guarded(_moe, phase, tokens)
         for grp, label in ((SLIDING, "sliding"), (FULL, "global")):
-            _attention(ctx, add, phase, tokens, args.ctx if phase == "decode" else tokens, grp, label)
-        _small(ctx, add, phase, tokens)
-        torch.cuda.empty_cache()
+            guarded(_attention, phase, tokens, args.ctx if phase == "decode" else tokens, grp, label)
+        guarded(_small, phase, tokens)
     return {"device": props.name, "sms": sms, "clock_ghz": clock / 1e9,
             "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}", "prompt": args.prompt,
             "ctx": args.ctx, "rows": [asdict(r) for r in rows], "totals": totals(rows),
-            "allreduce": {"decode": allreduce_estimate(1), "prefill": allreduce_estimate(args.prompt)}}
+            "allreduce": {"decode": allreduce_estimate(1), "prefill": allreduce_estimate(args.prompt)},
+            "errors": errors}
 
 
 def _linear(c: dict, add, phase: str, tokens: int, lin: Linear) -> None:
