@@ -477,7 +477,7 @@ __device__ __forceinline__ void w4_gemv(
       // This lane's weights of the chunk: U segments x CPW rows, with their two half-segment scales (and zeros).
       uint4 wv[U][CPW];
       float sc[U][CPW][2];
-      unsigned zp[U][CPW][2];
+      __half2 sub[U][CPW][2];      // 1024 + zero point, for the 0x6400 trick
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int seg = lane + 32 * u;
@@ -488,7 +488,7 @@ __device__ __forceinline__ void w4_gemv(
         for (int c = 0; c < CPW; ++c) {
           wv[u][c] = make_uint4(0, 0, 0, 0);
           sc[u][c][0] = sc[u][c][1] = 0.f;
-          zp[u][c][0] = zp[u][c][1] = 8u;
+          sub[u][c][0] = sub[u][c][1] = __float2half2_rn(1032.f);
           if (seg < nseg && ok[c]) {
             const int n = col[c];
             wv[u][c] = ldg_stream(we + n * row_bytes + k0 / 2);
@@ -503,8 +503,8 @@ __device__ __forceinline__ void w4_gemv(
               sc[u][c][1] = __half2float(sh[g1]);
               if (FMT == 1) {
                 const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
-                zp[u][c][0] = (zr[g0] >> (4 * (n % 8))) & 0xFu;
-                zp[u][c][1] = (zr[g1] >> (4 * (n % 8))) & 0xFu;
+                sub[u][c][0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
+                sub[u][c][1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
               }
             }
           }
@@ -532,10 +532,7 @@ __device__ __forceinline__ void w4_gemv(
         for (int c = 0; c < CPW; ++c) {
           const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const __half2 sub = __float2half2_rn(1024.f + (float)zp[u][c][q >> 1]);
-            gemv_deq_word<FMT>(words[q], sub, dq[c] + 4 * q);
-          }
+          for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq[c] + 4 * q);
         }
 #pragma unroll
         for (int r = 0; r < BMAX; ++r) {
