@@ -107,12 +107,27 @@ def pick_path(tokens: int, top_k: int, experts: int) -> str:
     return "decode" if tokens * top_k <= DECODE_MAX_ROWS_PER_EXPERT * experts // 8 else "prefill"
 
 
-def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int) -> tuple[int, int]:
+def _row_blocks(x: Any, sorted_ids: Any, num_valid: int | None, bm: int) -> tuple[int, int]:
+    """(num_valid, row blocks of bm rows): x's rows without sorted_ids, else sorted_ids' blocks."""
+    if sorted_ids is None:
+        num_valid = x.shape[0] if num_valid is None else num_valid
+        return num_valid, (num_valid + bm - 1) // bm
+    if num_valid is None:
+        raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
+    return num_valid, sorted_ids.numel() // bm
+
+
+def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int, zeros: Any = None,
+           gscale: Any = None) -> tuple[int, int]:
     """(experts, N) of the packed weight, or BuildError naming the problem."""
     import torch
 
     if fmt not in FORMATS:
         raise BuildError(f"weight format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if fmt == "int4zp" and zeros is None:
+        raise BuildError("int4zp needs zero points")
+    if fmt == "fp4" and gscale is None:
+        raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
     if x.dtype != torch.float16 or x.stride(-1) != 1 or x.stride(0) % 8:
         raise BuildError("activations must be fp16 with a contiguous last dim and 16-byte aligned rows")
     if k % 32:
@@ -170,22 +185,12 @@ class W4Kernels:
                              expert_ids=expert_ids, num_post=num_post, topk_w=topk_w, num_valid=num_valid,
                              a_div=a_div, out_div=out_div, block=block)
 
-        _e, n = _check(x, w, scales, fmt, k, group)
-        if fmt == "int4zp" and zeros is None:
-            raise BuildError("int4zp needs zero points")
-        if fmt == "fp4" and gscale is None:
-            raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
+        _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
         bm, bn = TILES[path]
         bk = CHUNK_K[path]
         if variant:
             path, (bm, bn), bk = VARIANTS[variant]
-        if sorted_ids is None:
-            num_valid = x.shape[0] if num_valid is None else num_valid
-            m_blocks = (num_valid + bm - 1) // bm
-        else:
-            if num_valid is None:
-                raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
-            m_blocks = sorted_ids.numel() // bm
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
         n_tiles = (n + bn - 1) // bn
         if active_blocks is None:
             active_blocks = m_blocks if sorted_ids is None else min(m_blocks, num_valid, _e)
@@ -216,23 +221,13 @@ class W4Kernels:
         t // out_div of (topk_w[t] times) the rows, returned fp16; else [rows, N] fp16."""
         import torch
 
-        _e, n = _check(x, w, scales, fmt, k, group)
-        if fmt == "int4zp" and zeros is None:
-            raise BuildError("int4zp needs zero points")
-        if fmt == "fp4" and gscale is None:
-            raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
+        _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
         bm = block or GEMV_BLOCK_ROWS
         if not 0 < bm <= GEMV_MAX_BLOCK:
             raise BuildError(f"block {bm}: the GEMV kernels take 1..{GEMV_MAX_BLOCK} rows per block")
         if activation is not None and (activation not in GEMV_ACT or n % 2 or out_div is not None):
             raise BuildError(f"activation {activation!r}: expected one of {', '.join(GEMV_ACT)} on an even row count")
-        if sorted_ids is None:
-            num_valid = x.shape[0] if num_valid is None else num_valid
-            m_blocks = (num_valid + bm - 1) // bm
-        else:
-            if num_valid is None:
-                raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
-            m_blocks = sorted_ids.numel() // bm
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
         n_out = n // 2 if activation else n
         per_block = GEMV_ROWS_PER_BLOCK // 2 if activation else GEMV_ROWS_PER_BLOCK
         out = out32 = None
