@@ -93,3 +93,15 @@ def test_gemv_refuses_blocks_beyond_its_row_table_and_activations_on_an_odd_row_
         k.gemv(x, w, s, "int4", k=64, group=32, block=mod.GEMV_MAX_BLOCK + 1)
     with pytest.raises(BuildError, match="even row count"):
         k.gemv(x, w, s, "int4", k=64, group=32, activation="silu")
+
+
+def test_fused_moe_refuses_an_alignment_block_the_wmma_tile_cannot_take():
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    k = mod.W4Kernels({}, num_sms=132)
+    x = torch.zeros((1, 64), dtype=torch.float16)
+    w13, s13 = torch.zeros((2, 64, 8), dtype=torch.int32), torch.zeros((2, 64, 2), dtype=torch.float16)
+    w2, s2 = torch.zeros((2, 64, 4), dtype=torch.int32), torch.zeros((2, 64, 1), dtype=torch.float16)
+    ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
+    with pytest.raises(BuildError, match="16 rows per expert block"):
+        k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="wmma", block=8)

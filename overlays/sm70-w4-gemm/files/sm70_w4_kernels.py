@@ -267,10 +267,13 @@ class W4Kernels:
         e, n13 = w13.shape[0], w13.shape[1]
         inter = n13 // 2
         path = path or pick_path(m, top_k, e)
+        gemv = path == "decode" and decode_kernel(decode) == "gemv"
         bm = block or align_block(path, decode)
+        if not gemv and bm != TILES[path][0]:
+            raise BuildError(f"block {bm}: the {path} WMMA tile takes {TILES[path][0]} rows per expert block")
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
         nv = m * top_k
-        if path == "decode" and decode_kernel(decode) == "gemv":
+        if gemv:
             if activation not in GEMV_ACT:
                 raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
             a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
