@@ -276,7 +276,8 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec in ("wmma", "gemv"):
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
                 if dec == "wmma":
@@ -287,26 +288,28 @@ def bench_decode(k, mod, peak, copy):
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
                 else:
-                    def kernels(sid=sid, eid=eid, npost=npost):
+                    def kernels(sid=sid, eid=eid, npost=npost, var=var):
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh")
+                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
+                               variant=var)
                         k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK)
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
 
-                def layer(dec=dec, align=align):
+                def layer(dec=dec, align=align, var=var):
                     return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
                                        gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
-                                       decode=dec)
+                                       decode=dec, variant=var)
 
-                outs[dec] = layer().float()
-                row[f"{dec}_us"] = timed(kernels) * 1e6
-                row[f"{dec}_layer_us"] = timed(layer) * 1e6
-                pct(row, dec, nbytes)
+                outs[label] = layer().float()
+                row[f"{label}_us"] = timed(kernels) * 1e6
+                row[f"{label}_layer_us"] = timed(layer) * 1e6
+                pct(row, label, nbytes)
             row["stream_us"] = _stream_anchor(nbytes) * 1e6
             pct(row, "stream", nbytes)
-            row["wmma_over_gemv"] = row["wmma_us"] / row["gemv_us"]
-            row["wmma_over_gemv_layer"] = row["wmma_layer_us"] / row["gemv_layer_us"]
-            row["err_gemv_vs_wmma"] = rel_err(outs["gemv"], outs["wmma"])
+            for label in ("gemv", "gemv_c4"):
+                row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
+                row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
+                row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
             rows.append(row)
             print(json.dumps({a_: (round(b, 4) if isinstance(b, float) else b) for a_, b in row.items()}), flush=True)
         del w13, w2
@@ -319,18 +322,21 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec in ("wmma", "gemv"):
-                def lin(dec=dec):
-                    return k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale, path="decode",
-                                    decode=dec)
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
 
-                outs[dec] = lin().float()
-                row[f"{dec}_us"] = timed(lin) * 1e6
-                pct(row, dec, nbytes)
+                def lin(dec=dec, var=var):
+                    return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, path="decode",
+                                  decode=dec, variant=var)
+
+                outs[label] = lin().float()
+                row[f"{label}_us"] = timed(lin) * 1e6
+                pct(row, label, nbytes)
             row["stream_us"] = _stream_anchor(nbytes) * 1e6
             pct(row, "stream", nbytes)
-            row["wmma_over_gemv"] = row["wmma_us"] / row["gemv_us"]
-            row["err_gemv_vs_wmma"] = rel_err(outs["gemv"], outs["wmma"])
+            for label in ("gemv", "gemv_c4"):
+                row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
+                row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
             rows.append(row)
             print(json.dumps({a_: (round(b, 4) if isinstance(b, float) else b) for a_, b in row.items()}), flush=True)
         del wt

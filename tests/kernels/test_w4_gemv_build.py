@@ -13,7 +13,8 @@ import pytest
 from manager.errors import BuildError
 from tests.kernels.w4_launcher import w4_launcher
 
-GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")]
+GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
+    f"w4_gemv_{f}{a}_c4" for a in ("", "_act") for f in ("int4", "fp4")]
 MAX_REGS = 128   # __launch_bounds__(256, 2): two 8-warp blocks per SM on Volta's 64K registers
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
@@ -93,6 +94,8 @@ def test_gemv_refuses_blocks_beyond_its_row_table_and_activations_on_an_odd_row_
         k.gemv(x, w, s, "int4", k=64, group=32, block=mod.GEMV_MAX_BLOCK + 1)
     with pytest.raises(BuildError, match="even row count"):
         k.gemv(x, w, s, "int4", k=64, group=32, activation="silu")
+    with pytest.raises(BuildError, match="GEMV variant 'c4' for int4zp"):
+        k.gemv(x, w, s, "int4zp", k=64, group=32, zeros=torch.zeros((1, 2), dtype=torch.int32), variant="c4")
 
 
 def test_fused_moe_refuses_an_alignment_block_the_wmma_tile_cannot_take():

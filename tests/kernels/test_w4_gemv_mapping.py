@@ -15,17 +15,20 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW, CPW, KC, BMAX = (int(v) for v in re.search(r"w4_gemv<FMT, (\d+), (\d+), (\d+), (\d+), FUSE>", SRC).groups())
-U = KC // 1024
+NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
+# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines
+ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true")
+           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)\)", SRC, flags=re.M)}
+GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
 
 
-def _lane_segments(k: int) -> dict[tuple[int, int], list[int]]:
+def _lane_segments(k: int, kc_width: int) -> dict[tuple[int, int], list[int]]:
     """(chunk start, lane) -> the k offsets of the 32 values each of its segments covers (the kernel's loop)."""
     got: dict[tuple[int, int], list[int]] = {}
-    for kc in range(0, k, KC):
-        nseg = min(KC, k - kc) >> 5
+    for kc in range(0, k, kc_width):
+        nseg = min(kc_width, k - kc) >> 5
         for lane in range(32):
-            for u in range(U):
+            for u in range(kc_width // 1024):
                 seg = lane + 32 * u
                 if seg < nseg:
                     k0 = kc + 32 * seg
@@ -33,33 +36,43 @@ def _lane_segments(k: int) -> dict[tuple[int, int], list[int]]:
     return got
 
 
-def test_source_constants_match_the_launchers_block_geometry():
+def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
     mod = w4_launcher()
-    assert NW * CPW == mod.GEMV_ROWS_PER_BLOCK and BMAX == mod.GEMV_BLOCK_ROWS
-    assert KC % 1024 == 0 and re.search(r"__launch_bounds__\(256, 2\) NAME", SRC) and NW * 32 == 256
-    assert "__shared__ int s_rows[MAXBM]" in SRC and "constexpr int MAXBM = 64;" in SRC
-    assert mod.GEMV_MAX_BLOCK == 64
+    assert re.search(r"__launch_bounds__\(256, 2\) NAME", SRC) and NW * 32 == 256
+    assert "__shared__ int s_rows[MAXBM]" in SRC and "constexpr int MAXBM = 64;" in SRC and mod.GEMV_MAX_BLOCK == 64
+    fmts = {0: "int4", 1: "int4zp", 2: "fp4"}
+    for name, (fmt, fuse, cpw, kc, bmax, _xr) in ENTRIES.items():
+        variant = name.rsplit("_", 1)[1] if name.endswith(tuple(f"_{v}" for v in mod.GEMV_VARIANTS)) else None
+        assert name == f"w4_gemv_{fmts[fmt]}" + ("_act" if fuse else "") + (f"_{variant}" if variant else "")
+        assert NW * cpw == (mod.GEMV_VARIANTS[variant] if variant else mod.GEMV_ROWS_PER_BLOCK)
+        assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
+        if variant is None:
+            assert bmax == mod.GEMV_BLOCK_ROWS
+    assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
+        f"w4_gemv_{f}{a}" for f in fmts.values() for a in ("", "_act")}
 
 
+@pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 @pytest.mark.parametrize("k", [32, 704, 1024, 2048, 2816, 3840, 5120])
-def test_lanes_cover_every_k_of_a_row_exactly_once_in_whole_16_byte_vectors(k):
-    segs = _lane_segments(k)
+def test_lanes_cover_every_k_of_a_row_exactly_once_in_whole_16_byte_vectors(k, cpw, kc):
+    segs = _lane_segments(k, kc)
     ks = sorted(v for vals in segs.values() for v in vals)
     assert ks == list(range(k))
     assert all(v % 32 == 0 for vals in segs.values() for v in vals[::32])   # vector byte offset k0/2: 16-B aligned
 
 
+@pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("n", [16, 100, 1408, 2816, 15360])
-def test_warps_read_every_weight_row_once_and_fused_warps_pair_gate_row_n_with_up_row_n_plus_i(fuse, n):
-    outc = CPW // 2 if fuse else CPW
+def test_warps_read_every_weight_row_once_and_fused_warps_pair_gate_row_n_with_up_row_n_plus_i(fuse, n, cpw, kc):
+    outc = cpw // 2 if fuse else cpw
     n_out = n // 2 if fuse else n
     per_block = NW * outc
     seen: list[int] = []
     for by in range(-(-n_out // per_block)):
         for warp in range(NW):
             cols, oks = [], []
-            for c in range(CPW):
+            for c in range(cpw):
                 oc = (by * NW + warp) * outc + (c % outc if fuse else c)
                 oks.append(oc < n_out)
                 cols.append(oc + n_out if fuse and c >= outc else oc)
@@ -75,11 +88,13 @@ def _phys(seg: int, q: int) -> int:
     return seg * 32 + 8 * (q ^ ((seg >> 1) & 3))
 
 
-def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks():
-    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "seg * 32 + 8 * (q ^ sw)" in SRC
-    slots = sorted(_phys(s, q) for s in range(KC // 32) for q in range(4))
-    assert slots == list(range(0, KC, 8))
-    for u in range(U):
+@pytest.mark.parametrize("cpw,kc", GEOMETRIES)
+def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks(cpw, kc):
+    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + seg * 32" in SRC
+    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2
+    slots = sorted(_phys(s, q) for s in range(kc // 32) for q in range(4))
+    assert slots == list(range(0, kc, 8))
+    for u in range(kc // 1024):
         for q in range(4):
             for phase in range(4):   # a warp's 128-bit shared loads run as 4 phases of 8 lanes
                 lanes = range(8 * phase, 8 * phase + 8)

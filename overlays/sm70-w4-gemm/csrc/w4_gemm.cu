@@ -413,7 +413,20 @@ __device__ __forceinline__ float gemv_act(float g, int act) {
   return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
 
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE>
+// acc += sum over one 8-value word of (activation pairs xs) x (dequantized pairs d), 4 products per fp16 partial,
+// the partial times the word's group scale in fp32.
+__device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, float s, float acc) {
+  __half2 h = __hmul2(u2h2(xw.x), u2h2(d[0]));
+  h = __hfma2(u2h2(xw.y), u2h2(d[1]), h);
+  h = __hfma2(u2h2(xw.z), u2h2(d[2]), h);
+  h = __hfma2(u2h2(xw.w), u2h2(d[3]), h);
+  const float2 f = __half22float2(h);
+  return fmaf(f.x + f.y, s, acc);
+}
+
+// XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
+// per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
 __device__ __forceinline__ void w4_gemv(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
@@ -527,32 +540,41 @@ __device__ __forceinline__ void w4_gemv(
         const int seg = lane + 32 * u;
         if (seg >= nseg) break;
         const int sw = (seg >> 1) & 3;
-        unsigned dq[CPW][16];
-#pragma unroll
-        for (int c = 0; c < CPW; ++c) {
-          const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq[c] + 4 * q);
-        }
-#pragma unroll
-        for (int r = 0; r < BMAX; ++r) {
-          if (r >= nr) break;
-          uint4 xq[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            xq[q] = *reinterpret_cast<const uint4*>(sx + r * KC + seg * 32 + 8 * (q ^ sw));
+        const half* xseg = sx + seg * 32;
+        if constexpr (XR) {
 #pragma unroll
           for (int c = 0; c < CPW; ++c) {
+            const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
+            unsigned dq[16];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const unsigned xs[4] = {xq[q].x, xq[q].y, xq[q].z, xq[q].w};
-              __half2 h = __hmul2(u2h2(xs[0]), u2h2(dq[c][4 * q]));
-              h = __hfma2(u2h2(xs[1]), u2h2(dq[c][4 * q + 1]), h);
-              h = __hfma2(u2h2(xs[2]), u2h2(dq[c][4 * q + 2]), h);
-              h = __hfma2(u2h2(xs[3]), u2h2(dq[c][4 * q + 3]), h);
-              const float2 f = __half22float2(h);
-              acc[c][r] = fmaf(f.x + f.y, sc[u][c][q >> 1], acc[c][r]);
+            for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq + 4 * q);
+#pragma unroll
+            for (int r = 0; r < BMAX; ++r) {
+              if (r >= nr) break;
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                acc[c][r] = word_dot(*reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw)), dq + 4 * q,
+                                     sc[u][c][q >> 1], acc[c][r]);
             }
+          }
+        } else {
+          unsigned dq[CPW][16];
+#pragma unroll
+          for (int c = 0; c < CPW; ++c) {
+            const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq[c] + 4 * q);
+          }
+#pragma unroll
+          for (int r = 0; r < BMAX; ++r) {
+            if (r >= nr) break;
+            uint4 xq[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw));
+#pragma unroll
+            for (int c = 0; c < CPW; ++c)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[c][r] = word_dot(xq[q], dq[c] + 4 * q, sc[u][c][q >> 1], acc[c][r]);
           }
         }
       }
@@ -590,20 +612,27 @@ __device__ __forceinline__ void w4_gemv(
   }
 }
 
-// 8 warps x 2 weight rows, 2048-wide K chunks (32 KB of activations for up to 8 rows), capped at 128 registers.
-#define W4_GEMV_ENTRY(NAME, FMT, FUSE)                                                                          \
+// 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), capped
+// at 128 registers.  Default: 2 rows per warp, 2048-wide chunks, 8 rows (32 KB); "_c4": 4 rows per warp (twice the
+// 16-byte loads in flight per lane where K is short, e.g. 704), 1024-wide chunks, 4 rows (8 KB), XR; int4 and fp4
+// only (int4zp spills at 128 registers).
+#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR)                                                      \
   extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
       int out_div, int act, int bm) {                                                                          \
-    w4_gemv<FMT, 8, 2, 2048, 8, FUSE>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post,       \
+    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
                                       topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
   }
 
-W4_GEMV_ENTRY(w4_gemv_int4, 0, false)
-W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false)
-W4_GEMV_ENTRY(w4_gemv_fp4, 2, false)
-W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true)
-W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true)
-W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true)
+W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)

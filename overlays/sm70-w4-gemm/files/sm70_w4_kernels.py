@@ -53,6 +53,8 @@ GEMV_BLOCK_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 16
 GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
+# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks.
+GEMV_VARIANTS = {"c4": 32}
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -180,10 +182,10 @@ class W4Kernels:
         sorted_ids, default align_block("decode", "gemv"))."""
         import torch
 
-        if path == "decode" and variant is None and decode_kernel(decode) == "gemv":
+        if path == "decode" and (variant is None or variant in GEMV_VARIANTS) and decode_kernel(decode) == "gemv":
             return self.gemv(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, sorted_ids=sorted_ids,
                              expert_ids=expert_ids, num_post=num_post, topk_w=topk_w, num_valid=num_valid,
-                             a_div=a_div, out_div=out_div, block=block)
+                             a_div=a_div, out_div=out_div, block=block, variant=variant)
 
         _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
         bm, bn = TILES[path]
@@ -214,11 +216,12 @@ class W4Kernels:
     def gemv(self, x: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
              gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
              topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, out_div: int | None = None,
-             activation: str | None = None, block: int | None = None) -> Any:
+             activation: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
         """The GEMV decode launch (w4_gemv_<fmt>[_act]): the rows of block b are sorted_ids[b*block, (b+1)*block)
         (or x's rows b*block.. without sorted_ids), `block` default GEMV_BLOCK_ROWS. With `activation` the weight
         holds 2I rows (gate then up) and the result is act(gate) * up, [rows, I] fp16; with out_div the fp32 sum over
-        t // out_div of (topk_w[t] times) the rows, returned fp16; else [rows, N] fp16."""
+        t // out_div of (topk_w[t] times) the rows, returned fp16; else [rows, N] fp16. variant: a GEMV_VARIANTS
+        candidate (int4, fp4)."""
         import torch
 
         _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
@@ -228,14 +231,18 @@ class W4Kernels:
         if activation is not None and (activation not in GEMV_ACT or n % 2 or out_div is not None):
             raise BuildError(f"activation {activation!r}: expected one of {', '.join(GEMV_ACT)} on an even row count")
         num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
+        if variant is not None and (variant not in GEMV_VARIANTS or fmt == "int4zp"):
+            raise BuildError(f"GEMV variant {variant!r} for {fmt}: expected one of {', '.join(GEMV_VARIANTS)} "
+                             "(int4, fp4)")
+        rows = GEMV_VARIANTS[variant] if variant else GEMV_ROWS_PER_BLOCK
         n_out = n // 2 if activation else n
-        per_block = GEMV_ROWS_PER_BLOCK // 2 if activation else GEMV_ROWS_PER_BLOCK
+        per_block = rows // 2 if activation else rows
         out = out32 = None
         if out_div is not None:
             out32 = torch.zeros(((num_valid + out_div - 1) // out_div, n), dtype=torch.float32, device=x.device)
         else:
             out = torch.empty((num_valid, n_out), dtype=torch.float16, device=x.device)
-        name = f"w4_gemv_{fmt}" + ("_act" if activation else "")
+        name = f"w4_gemv_{fmt}" + ("_act" if activation else "") + (f"_{variant}" if variant else "")
         scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
         if m_blocks and n_out:
             self.k[name].launch((m_blocks, (n_out + per_block - 1) // per_block, 1), [
@@ -255,11 +262,12 @@ class W4Kernels:
     def fused_moe(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,
                   *, group: int, z13: Any = None, z2: Any = None, gscale13: Any = None, gscale2: Any = None,
                   activation: str = "gelu_tanh", path: str | None = None, align: Any = None,
-                  decode: str | None = None, block: int | None = None) -> Any:
+                  decode: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
         """The MoE block: gate_up (w13: [E, 2I, H] packed), act(gate) * up, down (w2: [E, H, I]) times the
         routing weight, summed over top_k. x [M, H] fp16; topk_ids/topk_weights [M, top_k]. `align`:
         (sorted_ids, expert_ids, num_post) from vLLM's moe_align_block_size with `block` rows per expert block
-        (default align_block(path, decode)). The GEMV decode fuses act(gate) * up into gate_up's epilogue."""
+        (default align_block(path, decode)). The GEMV decode fuses act(gate) * up into gate_up's epilogue;
+        variant: one of GEMV_VARIANTS for it."""
         import torch
 
         m, h = x.shape
@@ -269,6 +277,8 @@ class W4Kernels:
         path = path or pick_path(m, top_k, e)
         gemv = path == "decode" and decode_kernel(decode) == "gemv"
         bm = block or align_block(path, decode)
+        if not gemv and variant is not None:
+            raise BuildError(f"variant {variant!r}: fused_moe takes GEMV variants only (decode=\"gemv\")")
         if not gemv and bm != TILES[path][0]:
             raise BuildError(f"block {bm}: the {path} WMMA tile takes {TILES[path][0]} rows per expert block")
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
@@ -278,10 +288,10 @@ class W4Kernels:
                 raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
             a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                           expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k,
-                          activation=activation, block=bm)
+                          activation=activation, block=bm, variant=variant)
             return self.gemv(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
                              expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
-                             num_valid=nv, a_div=1, out_div=top_k, block=bm)
+                             num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant)
         y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                        expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path)
         gate, up = y1[:, :inter], y1[:, inter:]
