@@ -254,6 +254,19 @@ def _stream_anchor(nbytes):
     return timed(lambda: buf.sum())
 
 
+def _finish_decode_row(row, outs, pct):
+    """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
+    row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
+    pct(row, "stream", row["bytes"])
+    for label in ("gemv", "gemv_c4"):
+        row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
+        if "wmma_layer_us" in row:
+            row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
+        row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
+    print(json.dumps({a: (round(b, 4) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
+    return row
+
+
 def bench_decode(k, mod, peak, copy):
     """WMMA decode vs GEMV decode: MoE 1/4/8 tokens and the 3840 -> 15360 linear at M = 1/4/8, same weights."""
     rows = []
@@ -304,14 +317,7 @@ def bench_decode(k, mod, peak, copy):
                 row[f"{label}_us"] = timed(kernels) * 1e6
                 row[f"{label}_layer_us"] = timed(layer) * 1e6
                 pct(row, label, nbytes)
-            row["stream_us"] = _stream_anchor(nbytes) * 1e6
-            pct(row, "stream", nbytes)
-            for label in ("gemv", "gemv_c4"):
-                row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
-                row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
-                row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
-            rows.append(row)
-            print(json.dumps({a_: (round(b, 4) if isinstance(b, float) else b) for a_, b in row.items()}), flush=True)
+            rows.append(_finish_decode_row(row, outs, pct))
         del w13, w2
         torch.cuda.empty_cache()
     kk, n = 3840, 15360
@@ -332,13 +338,7 @@ def bench_decode(k, mod, peak, copy):
                 outs[label] = lin().float()
                 row[f"{label}_us"] = timed(lin) * 1e6
                 pct(row, label, nbytes)
-            row["stream_us"] = _stream_anchor(nbytes) * 1e6
-            pct(row, "stream", nbytes)
-            for label in ("gemv", "gemv_c4"):
-                row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
-                row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
-            rows.append(row)
-            print(json.dumps({a_: (round(b, 4) if isinstance(b, float) else b) for a_, b in row.items()}), flush=True)
+            rows.append(_finish_decode_row(row, outs, pct))
         del wt
         torch.cuda.empty_cache()
     return rows
