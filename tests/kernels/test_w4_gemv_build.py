@@ -79,6 +79,7 @@ def test_decode_kernel_comes_from_the_argument_then_the_environment_then_wmma(mo
     assert mod.decode_kernel() == "gemv" and mod.align_block("decode") == mod.GEMV_BLOCK_ROWS
     assert mod.align_block("prefill") == mod.TILES["prefill"][0]   # prefill keeps its 64-row tile
     assert mod.decode_kernel("wmma") == "wmma" and mod.align_block("decode", "wmma") == mod.TILES["decode"][0]
+    assert mod.decode_block_rows() == mod.GEMV_BLOCK_ROWS and mod.decode_block_rows(decode="wmma") == 16
     monkeypatch.setenv(mod.DECODE_ENV, "tiles")
     with pytest.raises(BuildError, match="OVERLAY_W4_DECODE"):
         mod.decode_kernel()

@@ -104,6 +104,11 @@ def align_block(path: str, decode: str | None = None) -> int:
     return TILES[path][0]
 
 
+def decode_block_rows(decode: str | None = None) -> int:
+    """Rows per expert block the decode path wants: align_block("decode", decode) (the name benchmarks ask for)."""
+    return align_block("decode", decode)
+
+
 def pick_path(tokens: int, top_k: int, experts: int) -> str:
     """The MoE path for a batch: the 16-row decode tile while the routed rows stay few per expert."""
     return "decode" if tokens * top_k <= DECODE_MAX_ROWS_PER_EXPERT * experts // 8 else "prefill"
