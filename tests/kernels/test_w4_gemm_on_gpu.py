@@ -108,7 +108,7 @@ def test_gemv_moe_top8_of_128_matches_fp32(w4, fmt, group, tokens, only, block):
     w2 = make_weights(fmt, e, h, inter, group, seed=6)
     topk_w, topk_ids = route(tokens, e, 8 if only is None else min(8, only), seed=tokens, only=only)
     x = torch.randn((tokens, h), device="cuda").half()
-    for act in ("gelu_tanh", "silu"):
+    for act in ("gelu_tanh", "gelu", "silu"):
         out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
                            z13=w13.zeros, z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, activation=act,
                            path="decode", decode="gemv", block=block)
