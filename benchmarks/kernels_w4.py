@@ -19,6 +19,13 @@
    overlay's `fused_moe` on the same packed weights and vLLM's own `moe_align_block_size` (int4 symmetric, groups 32
    and 128; 1/4/8/2048/8192 tokens).
    `--only-anchors` runs the copy bandwidth and step 7 alone.
+8. decode kernels side by side (`decode`): the WMMA decode against the GEMV decode (`decode="gemv"`) on the same
+   weights and alignment rules (each path's own block size) — MoE 1/4/8 tokens (int4 g32, int4 g128, fp4 g16;
+   gate_up + down kernels, and the whole fused_moe layer) and the 3840 -> 15360 linear at M = 1/4/8 (int4 g128,
+   fp4 g16): µs, % of HBM peak and of the copy bandwidth (packed weights + scales of the activated experts), the ratio
+   wmma / gemv, the GEMV result's error against the WMMA one, and a streaming-read anchor of the same byte count (a
+   torch sum over a buffer of that size: what a pure read of those bytes takes in this run).
+   `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
 Writes results.json and results.md under --out.
 """
 
@@ -241,6 +248,102 @@ def bench_variants(k, mod, peak):
     return rows
 
 
+def _stream_anchor(nbytes):
+    """CUDA-graph median of a torch sum over `nbytes` of float32: the time to read that many bytes once."""
+    buf = torch.randn((max(1, nbytes // 4),), device="cuda")
+    return timed(lambda: buf.sum())
+
+
+def _finish_decode_row(row, outs, pct):
+    """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
+    row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
+    pct(row, "stream", row["bytes"])
+    for label in ("gemv", "gemv_c4"):
+        row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
+        if "wmma_layer_us" in row:
+            row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
+        row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
+    print(json.dumps({a: (round(b, 4) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
+    return row
+
+
+def bench_decode(k, mod, peak, copy):
+    """WMMA decode vs GEMV decode: MoE 1/4/8 tokens and the 3840 -> 15360 linear at M = 1/4/8, same weights."""
+    rows = []
+
+    def pct(row, label, nbytes):
+        t = row[f"{label}_us"] * 1e-6
+        row[f"{label}_pct_peak"] = 100 * nbytes / t / peak
+        row[f"{label}_pct_copy"] = 100 * nbytes / t / copy
+
+    for fmt, group in (("int4", 32), ("int4", 128), ("fp4", 16)):
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=61, with_deq=False)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=62, with_deq=False)
+        per_expert = w13.bytes_per_expert() + w2.bytes_per_expert()
+        for tokens in (1, 4, 8):
+            tw, ti = route(tokens, E, TOPK, seed=tokens)
+            x = torch.randn((tokens, H), device="cuda").half()
+            nv = tokens * TOPK
+            a = torch.randn((nv, INTER), device="cuda").half()
+            used = int(ti.unique().numel())
+            nbytes = used * per_expert
+            row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
+            outs = {}
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
+                align = mod.moe_align(ti, mod.align_block("decode", dec), E)
+                sid, eid, npost = align
+                if dec == "wmma":
+                    def kernels(sid=sid, eid=eid, npost=npost):
+                        k.gemm(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, path="decode", decode="wmma")
+                        k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
+                               out_div=TOPK, decode="wmma")
+                else:
+                    def kernels(sid=sid, eid=eid, npost=npost, var=var):
+                        k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
+                               variant=var)
+                        k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
+
+                def layer(dec=dec, align=align, var=var):
+                    return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                       gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                       decode=dec, variant=var)
+
+                outs[label] = layer().float()
+                row[f"{label}_us"] = timed(kernels) * 1e6
+                row[f"{label}_layer_us"] = timed(layer) * 1e6
+                pct(row, label, nbytes)
+            rows.append(_finish_decode_row(row, outs, pct))
+        del w13, w2
+        torch.cuda.empty_cache()
+    kk, n = 3840, 15360
+    for fmt, group in (("int4", 128), ("fp4", 16)):
+        wt = make_weights(fmt, 1, n, kk, group, seed=63, with_deq=False)
+        nbytes = wt.bytes_per_expert()
+        for m in (1, 4, 8):
+            x = torch.randn((m, kk), device="cuda").half()
+            row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
+            outs = {}
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
+
+                def lin(dec=dec, var=var):
+                    return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, path="decode",
+                                  decode=dec, variant=var)
+
+                outs[label] = lin().float()
+                row[f"{label}_us"] = timed(lin) * 1e6
+                pct(row, label, nbytes)
+            rows.append(_finish_decode_row(row, outs, pct))
+        del wt
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_vllm_anchors(k, mod, peak, copy):
     """Issue 29's anchors on 26B-A4B shapes: vLLM 0.20's W4A16 MoE (Triton and moe_wna16 CUDA) vs ours, same weights.
 
@@ -265,7 +368,7 @@ def bench_vllm_anchors(k, mod, peak, copy):
             path = "decode" if tokens <= 8 else "prefill"
             tw, ti = route(tokens, E, TOPK, seed=tokens)
             x = (torch.randn((tokens, H), device="cuda") * 0.5).half()
-            bm = mod.TILES[path][0]
+            bm = mod.align_block(path)
 
             def ours():
                 return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, "int4", group=group,
@@ -319,6 +422,8 @@ def main():
     ap.add_argument("--vllm-anchors", action="store_true",
                     help="also vLLM's W4A16 fused_moe (Triton, moe_wna16) anchors")
     ap.add_argument("--only-anchors", action="store_true", help="copy bandwidth and the vLLM anchors only")
+    ap.add_argument("--only-decode", action="store_true",
+                    help="copy bandwidth and the WMMA-vs-GEMV decode comparison only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -337,9 +442,12 @@ def main():
     steps = [("grid", lambda: grid(k, args.quick)), ("copy_bw", copy_bw),
              ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
              ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
-             ("variants", lambda: bench_variants(k, mod, peak))]
+             ("variants", lambda: bench_variants(k, mod, peak)),
+             ("decode", lambda: bench_decode(k, mod, peak, res["copy_bw"]))]
     if args.only_anchors:
         steps = steps[1:2]
+    elif args.only_decode:
+        steps = [steps[1], steps[-1]]
     if args.vllm_anchors or args.only_anchors:
         steps.append(("vllm_anchors", lambda: bench_vllm_anchors(k, mod, peak, res["copy_bw"])))
     for key, fn in steps:
@@ -359,7 +467,7 @@ def main():
         worst = max(res["grid"], key=lambda r: r["err"])
         md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
         md += [json.dumps(r) for r in res["grid"]]
-    for key in ("moe", "linear", "variants"):
+    for key in ("moe", "linear", "variants", "decode"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
     if "vllm_anchors" in res:

@@ -72,3 +72,82 @@ def test_moe_top8_of_128_matches_fp32(w4, fmt, group, tokens, only, path):
     out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
                        z13=w13.zeros, z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, path=path)
     assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
+
+
+TOL_GEMV_LINEAR = 2e-3   # fp16 products summed over 4 per fp16 partial, fp32 across partials and groups
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 16), ("int4", 32), ("int4", 128), ("int4zp", 32), ("int4zp", 128),
+                                       ("fp4", 16)])
+@pytest.mark.parametrize("m,n,k", [(1, 1408, 704), (3, 100, 2816), (8, 2816, 704), (5, 96, 3840), (13, 40, 1056)])
+def test_gemv_decode_linear_matches_fp32_over_dequantized_weights(w4, fmt, group, m, n, k):
+    """The GEMV decode path (decode="gemv"): K = 704 (a partial last group at 128), 3840 (two K chunks), M = 13 (two
+    row blocks of 8), N not a multiple of the 16 rows of a block."""
+    from tests.kernels.w4_reference import make_weights, ref_linear, rel_err
+
+    wt = make_weights(fmt, 1, n, k, group, seed=3 * m + n + k)
+    x = torch.randn((m, k), device="cuda").half()
+    out = w4.linear(x, wt.w[0], wt.scales[0], fmt, group=group, zeros=None if wt.zeros is None else wt.zeros[0],
+                    gscale=wt.gscale, path="decode", decode="gemv")
+    assert out.shape == (m, n) and "w4_gemv_" + fmt in w4.ran
+    assert rel_err(out, ref_linear(x, wt)) <= TOL_GEMV_LINEAR
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 16), ("int4", 32), ("int4", 128), ("int4zp", 32), ("fp4", 16)])
+@pytest.mark.parametrize("tokens,only,block", [(1, None, None), (4, None, None), (8, None, None), (3, 2, None),
+                                               (12, 8, None), (12, 8, 16), (20, 8, 64)])
+def test_gemv_moe_top8_of_128_matches_fp32(w4, fmt, group, tokens, only, block):
+    """The GEMV decode MoE (gate_up with act(gate) * up fused, then down with the routing weight and the top-k sum):
+    hidden 256, intermediate 704 (K of down), 128 experts, top-8; `only` routes every token to the first experts (the
+    rest stay empty; with only=8 every expert holds `tokens` rows: more than the 8 rows a block stages); `block`: the
+    alignment block when it is not the launcher's (16: the WMMA decode's, 12 rows in two passes; 64: 20 rows in three passes)."""
+    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+
+    e, h, inter = 128, 256, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=5)
+    w2 = make_weights(fmt, e, h, inter, group, seed=6)
+    topk_w, topk_ids = route(tokens, e, 8 if only is None else min(8, only), seed=tokens, only=only)
+    x = torch.randn((tokens, h), device="cuda").half()
+    for act in ("gelu_tanh", "gelu", "silu"):
+        out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                           z13=w13.zeros, z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, activation=act,
+                           path="decode", decode="gemv", block=block)
+        assert out.shape == (tokens, h)
+        assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids, activation=act)) <= TOL_MOE
+    assert {"w4_gemv_" + fmt + "_act", "w4_gemv_" + fmt} <= w4.ran
+
+
+def test_gemv_moe_agrees_with_the_wmma_decode_on_the_same_alignment(w4):
+    from tests.kernels.w4_reference import make_weights, route
+
+    e, h, inter = 128, 2816, 704
+    w13 = make_weights("int4", e, 2 * inter, h, 32, seed=7, with_deq=False)
+    w2 = make_weights("int4", e, h, inter, 32, seed=8, with_deq=False)
+    topk_w, topk_ids = route(4, e, 8, seed=4)
+    x = torch.randn((4, h), device="cuda").half()
+    outs = [w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, "int4", group=32, path="decode",
+                         decode=d) for d in ("wmma", "gemv")]
+    assert float((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()) <= TOL_MOE
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
+def test_gemv_c4_candidate_matches_fp32_linear_and_moe(w4, fmt, group):
+    """The "_c4" GEMV entries (4 weight rows per warp, 1024-wide K chunks, 4 rows per pass): a linear layer over two
+    K chunks with 7 rows (two passes), and the MoE with 12 rows in one expert."""
+    from tests.kernels.w4_reference import make_weights, ref_linear, ref_moe, rel_err, route
+
+    wt = make_weights(fmt, 1, 72, 1056, group, seed=9)
+    x = torch.randn((7, 1056), device="cuda").half()
+    out = w4.gemm(x, wt.w[0], wt.scales[0], fmt, k=1056, group=group, gscale=wt.gscale, path="decode", decode="gemv",
+                  variant="c4")
+    assert rel_err(out, ref_linear(x, wt)) <= TOL_GEMV_LINEAR
+    e, h, inter = 128, 256, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=10)
+    w2 = make_weights(fmt, e, h, inter, group, seed=11)
+    for tokens, only in ((1, None), (8, None), (12, 8)):
+        topk_w, topk_ids = route(tokens, e, 8, seed=tokens, only=only)
+        x = torch.randn((tokens, h), device="cuda").half()
+        out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant="c4")
+        assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
+    assert {f"w4_gemv_{fmt}_c4", f"w4_gemv_{fmt}_act_c4"} <= w4.ran

@@ -101,7 +101,10 @@ def ref_moe(x: Any, w13: Weights, w2: Weights, topk_w: Any, topk_ids: Any, activ
         tok = rows // top_k
         y = xf[tok] @ w13.deq[e].t()
         gate, up = y[:, :inter].half().float(), y[:, inter:].half().float()
-        act = torch.nn.functional.gelu(gate, approximate="tanh") if activation == "gelu_tanh" else torch.nn.functional.silu(gate)
+        if activation in ("gelu_tanh", "gelu"):   # "gelu": erf GELU (vLLM's gelu_and_mul)
+            act = torch.nn.functional.gelu(gate, approximate="tanh" if activation == "gelu_tanh" else "none")
+        else:
+            act = torch.nn.functional.silu(gate)
         a = (act * up).half().float()
         out.index_add_(0, tok, (a @ w2.deq[e].t()) * topk_w.flatten()[rows].unsqueeze(1))
     return out

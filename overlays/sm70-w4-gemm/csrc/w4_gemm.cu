@@ -363,3 +363,276 @@ W4_ENTRY(w4_gemm_int4_decode_v6, 0, 16, 64, 256, 1, 2, 4, 2, true)
 W4_ENTRY(w4_gemm_fp4_decode_v6, 2, 16, 64, 256, 1, 2, 4, 2, true)
 W4_ENTRY(w4_gemm_int4_prefill_p3, 0, 64, 128, 64, 2, 4, 1, 2, false)
 W4_ENTRY(w4_gemm_fp4_prefill_p3, 2, 64, 128, 64, 2, 4, 1, 2, false)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode as GEMV (no tensor cores, no shared-memory weight staging).  Each warp streams whole 16-byte vectors (32
+// packed values) of CPW weight rows along K: lane l takes the 32-value segments l, l + 32, ... of a KC-wide chunk,
+// all CPW x U vectors loaded before the chunk's activations are staged (so the loads are in flight across the
+// __syncthreads), dequantized in registers (weights exact in fp16: int4 n - z via 0x6400, E2M1 via its bits x 2^14),
+// multiplied with the block's activation rows in half2 over one 8-value word (4 products per fp16 partial), that
+// partial converted to fp32 and scaled by its group scale in fp32 (fp32 accumulation per output), reduced across the
+// warp with shuffles.  Activations: the block's rows of X, one KC chunk at a time, in shared memory in the order
+// 0,4,1,5,2,6,3,7 per 8 (as stage_x8) with the four 16-byte quads of each segment XOR-swizzled by (seg >> 1) & 3,
+// so that the lanes' 16-byte reads are free of bank conflicts.
+//   rows: the alignment block mb holds sorted_ids[mb*bm .. mb*bm+bm) (bm at run time, the launcher's block size);
+//   its valid rows are compacted and processed BMAX at a time (a block with more valid rows re-streams its weights);
+//   without sorted_ids rows mb*bm .. mb*bm+bm of the linear layer.
+//   FUSE (gate_up of the MoE): N = 2I weight rows; warp column c < CPW/2 is gate row n, c >= CPW/2 up row n + I, and
+//   the epilogue writes act(fp16(gate)) * fp16(up) as fp16 into out [rows, I] (act 1 silu, 2 erf gelu, 3 tanh gelu).
+//   Otherwise out[t, n] fp16, or with out32 the fp32 atomics of the down projection (topk_w, t / out_div) as above.
+// One 8-value word (int32) of weights holds k offsets 0..7; pair j of the dequantizers = (offset j, offset j + 4).
+
+// E2M1 pair j of a word: magnitude bits of nibble j (and j + 4) into fp16 bits 9..11 (and 25..27), sign bit into 15
+// (and 31), each by one shift of the word (no shift of a shifted value, so no bit of nibble j + 4 is lost).
+template <int J>
+__device__ __forceinline__ unsigned fp4_pair_bits(unsigned w) {
+  unsigned mag;
+  if constexpr (J < 3) mag = w << (9 - 4 * J);
+  else mag = w >> 3;
+  const unsigned sgn = w << (12 - 4 * J);
+  return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
+}
+
+template <int FMT>
+__device__ __forceinline__ void gemv_deq_word(unsigned w, __half2 sub, unsigned out[4]) {
+  if (FMT == 2) {
+    const __half2 k14 = __float2half2_rn(16384.f);
+    out[0] = h22u(__hmul2(u2h2(fp4_pair_bits<0>(w)), k14));
+    out[1] = h22u(__hmul2(u2h2(fp4_pair_bits<1>(w)), k14));
+    out[2] = h22u(__hmul2(u2h2(fp4_pair_bits<2>(w)), k14));
+    out[3] = h22u(__hmul2(u2h2(fp4_pair_bits<3>(w)), k14));
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = h22u(__hsub2(u2h2(((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u), sub));
+  }
+}
+
+__device__ __forceinline__ float gemv_act(float g, int act) {
+  if (act == 1) return g / (1.f + __expf(-g));
+  if (act == 2) return 0.5f * g * (1.f + erff(g * 0.70710678118654752f));
+  return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+// acc += sum over one 8-value word of (activation pairs xs) x (dequantized pairs d), 4 products per fp16 partial,
+// the partial times the word's group scale in fp32.
+__device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, float s, float acc) {
+  __half2 h = __hmul2(u2h2(xw.x), u2h2(d[0]));
+  h = __hfma2(u2h2(xw.y), u2h2(d[1]), h);
+  h = __hfma2(u2h2(xw.z), u2h2(d[2]), h);
+  h = __hfma2(u2h2(xw.w), u2h2(d[3]), h);
+  const float2 f = __half22float2(h);
+  return fmaf(f.x + f.y, s, acc);
+}
+
+// XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
+// per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
+__device__ __forceinline__ void w4_gemv(
+    half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
+    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
+    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
+    float* __restrict__ out32, int out_div, int act, int bm) {
+  static_assert(KC % 1024 == 0, "a chunk is a whole number of 32-lane x 32-value passes");
+  static_assert(!FUSE || CPW % 2 == 0, "gate_up fusion pairs gate and up rows in one warp");
+  constexpr int U = KC / 1024;                 // segments per lane per chunk
+  constexpr int OUTC = FUSE ? CPW / 2 : CPW;   // output columns per warp
+  constexpr int MAXBM = 64;
+  __shared__ __align__(16) half sx[BMAX * KC];
+  __shared__ int s_rows[MAXBM];
+  __shared__ int s_n;
+
+  const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int e = 0;
+  if (sorted_ids) {
+    if (mb * bm >= *num_post) return;
+    e = expert_ids[mb];
+    if (e < 0) return;
+  } else if (mb * bm >= num_valid) {
+    return;
+  }
+  if (tid == 0) {
+    int n = 0;
+    for (int r = 0; r < bm && r < MAXBM; ++r) {
+      const int t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
+      if (t < num_valid) s_rows[n++] = t;
+    }
+    s_n = n;
+  }
+  __syncthreads();
+  const int nrows = s_n;
+
+  const int n_out = FUSE ? N / 2 : N;
+  const int G = (K + group - 1) / group;
+  const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
+  const i64 row_bytes = (i64)K / 2;
+  const unsigned char* we = w + (i64)e * N * row_bytes;
+  const float gs = FMT == 2 ? gscale[e] : 1.f;
+  int col[CPW];
+  bool ok[CPW];
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    const int oc = (blockIdx.y * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
+    ok[c] = oc < n_out;
+    col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
+  }
+
+  for (int p = 0; p < nrows; p += BMAX) {
+    const int nr = min(BMAX, nrows - p);
+    float acc[CPW][BMAX];
+#pragma unroll
+    for (int c = 0; c < CPW; ++c)
+#pragma unroll
+      for (int r = 0; r < BMAX; ++r) acc[c][r] = 0.f;
+
+    for (int kc = 0; kc < K; kc += KC) {
+      const int nseg = min(KC, K - kc) >> 5;
+      // This lane's weights of the chunk: U segments x CPW rows, with their two half-segment scales (and zeros).
+      uint4 wv[U][CPW];
+      float sc[U][CPW][2];
+      __half2 sub[U][CPW][2];      // 1024 + zero point, for the 0x6400 trick
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int seg = lane + 32 * u;
+        const int k0 = kc + 32 * seg;
+        const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
+        const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+#pragma unroll
+        for (int c = 0; c < CPW; ++c) {
+          wv[u][c] = make_uint4(0, 0, 0, 0);
+          sc[u][c][0] = sc[u][c][1] = 0.f;
+          sub[u][c][0] = sub[u][c][1] = __float2half2_rn(1032.f);
+          if (seg < nseg && ok[c]) {
+            const int n = col[c];
+            wv[u][c] = ldg_stream(we + n * row_bytes + k0 / 2);
+            if (FMT == 2) {
+              const unsigned short b2 = *reinterpret_cast<const unsigned short*>(
+                  reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + n) * G + k0 / 16);
+              sc[u][c][0] = e4m3_to_float(b2 & 0xFFu) * gs;
+              sc[u][c][1] = e4m3_to_float(b2 >> 8) * gs;
+            } else {
+              const half* sh = reinterpret_cast<const half*>(scales) + ((i64)e * N + n) * G;
+              sc[u][c][0] = __half2float(sh[g0]);
+              sc[u][c][1] = __half2float(sh[g1]);
+              if (FMT == 1) {
+                const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
+                sub[u][c][0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
+                sub[u][c][1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();   // the previous chunk's (or row pass's) activations are read
+      for (int idx = tid; idx < nr * (KC / 8); idx += NW * 32) {
+        const int r = idx / (KC / 8), q8 = idx % (KC / 8);
+        const int k = kc + 8 * q8;
+        if (k < K) {
+          const int seg = q8 >> 2, q = q8 & 3;
+          const int t = s_rows[p + r];
+          const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
+          *reinterpret_cast<uint4*>(sx + r * KC + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int seg = lane + 32 * u;
+        if (seg >= nseg) break;
+        const int sw = (seg >> 1) & 3;
+        const half* xseg = sx + seg * 32;
+        if constexpr (XR) {
+#pragma unroll
+          for (int c = 0; c < CPW; ++c) {
+            const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
+            unsigned dq[16];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq + 4 * q);
+#pragma unroll
+            for (int r = 0; r < BMAX; ++r) {
+              if (r >= nr) break;
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                acc[c][r] = word_dot(*reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw)), dq + 4 * q,
+                                     sc[u][c][q >> 1], acc[c][r]);
+            }
+          }
+        } else {
+          unsigned dq[CPW][16];
+#pragma unroll
+          for (int c = 0; c < CPW; ++c) {
+            const unsigned words[4] = {wv[u][c].x, wv[u][c].y, wv[u][c].z, wv[u][c].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub[u][c][q >> 1], dq[c] + 4 * q);
+          }
+#pragma unroll
+          for (int r = 0; r < BMAX; ++r) {
+            if (r >= nr) break;
+            uint4 xq[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw));
+#pragma unroll
+            for (int c = 0; c < CPW; ++c)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[c][r] = word_dot(xq[q], dq[c] + 4 * q, sc[u][c][q >> 1], acc[c][r]);
+          }
+        }
+      }
+    }
+
+    // Warp sums; lane 0 writes this warp's columns for the pass's rows.
+#pragma unroll
+    for (int r = 0; r < BMAX; ++r) {
+      if (r >= nr) break;
+#pragma unroll
+      for (int c = 0; c < CPW; ++c) {
+        float v = acc[c][r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        acc[c][r] = v;
+      }
+      if (lane == 0) {
+        const int t = s_rows[p + r];
+#pragma unroll
+        for (int c = 0; c < OUTC; ++c) {
+          if (!ok[c]) continue;
+          if (FUSE) {
+            const float g = __half2float(__float2half_rn(acc[c][r]));
+            const float up = __half2float(__float2half_rn(acc[c + OUTC][r]));
+            out[(i64)t * n_out + col[c]] = __float2half_rn(gemv_act(g, act) * up);
+          } else {
+            float v = acc[c][r];
+            if (topk_w) v *= topk_w[t];
+            if (out32) atomicAdd(out32 + (i64)(t / out_div) * N + col[c], v);
+            else out[(i64)t * N + col[c]] = __float2half_rn(v);
+          }
+        }
+      }
+    }
+  }
+}
+
+// 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), capped
+// at 128 registers.  Default: 2 rows per warp, 2048-wide chunks, 8 rows (32 KB); "_c4": 4 rows per warp (twice the
+// 16-byte loads in flight per lane where K is short, e.g. 704), 1024-wide chunks, 4 rows (8 KB), XR; int4 and fp4
+// only (int4zp spills at 128 registers).
+#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR)                                                      \
+  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
+      half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
+      const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
+      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
+      int out_div, int act, int bm) {                                                                          \
+    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
+                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
+  }
+
+W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false)
+W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)

@@ -14,10 +14,16 @@ Weights are the checkpoints' tensors as loaded (no repack), per expert e a row-m
   "fp4"    nvfp4-pack-quantized: uint8 [E, N, K/2], scales float8_e4m3fn [E, N, K/16], gscale float32 [E] =
            1 / weight_global_scale (value = e2m1 * e4m3 * gscale)
 K must be a multiple of 32; G = ceil(K / group). torch is imported only when these functions run.
+
+Decode has two kernels: "wmma" (16-row WMMA tiles, split K; the default) and "gemv" (one warp streams whole weight
+rows, no tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up).
+`decode=` on gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv), else "wmma". The MoE alignment
+block (rows per expert block of moe_align_block_size) the chosen path wants: align_block(path).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,16 @@ DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
 DECODE_MAX_ROWS_PER_EXPERT = 16
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
+DECODE_KERNELS = ("wmma", "gemv")
+DECODE_ENV = "OVERLAY_W4_DECODE"
+# The GEMV entries (W4_GEMV_ENTRY in csrc/w4_gemm.cu): rows staged per pass, weight rows per block (8 warps x 2),
+# and the act codes of the fused gate_up epilogue.
+GEMV_BLOCK_ROWS = 8
+GEMV_ROWS_PER_BLOCK = 16
+GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
+GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
+# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks.
+GEMV_VARIANTS = {"c4": 32}
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -72,17 +88,53 @@ def moe_align(topk_ids: Any, block: int, num_experts: int) -> tuple[Any, Any, An
     return sorted_ids, expert_ids, num_post
 
 
+def decode_kernel(decode: str | None = None) -> str:
+    """The decode kernel: `decode`, else $OVERLAY_W4_DECODE, else "wmma"; BuildError for another name."""
+    name = decode or os.environ.get(DECODE_ENV) or "wmma"
+    if name not in DECODE_KERNELS:
+        raise BuildError(f"decode kernel {name!r} (${DECODE_ENV} or decode=): expected one of "
+                         f"{', '.join(DECODE_KERNELS)}")
+    return name
+
+
+def align_block(path: str, decode: str | None = None) -> int:
+    """Rows per expert block of moe_align_block_size for `path` ("decode" | "prefill") with the chosen decode kernel."""
+    if path == "decode" and decode_kernel(decode) == "gemv":
+        return GEMV_BLOCK_ROWS
+    return TILES[path][0]
+
+
+def decode_block_rows(decode: str | None = None) -> int:
+    """Rows per expert block the decode path wants: align_block("decode", decode) (the name benchmarks ask for)."""
+    return align_block("decode", decode)
+
+
 def pick_path(tokens: int, top_k: int, experts: int) -> str:
     """The MoE path for a batch: the 16-row decode tile while the routed rows stay few per expert."""
     return "decode" if tokens * top_k <= DECODE_MAX_ROWS_PER_EXPERT * experts // 8 else "prefill"
 
 
-def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int) -> tuple[int, int]:
+def _row_blocks(x: Any, sorted_ids: Any, num_valid: int | None, bm: int) -> tuple[int, int]:
+    """(num_valid, row blocks of bm rows): x's rows without sorted_ids, else sorted_ids' blocks."""
+    if sorted_ids is None:
+        num_valid = x.shape[0] if num_valid is None else num_valid
+        return num_valid, (num_valid + bm - 1) // bm
+    if num_valid is None:
+        raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
+    return num_valid, sorted_ids.numel() // bm
+
+
+def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int, zeros: Any = None,
+           gscale: Any = None) -> tuple[int, int]:
     """(experts, N) of the packed weight, or BuildError naming the problem."""
     import torch
 
     if fmt not in FORMATS:
         raise BuildError(f"weight format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if fmt == "int4zp" and zeros is None:
+        raise BuildError("int4zp needs zero points")
+    if fmt == "fp4" and gscale is None:
+        raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
     if x.dtype != torch.float16 or x.stride(-1) != 1 or x.stride(0) % 8:
         raise BuildError("activations must be fp16 with a contiguous last dim and 16-byte aligned rows")
     if k % 32:
@@ -125,30 +177,27 @@ class W4Kernels:
              gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
              topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, path: str = "prefill",
              out: Any = None, out_div: int | None = None, active_blocks: int | None = None,
-             variant: str | None = None) -> Any:
+             variant: str | None = None, decode: str | None = None, block: int | None = None) -> Any:
         """One launch: out[t, n] = sum_k x[row(t), k] * W[e(t)][n, k] (see csrc/w4_gemm.cu for row(t), e(t)).
 
         out_div (e.g. top_k for the down projection): the fp32 sum over t // out_div, returned as [rows, N] fp16.
         The decode path splits K (fp32 atomics into a zeroed buffer) when the grid would be small;
-        active_blocks: the expected non-empty row blocks (default min(rows, experts) with sorted_ids)."""
+        active_blocks: the expected non-empty row blocks (default min(rows, experts) with sorted_ids).
+        decode: the decode kernel (see decode_kernel); with "gemv" the launch is gemv() (block: rows per block of
+        sorted_ids, default align_block("decode", "gemv"))."""
         import torch
 
-        _e, n = _check(x, w, scales, fmt, k, group)
-        if fmt == "int4zp" and zeros is None:
-            raise BuildError("int4zp needs zero points")
-        if fmt == "fp4" and gscale is None:
-            raise BuildError("fp4 needs the per-expert global scale (1 / weight_global_scale)")
+        if path == "decode" and (variant is None or variant in GEMV_VARIANTS) and decode_kernel(decode) == "gemv":
+            return self.gemv(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, sorted_ids=sorted_ids,
+                             expert_ids=expert_ids, num_post=num_post, topk_w=topk_w, num_valid=num_valid,
+                             a_div=a_div, out_div=out_div, block=block, variant=variant)
+
+        _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
         bm, bn = TILES[path]
         bk = CHUNK_K[path]
         if variant:
             path, (bm, bn), bk = VARIANTS[variant]
-        if sorted_ids is None:
-            num_valid = x.shape[0] if num_valid is None else num_valid
-            m_blocks = (num_valid + bm - 1) // bm
-        else:
-            if num_valid is None:
-                raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
-            m_blocks = sorted_ids.numel() // bm
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
         n_tiles = (n + bn - 1) // bn
         if active_blocks is None:
             active_blocks = m_blocks if sorted_ids is None else min(m_blocks, num_valid, _e)
@@ -169,19 +218,61 @@ class W4Kernels:
             self.ran.add(name)
         return out if out32 is None else out32.half()
 
+    def gemv(self, x: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
+             gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
+             topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, out_div: int | None = None,
+             activation: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
+        """The GEMV decode launch (w4_gemv_<fmt>[_act]): the rows of block b are sorted_ids[b*block, (b+1)*block)
+        (or x's rows b*block.. without sorted_ids), `block` default GEMV_BLOCK_ROWS. With `activation` the weight
+        holds 2I rows (gate then up) and the result is act(gate) * up, [rows, I] fp16; with out_div the fp32 sum over
+        t // out_div of (topk_w[t] times) the rows, returned fp16; else [rows, N] fp16. variant: a GEMV_VARIANTS
+        candidate (int4, fp4)."""
+        import torch
+
+        _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
+        bm = block or GEMV_BLOCK_ROWS
+        if not 0 < bm <= GEMV_MAX_BLOCK:
+            raise BuildError(f"block {bm}: the GEMV kernels take 1..{GEMV_MAX_BLOCK} rows per block")
+        if activation is not None and (activation not in GEMV_ACT or n % 2 or out_div is not None):
+            raise BuildError(f"activation {activation!r}: expected one of {', '.join(GEMV_ACT)} on an even row count")
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
+        if variant is not None and (variant not in GEMV_VARIANTS or fmt == "int4zp"):
+            raise BuildError(f"GEMV variant {variant!r} for {fmt}: expected one of {', '.join(GEMV_VARIANTS)} "
+                             "(int4, fp4)")
+        rows = GEMV_VARIANTS[variant] if variant else GEMV_ROWS_PER_BLOCK
+        n_out = n // 2 if activation else n
+        per_block = rows // 2 if activation else rows
+        out = out32 = None
+        if out_div is not None:
+            out32 = torch.zeros(((num_valid + out_div - 1) // out_div, n), dtype=torch.float32, device=x.device)
+        else:
+            out = torch.empty((num_valid, n_out), dtype=torch.float16, device=x.device)
+        name = f"w4_gemv_{fmt}" + ("_act" if activation else "") + (f"_{variant}" if variant else "")
+        scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
+        if m_blocks and n_out:
+            self.k[name].launch((m_blocks, (n_out + per_block - 1) // per_block, 1), [
+                out, x, w, scales_arg, zeros, gscale, sorted_ids, expert_ids, num_post, topk_w,
+                num_valid, a_div, n, k, group, x.stride(0), out32, out_div or 1, GEMV_ACT.get(activation or "", 0),
+                bm])
+            self.ran.add(name)
+        return out if out32 is None else out32.half()
+
     def linear(self, x: Any, w: Any, scales: Any, fmt: str, *, group: int, zeros: Any = None, gscale: Any = None,
-               path: str | None = None) -> Any:
+               path: str | None = None, decode: str | None = None) -> Any:
         """A dense layer: x [M, K] fp16, w [N, K/8] int32 or [N, K/2] uint8 -> [M, N] fp16."""
         k = x.shape[-1]
         path = path or ("decode" if x.shape[0] <= TILES["decode"][0] else "prefill")
-        return self.gemm(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, path=path)
+        return self.gemm(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, path=path, decode=decode)
 
     def fused_moe(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,
                   *, group: int, z13: Any = None, z2: Any = None, gscale13: Any = None, gscale2: Any = None,
-                  activation: str = "gelu_tanh", path: str | None = None, align: Any = None) -> Any:
+                  activation: str = "gelu_tanh", path: str | None = None, align: Any = None,
+                  decode: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
         """The MoE block: gate_up (w13: [E, 2I, H] packed), act(gate) * up, down (w2: [E, H, I]) times the
         routing weight, summed over top_k. x [M, H] fp16; topk_ids/topk_weights [M, top_k]. `align`:
-        (sorted_ids, expert_ids, num_post) from vLLM's moe_align_block_size with this path's tile rows."""
+        (sorted_ids, expert_ids, num_post) from vLLM's moe_align_block_size with `block` rows per expert block
+        (default align_block(path, decode)). The GEMV decode fuses act(gate) * up into gate_up's epilogue;
+        variant: one of GEMV_VARIANTS for it."""
         import torch
 
         m, h = x.shape
@@ -189,9 +280,23 @@ class W4Kernels:
         e, n13 = w13.shape[0], w13.shape[1]
         inter = n13 // 2
         path = path or pick_path(m, top_k, e)
-        bm = TILES[path][0]
+        gemv = path == "decode" and decode_kernel(decode) == "gemv"
+        bm = block or align_block(path, decode)
+        if not gemv and variant is not None:
+            raise BuildError(f"variant {variant!r}: fused_moe takes GEMV variants only (decode=\"gemv\")")
+        if not gemv and bm != TILES[path][0]:
+            raise BuildError(f"block {bm}: the {path} WMMA tile takes {TILES[path][0]} rows per expert block")
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
         nv = m * top_k
+        if gemv:
+            if activation not in GEMV_ACT:
+                raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
+            a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
+                          expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k,
+                          activation=activation, block=bm, variant=variant)
+            return self.gemv(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
+                             expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
+                             num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant)
         y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                        expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path)
         gate, up = y1[:, :inter], y1[:, inter:]

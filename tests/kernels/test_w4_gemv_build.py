@@ -1,0 +1,111 @@
+"""The GEMV decode entries of sm70-w4-gemm built with the project's NVRTC 12 (manager.kernels.builder, as
+`overlay build sm70-w4-gemm` does) for sm_70: register counts and stack frames read from the cubin's ELF
+(.nv.info records EIATTR_REGCOUNT / EIATTR_FRAME_SIZE, what cuobjdump --dump-resource-usage prints), and the
+launcher's CPU-side choices (decode kernel, alignment block)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from manager.errors import BuildError
+from tests.kernels.w4_launcher import w4_launcher
+
+GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
+    f"w4_gemv_{f}{a}_c4" for a in ("", "_act") for f in ("int4", "fp4")]
+MAX_REGS = 128   # __launch_bounds__(256, 2): two 8-warp blocks per SM on Volta's 64K registers
+_ATTRS = {0x2F: "regs", 0x11: "frame"}
+
+
+def cubin_resources(image: bytes) -> dict[str, dict[str, int]]:
+    """Per kernel symbol: {"regs": n, "frame": bytes} from the global .nv.info section of a 64-bit cubin."""
+    assert image[:4] == b"\x7fELF" and image[4] == 2
+    (shoff,) = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(off: int) -> str:
+        return image[off:image.index(b"\0", off)].decode()
+
+    names = [cstr(secs[shstrndx][4] + s[0]) for s in secs]
+    symtab = next(s for s in secs if s[1] == 2)   # SHT_SYMTAB
+    strs = secs[symtab[6]][4]
+    syms = [cstr(strs + struct.unpack_from("<I", image, symtab[4] + 24 * i)[0]) for i in range(symtab[5] // 24)]
+    out: dict[str, dict[str, int]] = {}
+    for sec, name in zip(secs, names, strict=True):
+        if name != ".nv.info":
+            continue
+        o, end = sec[4], sec[4] + sec[5]
+        while o < end:
+            fmt, attr = image[o], image[o + 1]
+            if fmt == 4:   # EIFMT_SVAL: u16 size, then (u32 symbol, u32 value) for the per-function attributes
+                (size,) = struct.unpack_from("<H", image, o + 2)
+                if attr in _ATTRS:
+                    sym, val = struct.unpack_from("<II", image, o + 4)
+                    out.setdefault(syms[sym], {})[_ATTRS[attr]] = val
+                o += 4 + size
+            else:
+                o += {3: 4, 2: 3}.get(fmt, 2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sm70_cubin(tmp_path_factory) -> bytes:
+    from manager.kernels import builder
+    from tests.helpers import SHIPPED_OVERLAYS
+    from tests.helpers.nvrtc12 import nvrtc12_lib
+
+    result = builder.build(SHIPPED_OVERLAYS, ["sm70-w4-gemm"], archs=["sm_70"], cache=tmp_path_factory.mktemp("kc"),
+                           nvrtc_path=str(nvrtc12_lib()), progress=False)
+    cubins = [i for i in result.items if i.kind == "cubin" and i.arch == "sm_70"]
+    assert len(cubins) == 1
+    return Path(cubins[0].path).read_bytes()
+
+
+@pytest.mark.parametrize("entry", GEMV)
+def test_gemv_entry_compiles_for_sm_70_within_the_register_bound_without_spills(sm70_cubin, entry):
+    res = cubin_resources(sm70_cubin)[entry]
+    assert 0 < res["regs"] <= MAX_REGS
+    assert res.get("frame", 0) == 0   # no local-memory frame: no spills, no register arrays indexed at run time
+
+
+def test_decode_kernel_comes_from_the_argument_then_the_environment_then_wmma(monkeypatch):
+    mod = w4_launcher()
+    monkeypatch.delenv(mod.DECODE_ENV, raising=False)
+    assert mod.decode_kernel() == "wmma" and mod.align_block("decode") == mod.TILES["decode"][0]
+    monkeypatch.setenv(mod.DECODE_ENV, "gemv")
+    assert mod.decode_kernel() == "gemv" and mod.align_block("decode") == mod.GEMV_BLOCK_ROWS
+    assert mod.align_block("prefill") == mod.TILES["prefill"][0]   # prefill keeps its 64-row tile
+    assert mod.decode_kernel("wmma") == "wmma" and mod.align_block("decode", "wmma") == mod.TILES["decode"][0]
+    assert mod.decode_block_rows() == mod.GEMV_BLOCK_ROWS and mod.decode_block_rows(decode="wmma") == 16
+    monkeypatch.setenv(mod.DECODE_ENV, "tiles")
+    with pytest.raises(BuildError, match="OVERLAY_W4_DECODE"):
+        mod.decode_kernel()
+
+
+def test_gemv_refuses_blocks_beyond_its_row_table_and_activations_on_an_odd_row_count():
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    k = mod.W4Kernels({}, num_sms=132)
+    x = torch.zeros((1, 64), dtype=torch.float16)
+    w, s = torch.zeros((5, 8), dtype=torch.int32), torch.zeros((5, 2), dtype=torch.float16)
+    with pytest.raises(BuildError, match="rows per block"):
+        k.gemv(x, w, s, "int4", k=64, group=32, block=mod.GEMV_MAX_BLOCK + 1)
+    with pytest.raises(BuildError, match="even row count"):
+        k.gemv(x, w, s, "int4", k=64, group=32, activation="silu")
+    with pytest.raises(BuildError, match="GEMV variant 'c4' for int4zp"):
+        k.gemv(x, w, s, "int4zp", k=64, group=32, zeros=torch.zeros((1, 2), dtype=torch.int32), variant="c4")
+
+
+def test_fused_moe_refuses_an_alignment_block_the_wmma_tile_cannot_take():
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    k = mod.W4Kernels({}, num_sms=132)
+    x = torch.zeros((1, 64), dtype=torch.float16)
+    w13, s13 = torch.zeros((2, 64, 8), dtype=torch.int32), torch.zeros((2, 64, 2), dtype=torch.float16)
+    w2, s2 = torch.zeros((2, 64, 4), dtype=torch.int32), torch.zeros((2, 64, 1), dtype=torch.float16)
+    ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
+    with pytest.raises(BuildError, match="16 rows per expert block"):
+        k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="wmma", block=8)
