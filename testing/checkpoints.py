@@ -549,8 +549,8 @@ def compressed_tensors_config(group: int, symmetric: bool = True) -> dict[str, A
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group,
-                            "dynamic": False, "actorder": None, "observer": "minmax"},
+                "weights": {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group",
+                            "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"},
                 "input_activations": None,
                 "output_activations": None,
                 "format": "pack-quantized",
