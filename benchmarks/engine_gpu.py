@@ -29,7 +29,8 @@ f. the whole SM70 attention family (issue 32), CUDA graphs on, the full root: $O
    route's marker lines (first decode / split decode / prefill / chunked prefill per head dim, fallback reasons).
 w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $OVERLAY_W4=force on the tiny
    ct-w4a16-moe, ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense (W4A16 dense Linear) checkpoints against the same
-   weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32 reference; the route's marker lines.
+   weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32
+   reference; the route's marker lines.
 
 `--tp N` (default 1) starts every vLLM engine with `--tensor-parallel-size N` (LLM(tensor_parallel_size=N))
 on the checkpoint kinds whose shapes divide by N (TP_CHECKPOINTS; stage them with engine_gpu_prepare.py
