@@ -12,10 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from safetensors import safe_open
-
 from manager import releases
 from testing import checkpoints as ck
+from tests.testing.test_checkpoints_nvfp4 import _tensors
 
 WNA16 = "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py"
 LINEAR = re.compile(r"\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight_packed$")
@@ -25,11 +24,6 @@ LINEAR = re.compile(r"\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight_pac
 def built(tmp_path_factory):
     base = tmp_path_factory.mktemp("w4a16-dense")
     return {k: ck.build_checkpoint(k, base / k) for k in ("ct-w4a16-dense", "ct-w4a16-dense-asym")}
-
-
-def _tensors(path):
-    with safe_open(str(path / "model.safetensors"), "pt") as fh:
-        return {k: fh.get_tensor(k) for k in fh.keys()}
 
 
 def _dequantize(t, b, symmetric, group=32):
