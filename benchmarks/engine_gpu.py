@@ -28,8 +28,9 @@ f. the whole SM70 attention family (issue 32), CUDA graphs on, the full root: $O
    tokens, teacher-forced errors of both arms against the fp32 reference (the tolerance rule below), and the
    route's marker lines (first decode / split decode / prefill / chunked prefill per head dim, fallback reasons).
 w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $OVERLAY_W4=force on the tiny
-   ct-w4a16-moe, ct-nvfp4-moe and ct-nvfp4-dense checkpoints against the same weights dequantized through the same
-   engine (the baseline of the tolerance rule), both scored by the fp32 reference; the route's marker lines.
+   ct-w4a16-moe, ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense (W4A16 dense Linear) checkpoints against the same
+   weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32
+   reference; the route's marker lines.
 
 `--tp N` (default 1) starts every vLLM engine with `--tensor-parallel-size N` (LLM(tensor_parallel_size=N))
 on the checkpoint kinds whose shapes divide by N (TP_CHECKPOINTS; stage them with engine_gpu_prepare.py
@@ -76,7 +77,7 @@ MARKERS_KEPT = 40
 # phase f: (run-name model key, checkpoint key) -- head dims (sliding + global) 256 + 512, 128 + 512, 64 + 512
 FAMILY_MODELS = ("dense-h256", "moe-h128", "dense")
 # phase w: the 4-bit checkpoints the route takes (each with its dequantized/ float model)
-W4_MODELS = ("ct-w4a16-moe", "ct-nvfp4-moe", "ct-nvfp4-dense")
+W4_MODELS = ("ct-w4a16-moe", "ct-nvfp4-moe", "ct-nvfp4-dense", "ct-w4a16-dense")
 AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
 # checkpoint kind per run role and tensor-parallel size: the factory's TP2 kinds (testing/checkpoints.py:
 # 2 KV heads on both layer types, 4 query heads, MoE intermediate 128) divide by 2; it has no group-16 TP=2 kind,
@@ -84,7 +85,7 @@ AWQ = "vllm-pr40886-gemma4-awq-moe-keys"
 TP_CHECKPOINTS = {
     1: {"dense": "dense", "moe": "moe", 32: "ct-w4a16-moe", 16: "ct-w4a16-moe-g16", "dense-h256": "dense-h256",
         "moe-h128": "moe-h128", "ct-w4a16-moe": "ct-w4a16-moe", "ct-nvfp4-moe": "ct-nvfp4-moe",
-        "ct-nvfp4-dense": "ct-nvfp4-dense"},
+        "ct-nvfp4-dense": "ct-nvfp4-dense", "ct-w4a16-dense": "ct-w4a16-dense"},
     2: {"dense": "dense-tp2", "moe": "moe-tp2", 32: "ct-w4a16-moe-tp2"},
 }
 # Tolerances on the logprob of each greedy token while the token streams agree (stated up front):

@@ -16,8 +16,8 @@ builds, under DIR:
    NVRTC 12 from PyPI wheels) as one packed kernel cache;
 4. the tiny checkpoints (dense, moe, ct-w4a16-moe with group 32 and 16, each with its dequantized
    reference; dense-h256 and moe-h128, the dense / moe models with 256- / 128-wide sliding layers beside the
-   512-wide global ones, for the attention family's engine A/B; ct-nvfp4-moe and ct-nvfp4-dense for the
-   4-bit route) from `testing.checkpoints` (`--kinds` stages a subset); with `--tp 2` instead the kinds whose
+   512-wide global ones, for the attention family's engine A/B; ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense
+   for the 4-bit route) from `testing.checkpoints` (`--kinds` stages a subset); with `--tp 2` instead the kinds whose
    shapes tensor parallelism of 2 divides (dense-tp2, moe-tp2, ct-w4a16-moe-tp2: group 32 only, the factory has no
    group-16 TP=2 kind), for `engine_gpu.sh run --tp 2` on two GPUs;
 5. the project source this run needs (manager/, overlays/, the two engine_gpu scripts);
@@ -89,7 +89,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x
 # factory kinds (testing/checkpoints.py): ct-w4a16-moe is group 32 (the Marlin MoE path),
 # ct-w4a16-moe-g16 takes the non-Marlin path; the ct kinds carry their dequantized model in dequantized/.
 CHECKPOINT_KINDS = ("dense", "moe", "ct-w4a16-moe", "ct-w4a16-moe-g16", "dense-h256", "moe-h128", "ct-nvfp4-moe",
-                    "ct-nvfp4-dense")
+                    "ct-nvfp4-dense", "ct-w4a16-dense")
 # kinds this script adds to the factory (testing.checkpoints' own float recipe with other sliding-layer head dims):
 # name -> (moe, config overrides). KV page sizes still divide (sliding 2 x 256 = global 1 x 512; 2 x 128 = 256).
 EXTRA_KINDS = {"dense-h256": (False, {"head_dim": 256}), "moe-h128": (True, {"head_dim": 128})}

@@ -502,7 +502,45 @@ def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] 
     return build
 
 
-def compressed_tensors_config(group: int) -> dict[str, Any]:
+def _w4a16_dense_kind(group: int, symmetric: bool, name: str) -> Builder:
+    """Every decoder layer's self_attn q/k/v/o and mlp gate/up/down Linear as compressed-tensors pack-quantized int4
+    (per group `group`; symmetric, or with zero points): weight_packed [N, K/8] int32, weight_scale [N, K/group],
+    weight_zero_point [N/8, K/group] int32 (asymmetric) and weight_shape, the parameters vLLM 0.19.1/0.20.0's
+    CompressedTensorsWNA16.create_weights registers."""
+
+    def build(dest: Path, seed: int, transformers_form: str, dtype: str | None) -> CheckpointInfo:
+        torch, transformers = _imports()
+        dtype = dtype or "bfloat16"
+        tdtype = getattr(torch, dtype)
+        model = _random_model(torch, transformers, False, seed, "float32", None)
+        quant: dict[str, Any] = {}
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if not pname.endswith("_proj.weight") or (".self_attn." not in pname and ".mlp." not in pname):
+                    continue
+                base = pname[: -len(".weight")]
+                repl: dict[str, Any] = {base + ".weight_shape": torch.tensor(list(p.shape), dtype=torch.int32)}
+                if symmetric:
+                    q, scale, deq = quantize_w4_groups(p.data, group, tdtype)
+                    repl[base + ".weight_packed"] = pack_int4(q).contiguous()
+                else:
+                    nib, scale, zero, deq = quantize_w4_groups_asym(p.data, group, tdtype)
+                    repl[base + ".weight_packed"] = pack_int4(nib.to(torch.int32) - 8).contiguous()
+                    repl[base + ".weight_zero_point"] = pack_int4_rows(zero).contiguous()
+                repl[base + ".weight_scale"] = scale.contiguous()
+                p.copy_(deq)
+                quant[pname] = repl
+        qcfg = compressed_tensors_config(group, symmetric=symmetric)
+        qcfg["ignore"] = ["lm_head", "re:.*router.*"]
+        what = f"compressed-tensors pack-quantized w4a16 group {group} {'symmetric' if symmetric else 'asymmetric'}"
+        return _write_quantized(dest, model.to(tdtype), transformers_form, quant, qcfg,
+                                CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
+                                               transformers.__version__, dtype,
+                                               what + " (attention and MLP linears)", ()))
+    return build
+
+
+def compressed_tensors_config(group: int, symmetric: bool = True) -> dict[str, Any]:
     """A compressed-tensors W4A16 (pack-quantized, symmetric int4, per-group) config quantizing only MoE experts."""
     return {
         "quant_method": "compressed-tensors",
@@ -511,8 +549,8 @@ def compressed_tensors_config(group: int) -> dict[str, Any]:
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group,
-                            "dynamic": False, "actorder": None, "observer": "minmax"},
+                "weights": {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group",
+                            "group_size": group, "dynamic": False, "actorder": None, "observer": "minmax"},
                 "input_activations": None,
                 "output_activations": None,
                 "format": "pack-quantized",
@@ -868,6 +906,8 @@ register_kind("moe-tp2", _float_kind(True, "moe-tp2", TP2))
 register_kind("dense-d256-tp2", _float_kind(False, "dense-d256-tp2", dict(TP2, **D256)))
 register_kind("ct-w4a16-moe-tp2", _ct_kind(32, False, "ct-w4a16-moe-tp2", TP2))
 register_kind("ct-nvfp4-dense", _nvfp4_kind(False, "ct-nvfp4-dense"))
+register_kind("ct-w4a16-dense", _w4a16_dense_kind(32, True, "ct-w4a16-dense"))
+register_kind("ct-w4a16-dense-asym", _w4a16_dense_kind(32, False, "ct-w4a16-dense-asym"))
 register_kind("ct-nvfp4-moe", _nvfp4_kind(True, "ct-nvfp4-moe"))
 register_kind("ct-nvfp4-ple", _nvfp4_ple_kind("ct-nvfp4-ple"))
 register_kind("unified", _unified_kind("unified"))

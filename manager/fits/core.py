@@ -409,6 +409,10 @@ def _quant_kernel(c: _Ctx) -> Constraint:
                     "quant-kernel", "fail",
                     f"group {g} does not divide per-rank K {k} (intermediate {m.intermediate_size}/TP {tp})")
             if hw.sm < e.marlin_min_sm:
+                ov, _ = _format_overlay_for(c) if path == "compressed-tensors" and w.bits == 4 else (None, None)
+                if ov:   # stock CompressedTensorsWNA16 needs capability 75 (0.19.1/0.20.0 compressed_tensors_wNa16.py)
+                    return Constraint("quant-kernel", "pass", f"W4A16 linear on sm {hw.sm}: kernel overlay {ov} "
+                                      f"(WMMA, group {g}, per-rank K {k}; weights as loaded, no repack: 0 extra bytes)")
                 return Constraint(
                     "quant-kernel", "warn",
                     f"no Marlin below sm {e.marlin_min_sm}: int{w.bits} falls back to a generic kernel (slow)")

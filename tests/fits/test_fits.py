@@ -518,3 +518,28 @@ def test_unverified_facts_do_not_cap_the_verdict_but_a_warning_limit_does(run):
     assert clean.to_json()["evidence"] == clean.evidence and clean.evidence.startswith("rests on ")
     tight = run(model="gemma-4-26b-a4b", hardware="rtx-3090", gpus=2, tp=2, weights="awq", engine="vllm-0.20.0")
     assert tight.constraint("quant-kernel").result == "warn" and tight.verdict == "tight"
+
+
+def _dense_w4a16(P):
+    """gemma-4-31b (dense) with a compressed-tensors W4A16 variant: the 26B-A4B AWQ variant's fields, no MoE."""
+    import dataclasses
+
+    m = P.models["gemma-4-31b"]
+    w = P.models["gemma-4-26b-a4b"].weights["awq"].model_copy(update={"known_broken": [], "size_gb": 18.0})
+    model = m.model_copy(update={"weights": {**m.weights, "ct-w4a16": w}})
+    return dataclasses.replace(P, models={**P.models, "gemma-4-31b": model})
+
+
+def test_w4a16_dense_linear_on_sm70_passes_through_the_sm70_w4_gemm_overlay(P, run):
+    r = fits(_dense_w4a16(P), model="gemma-4-31b", weights="ct-w4a16", hardware="v100-sxm2-32gb", gpus=2,
+             engine="vllm-0.19.1-sm70", overlay_index=run.index)
+    c = r.constraint("quant-kernel")
+    assert c.result == "pass" and "W4A16 linear on sm 7.0: kernel overlay sm70-w4-gemm" in c.message
+    assert "generic kernel" not in c.message and "sm70-w4-gemm" in r.overlays
+
+
+def test_w4a16_dense_linear_on_sm70_without_the_overlay_keeps_the_warning(P):
+    r = fits(_dense_w4a16(P), model="gemma-4-31b", weights="ct-w4a16", hardware="v100-sxm2-32gb", gpus=2,
+             engine="vllm-0.19.1-sm70", overlay_index=NO_W4)
+    c = r.constraint("quant-kernel")
+    assert c.result == "warn" and "sm70-w4-gemm" not in c.message

@@ -113,6 +113,20 @@ def nvfp4():
                  dynamic=False, actorder=None, scale_dtype=None)
 
 
+class _ScalarType(types.SimpleNamespace):
+    """vllm.scalar_type.ScalarType: the fields the WNA16 scheme and Exllama read."""
+
+    def has_bias(self):
+        return self.bias != 0
+
+
+class ScalarTypes:
+    uint4b8 = _ScalarType(name="uint4b8", size_bits=4, bias=8)
+    uint8b128 = _ScalarType(name="uint8b128", size_bits=8, bias=128)
+    uint4 = _ScalarType(name="uint4", size_bits=4, bias=0)
+    uint8 = _ScalarType(name="uint8", size_bits=8, bias=0)
+
+
 class _Param(torch.nn.Parameter):
     """vLLM's ModelWeightParameter / GroupQuantScaleParameter / PerTensorScaleParameter: data + loader attrs."""
 
@@ -152,7 +166,7 @@ class Launches:
         self.k = types.SimpleNamespace(objects=[types.SimpleNamespace(arch="compute_70", kind="ptx")])
 
     def linear(self, x, w, scales, fmt, *, group, gscale=None, path=None, **kw):
-        self.calls.append(("linear", fmt, group, path, tuple(x.shape), w, scales, gscale))
+        self.calls.append(("linear", fmt, group, path, tuple(x.shape), w, scales, gscale, kw))
         return torch.zeros((x.shape[0], w.shape[0]), dtype=torch.float16)
 
     def fused_moe(self, x, w13, s13, w2, s2, topk_weights, topk_ids, fmt, *, group, activation, path, align, **kw):
@@ -175,7 +189,7 @@ class _Logger(logging.LoggerAdapter):
 
 def _stubs(capability):
     platform = types.SimpleNamespace(
-        is_rocm=lambda: False,
+        is_rocm=lambda: False, is_cuda=lambda: True, is_cuda_alike=lambda: True, _enum="CUDA",
         get_device_capability=lambda: types.SimpleNamespace(to_int=lambda: capability[0] * 10 + capability[1]))
 
     def set_weight_attrs(p, attrs):
@@ -231,6 +245,11 @@ def _stubs(capability):
         is_activation_quantization_format=lambda fmt: fmt == "nvfp4-pack-quantized",
         FusedMoE=FusedMoE, LinearBase=LinearLayer, Attention=type("Attention", (), {}),
         ParallelLMHead=type("ParallelLMHead", (), {}),
+        # CompressedTensorsWNA16 and vLLM's mixed-precision kernel selection
+        ABC=object, scalar_types=ScalarTypes, envs=types.SimpleNamespace(VLLM_DISABLED_KERNELS=[]),
+        BasevLLMParameter=_Param, ChannelQuantScaleParameter=_Param, PackedColumnParameter=_Param,
+        PackedvLLMParameter=_Param, RowvLLMParameter=_Param, get_marlin_input_dtype=lambda prefix=None: None,
+        PlatformEnum=types.SimpleNamespace(CUDA="CUDA", ROCM="ROCM", XPU="XPU", CPU="CPU"),
     )
     return ns, backends, linear_backends
 
@@ -272,6 +291,21 @@ class Release:
         for f, name in (("compressed_tensors_w4a4_nvfp4", "CompressedTensorsW4A4Fp4"),
                         ("compressed_tensors_w4a16_nvfp4", "CompressedTensorsW4A16Fp4")):
             _run(ns, extract_def(read(f"{CT}/schemes/{f}.py"), name))
+        # CompressedTensorsWNA16 with its module constants, and vLLM's mixed-precision kernel choice over the
+        # release's own Marlin and Exllama kernels (the only CUDA ones whose minimum capability is below 80)
+        _run(ns, extract_def(read(f"{Q}/utils/marlin_utils.py"), "marlin_repeat_scales_on_all_ranks"))
+        mp = "vllm/model_executor/kernels/linear"
+        mpk = read(f"{mp}/mixed_precision/MPLinearKernel.py")
+        ns["dataclass"] = __import__("dataclasses").dataclass
+        _run(ns, extract_def(mpk, "MPLinearLayerConfig") + extract_def(mpk, "MPLinearKernel"))
+        for f, name in (("marlin", "MarlinLinearKernel"), ("exllama", "ExllamaLinearKernel")):
+            _run(ns, extract_def(read(f"{mp}/mixed_precision/{f}.py"), name))
+        mp_init = read(f"{mp}/__init__.py")
+        ns["_POSSIBLE_KERNELS"] = {"CUDA": [ns["MarlinLinearKernel"], ns["ExllamaLinearKernel"]]}
+        _run(ns, extract_def(mp_init, "choose_mp_linear_kernel"))
+        wna16 = read(f"{CT}/schemes/compressed_tensors_wNa16.py")
+        _run(ns, "\n".join(line for line in wna16.splitlines() if line.startswith("WNA16_")))
+        _run(ns, extract_def(wna16, "CompressedTensorsWNA16"))
         ct = read(CT_FILE)
         methods = ["get_quant_method", "_get_scheme_from_parts", "_is_nvfp4_format", "_is_wNa16_group_channel",
                    "_is_mxfp4", "_add_fused_moe_to_target_scheme_map", "_check_scheme_supported",
@@ -322,7 +356,8 @@ class Release:
             mod(f"{MOE_PKG}.compressed_tensors_moe_wna16_marlin",
                 CompressedTensorsWNA16MarlinMoEMethod=ns["CompressedTensorsWNA16MarlinMoEMethod"])
         mod(f"{PKG}.compressed_tensors.schemes", CompressedTensorsW4A4Fp4=ns["CompressedTensorsW4A4Fp4"],
-            CompressedTensorsW4A16Fp4=ns["CompressedTensorsW4A16Fp4"])
+            CompressedTensorsW4A16Fp4=ns["CompressedTensorsW4A16Fp4"],
+            CompressedTensorsWNA16=ns["CompressedTensorsWNA16"])
         self.aligned = []
         real = w4_launcher(f"sm70_w4_kernels_route_{self.version}")
 
@@ -683,3 +718,196 @@ def test_nvfp4_linear_apply_is_one_opaque_op_inside_a_fullgraph_torch_compile(re
     y = compiled(torch.zeros((4, 256), dtype=torch.float16))
     assert tuple(y.shape) == (4, 160)
     assert [c[:4] for c in rel.launches.calls] == [("linear", "fp4", 16, "decode")]
+
+
+# --- W4A16 linear (CompressedTensorsWNA16) -------------------------------------------------------------------------
+
+
+def _wna16_scheme(rel, wq):
+    cfg = rel.config(wq)
+    return cfg, cfg._get_scheme_from_parts(wq, None, format="pack-quantized",
+                                           layer_name="model.layers.0.mlp.down_proj")
+
+
+def _load_wna16_linear(scheme, wq, k=256, parts=(96, 32, 32), dtype=torch.bfloat16, seed=3):
+    """vLLM's create_weights, then the checkpoint's tensors (testing/checkpoints.py's compressed-tensors quantizers)
+    copied into its parameters as its loader would, then process_weights_after_loading."""
+    from testing.checkpoints import pack_int4, pack_int4_rows, quantize_w4_groups, quantize_w4_groups_asym
+
+    layer = LinearLayer()
+    n = sum(parts)
+    scheme.create_weights(layer, n, k, list(parts), k, dtype, weight_loader=None)
+    w = torch.randn((n, k), generator=torch.Generator().manual_seed(seed))
+    group = wq.group_size if wq.group_size and wq.group_size > 0 else k
+    if wq.symmetric:
+        q, scale, deq = quantize_w4_groups(w, group, dtype)
+        packed, zeros = pack_int4(q), None
+    else:
+        nib, scale, zero, deq = quantize_w4_groups_asym(w, group, dtype)
+        packed, zeros = pack_int4(nib.to(torch.int32) - 8), pack_int4_rows(zero)
+        layer.weight_zero_point.data.copy_(zeros)
+    layer.weight_packed.data.copy_(packed)
+    layer.weight_scale.data.copy_(scale)
+    scheme.process_weights_after_loading(layer)
+    return layer, packed, scale, zeros, deq
+
+
+def _wq(group=32, symmetric=True, bits=4, actorder=None, strategy="group"):
+    return QArgs(num_bits=bits, strategy=strategy, group_size=group, symmetric=symmetric, type=QuantizationType.INT,
+                 dynamic=False, actorder=actorder, scale_dtype=None)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_w4a16_linear_on_stock_sm70_is_refused_by_the_schemes_minimum_capability_75(release, monkeypatch,
+                                                                                     symmetric):
+    """0.19.1/0.20.0 compressed_tensors_wNa16.py: get_min_capability() 75, checked in get_scheme before any kernel."""
+    rel = release((7, 0))
+    monkeypatch.setenv("OVERLAY_W4", "off")
+    cfg, scheme = _wna16_scheme(rel, _wq(symmetric=symmetric))
+    assert type(scheme) is rel.ns["CompressedTensorsWNA16"] and scheme.get_min_capability() == 75
+    with pytest.raises(RuntimeError, match="Quantization scheme is not supported"):
+        cfg._check_scheme_supported(scheme.get_min_capability())
+    assert rel.loads == []
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("act, zero_points, chosen", [
+    (torch.float16, False, "ExllamaLinearKernel"), (torch.bfloat16, False, None), (torch.float16, True, None)])
+def test_w4a16_linear_kernels_vllm_would_choose_on_cc70_exllama_fp16_symmetric_only(release, act, zero_points,
+                                                                                   chosen):
+    """choose_mp_linear_kernel at capability 70 (the releases' own Marlin 75 and Exllama 60 classes): only Exllama,
+    and only for fp16 activations without zero points."""
+    rel = release((7, 0))
+    ns = rel.ns
+    c = ns["MPLinearLayerConfig"](full_weight_shape=(256, 160), partition_weight_shape=(256, 160),
+                                  weight_type=ScalarTypes.uint4 if zero_points else ScalarTypes.uint4b8,
+                                  act_type=act, group_size=32, zero_points=zero_points, has_g_idx=False)
+    if chosen is None:
+        with pytest.raises(ValueError, match="MarlinLinearKernel requires capability 75"):
+            ns["choose_mp_linear_kernel"](c, 70)
+    else:
+        assert ns["choose_mp_linear_kernel"](c, 70).__name__ == chosen
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("mode, capability, symmetric, group", [
+    (None, (7, 0), True, 32), (None, (7, 0), False, 32), (None, (7, 0), True, 128), ("force", (9, 0), True, 32),
+    ("force", (8, 0), False, 128)])
+def test_w4a16_linear_goes_to_the_kernels_on_sm70_or_forced_with_the_checkpoint_tensors(
+        release, monkeypatch, caplog, mode, capability, symmetric, group):
+    rel = release(capability)
+    if mode:
+        monkeypatch.setenv("OVERLAY_W4", mode)
+    wq = _wq(group, symmetric)
+    with caplog.at_level(logging.INFO):
+        cfg, scheme = _wna16_scheme(rel, wq)
+        base = rel.ns["CompressedTensorsWNA16"]
+        assert isinstance(scheme, base) and type(scheme).__name__ == "SM70CompressedTensorsWNA16"
+        assert scheme.get_min_capability() == (70 if capability == (7, 0) else 75)
+        assert cfg._check_scheme_supported(scheme.get_min_capability()) is True
+        layer, packed, scale, zeros, _ = _load_wna16_linear(scheme, wq)
+        assert type(scheme.kernel).__name__ == "SM70W4LinearKernel"
+        # the checkpoint's tensors as loaded: [N, K/8] int32 packed along K, scales fp16 [N, K/group]
+        assert torch.equal(layer.weight_packed, packed)
+        assert layer.weight_scale.dtype == torch.float16 and torch.equal(layer.weight_scale, scale.half())
+        if not symmetric:
+            assert torch.equal(layer.weight_zero_point, zeros) \
+                and layer.sm70_w4_zeros.data_ptr() == layer.weight_zero_point.data_ptr()
+        y = scheme.apply_weights(layer, torch.zeros((2, 5, 256), dtype=torch.bfloat16),
+                                  torch.ones(160, dtype=torch.bfloat16))
+        scheme.apply_weights(layer, torch.zeros((40, 256), dtype=torch.float16), None)
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == (2, 5, 160) and torch.equal(y, torch.ones_like(y))
+    fmt = "int4" if symmetric else "int4zp"
+    assert [c[:5] for c in rel.launches.calls] == [("linear", fmt, group, "decode", (10, 256)),
+                                                   ("linear", fmt, group, "prefill", (40, 256))]
+    call = rel.launches.calls[0]
+    assert call[5] is layer.weight_packed.data or torch.equal(call[5], layer.weight_packed)
+    assert (call[8]["zeros"] is None) == symmetric
+    assert len(_messages(caplog, "W4A16 linear decode ran on sm70-w4-gemm kernels in pid")) == 1
+    assert len(_messages(caplog, "W4A16 linear prefill ran on sm70-w4-gemm kernels in pid")) == 1
+    assert len(rel.loads) == 1
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("wq, k, reason", [
+    (_wq(16), 48, "K=48 (not a multiple of 32)"),
+    (_wq(32, actorder="group"), 256, "act-order (g_idx) weights"),
+    (_wq(-1, strategy="channel"), 256, "channelwise scales (the kernels take groups)"),
+    (_wq(32, bits=8), 256, "8-bit weights (the kernels take 4 bits)")])
+def test_w4a16_linear_the_kernels_cannot_take_is_dequantized_at_load_with_one_line(release, caplog, wq, k, reason):
+    rel = release((7, 0))
+    _, scheme = _wna16_scheme(rel, wq)
+    layer = LinearLayer()
+    scheme.create_weights(layer, 64, k, [64], k, torch.float16, weight_loader=None)
+    g = torch.Generator().manual_seed(4)
+    per = 32 // wq.num_bits
+    vals = torch.randint(0, 1 << wq.num_bits, (64, k), generator=g)
+    packed = sum((vals.reshape(64, -1, per)[..., i] << (wq.num_bits * i)) for i in range(per))
+    layer.weight_packed.data.copy_(torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32))
+    layer.weight_scale.data.uniform_(0.01, 0.02)
+    group = k if wq.strategy == "channel" else wq.group_size
+    gi = torch.arange(k) // group
+    if wq.actorder:
+        gi = torch.randperm(k, generator=g) % (k // group)
+        layer.weight_g_idx.data.copy_(gi.to(torch.int32))
+    with caplog.at_level(logging.INFO):
+        scheme.process_weights_after_loading(layer)
+        x = torch.randn((3, k), dtype=torch.float16)
+        y = scheme.apply_weights(layer, x, None)
+    ref = (vals - (1 << (wq.num_bits - 1))).float() * layer.weight_scale.float()[:, gi] \
+        if hasattr(layer, "weight_scale") else None
+    assert layer.sm70_w4 == "dense" and layer.weight.dtype == torch.float16
+    torch.testing.assert_close(layer.weight.float(), ref, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(y.float(), x.float() @ layer.weight.float().T, rtol=2e-3, atol=2e-3)
+    assert rel.launches.calls == [] and not hasattr(layer, "weight_packed")
+    (line,) = _messages(caplog, "run dequantized to fp16")
+    assert f"W4A16 linear layers with {reason} run dequantized" in line
+
+
+@pytest.mark.network
+def test_w4a16_linear_on_sm70_without_kernels_keeps_vllms_scheme_and_its_refusal(release, caplog):
+    rel = release((7, 0))
+    rel.load_error = RuntimeError("kernel cache empty")
+    with caplog.at_level(logging.INFO):
+        cfg, scheme = _wna16_scheme(rel, _wq())
+    assert type(scheme) is rel.ns["CompressedTensorsWNA16"]
+    with pytest.raises(RuntimeError):
+        cfg._check_scheme_supported(scheme.get_min_capability())
+    (line,) = _messages(caplog, "W4A16 linear layers stay on vLLM's path")
+    assert "kernel cache empty" in line
+
+
+@pytest.mark.network
+def test_w4a16_linear_on_sm80_is_vllms_scheme_and_kernel_choice(release, caplog):
+    rel = release((8, 0))
+    with caplog.at_level(logging.INFO):
+        _, scheme = _wna16_scheme(rel, _wq())
+    assert type(scheme) is rel.ns["CompressedTensorsWNA16"] and rel.loads == []
+    (line,) = _messages(caplog, "W4A16 linear layers stay on vLLM's path")
+    assert "compute capability 8.0 is not 7.0" in line
+
+
+@pytest.mark.network
+def test_w4a16_linear_format_is_read_from_vllms_own_local_in_the_patched_get_scheme_from_parts(release):
+    """The route-linear insert passes no format: a layer whose own format is not pack-quantized stays vLLM's."""
+    rel = release((7, 0))
+    cfg = rel.config(_wq())
+    with pytest.raises(NotImplementedError):   # vLLM's own answer for this format: no scheme
+        cfg._get_scheme_from_parts(_wq(), None, format="marlin-24", layer_name="x")
+    routed_ = cfg._get_scheme_from_parts(_wq(), None, format=None, layer_name="x")   # the config's format
+    assert type(routed_).__name__ == "SM70CompressedTensorsWNA16"
+
+
+@pytest.mark.network
+def test_w4a16_linear_apply_is_one_opaque_op_inside_a_fullgraph_torch_compile(release, monkeypatch):
+    rel = release((7, 0))
+    wq = _wq(32, symmetric=False)
+    _, scheme = _wna16_scheme(rel, wq)
+    layer, *_ = _load_wna16_linear(scheme, wq, dtype=torch.float16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: scheme.apply_weights(layer, x, None), fullgraph=True, backend="eager")
+    y = compiled(torch.zeros((4, 256), dtype=torch.float16))
+    assert tuple(y.shape) == (4, 160)
+    assert [c[:4] for c in rel.launches.calls] == [("linear", "int4zp", 32, "decode")]

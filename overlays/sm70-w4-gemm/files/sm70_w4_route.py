@@ -13,7 +13,13 @@ CompressedTensorsConfig (compressed_tensors.py, the same path in vLLM 0.19.1 and
 * `linear_scheme(config, weight_quant, input_quant)`: an NVFP4 Linear layer (W4A4 or W4A16 NVFP4) gets a subclass of
   CompressedTensorsW4A4Fp4 / CompressedTensorsW4A16Fp4 whose get_min_capability() is 70 on compute capability 7.0
   (stock: 75) and whose apply_weights calls the launcher's linear. A layer whose K the kernels cannot take (not a
-  multiple of 32) is dequantized to fp16 at load instead (4x the packed bytes; logged).
+  multiple of 32) is dequantized to fp16 at load instead (4x the packed bytes; logged). A compressed-tensors W4A16
+  Linear layer (pack-quantized CompressedTensorsWNA16: stock get_min_capability 75, so vLLM refuses every such layer
+  on compute capability 7.0) gets a subclass whose minimum is 70 there and whose MPLinearKernel is this module's
+  `SM70W4LinearKernel` (vLLM's create_weights and loader run unchanged): int4 group layers (symmetric or with zero
+  points, groups multiples of 16, no act-order, K a multiple of 32) run the launcher's linear on the checkpoint's
+  tensors as loaded; any other WNA16 layer (act-order, channelwise, 8 bits, K not a multiple of 32) is dequantized
+  to fp16 at load (logged once per reason).
 
 None of this happens unless the route is on and the kernels load: $OVERLAY_W4 unset/auto = compute capability 7.0
 only, `off` disables it, `force` routes any GPU (a test switch). Otherwise the answer is None and vLLM's own
@@ -306,10 +312,10 @@ def dequantize_nvfp4(packed, scale, gscale, dtype=torch.float16):
     return (vals * s * gscale.to(torch.float32)).to(dtype)
 
 
-def linear_scheme(config, weight_quant, input_quant):
-    """The NVFP4 linear scheme on the route, or None: vLLM's _get_scheme_from_parts decides."""
+def linear_scheme(config, weight_quant, input_quant, format=None, layer_name=None):
+    """The NVFP4 or W4A16 linear scheme on the route, or None: vLLM's _get_scheme_from_parts decides."""
     if not config._is_nvfp4_format(weight_quant):
-        return None
+        return wna16_scheme(config, weight_quant, input_quant, format, layer_name)
     a16 = input_quant is None
     if not a16 and not config._is_nvfp4_format(input_quant):
         return None
@@ -387,3 +393,159 @@ def linear_op():
         op = torch.library.custom_op("sm70_w4::nvfp4_linear", mutates_args=())(_nvfp4_linear)
         op.register_fake(lambda x, w, s, g: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float16))
         return torch.ops.sm70_w4.nvfp4_linear
+
+
+# --- linear (compressed-tensors W4A16: CompressedTensorsWNA16) ----------------------------------------------------
+
+
+def wna16_scheme(config, weight_quant, input_quant, format=None, layer_name=None):
+    """The W4A16 (WNA16) linear scheme on the route, or None.
+
+    `format`: the layer's compression format, the local `format` of vLLM's _get_scheme_from_parts (the route-linear
+    insert runs right after vLLM sets it and passes none: read from the caller's frame, else the config's)."""
+    if format is None:
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "linear_scheme":
+            caller = caller.f_back
+        format = caller.f_locals.get("format") if caller is not None else None
+        layer_name = layer_name or (caller.f_locals.get("layer_name") if caller is not None else None)
+    format = format or config.quant_format
+    if not config._is_wNa16_group_channel(weight_quant, input_quant) or format != "pack-quantized":
+        return None
+    from vllm.model_executor.layers.quantization.compressed_tensors import schemes
+
+    base = schemes.CompressedTensorsWNA16
+    if weight_quant.num_bits not in base.__init__.__globals__.get("WNA16_SUPPORTED_BITS", (4, 8)):
+        return None   # vLLM's own test (compressed_tensors.py): not a WNA16 layer
+    if routed("W4A16 linear layers") is None:
+        return None
+    key = ("wna16-linear", base)
+    if key not in _classes:
+        _classes[key] = type(f"SM70{base.__name__}", (base,), {
+            "__doc__": f"{base.__name__} on the sm70-w4-gemm kernels (overlay sm70-w4-gemm).", "_sm70_base": base,
+            "get_min_capability": classmethod(_linear_min_capability), "create_weights": _wna16_create_weights})
+    return _classes[key](num_bits=weight_quant.num_bits, strategy=weight_quant.strategy,
+                         symmetric=weight_quant.symmetric, group_size=weight_quant.group_size,
+                         actorder=weight_quant.actorder, layer_name=layer_name)
+
+
+def _wna16_create_weights(self, layer, *args, **kwargs):
+    """vLLM's create_weights (its parameters and loaders) with SM70W4LinearKernel as the chosen MPLinearKernel: the
+    stock choose_mp_linear_kernel has nothing for 7.0 but Exllama (fp16 symmetric only, FMA) and raises otherwise."""
+    base = self._sm70_base.create_weights
+    g = base.__globals__
+    real = g["choose_mp_linear_kernel"]
+    g["choose_mp_linear_kernel"] = lambda config, *a, **kw: SM70W4LinearKernel
+    try:
+        base(self, layer, *args, **kwargs)
+    finally:
+        g["choose_mp_linear_kernel"] = real
+
+
+def wna16_reason(c, group: int) -> str | None:
+    """Why the kernels cannot take this WNA16 layer (it is then dequantized at load), or None."""
+    bits = getattr(c.weight_type, "size_bits", None)
+    if bits != 4:
+        return f"{bits}-bit weights (the kernels take 4 bits)"
+    if c.has_g_idx:
+        return "act-order (g_idx) weights"
+    if group <= 0:
+        return "channelwise scales (the kernels take groups)"
+    if group % 16:
+        return f"group size {group} (the kernels take multiples of 16)"
+    k, n = c.partition_weight_shape
+    if k % 32:
+        return f"K={k} (not a multiple of 32)"
+    if c.zero_points and n % 8:
+        return f"N={n} with zero points (not a multiple of 8)"
+    return None
+
+
+def dequantize_wna16(packed, scale, zeros, bits: int, group: int, g_idx=None, dtype=torch.float16):
+    """vLLM's compressed-tensors WNA16 tensors -> [N, K] `dtype`: packed int32 [N, K*bits/32] (LSB first along K),
+    scale [N, G], zeros int32 [N*bits/32, G] packed along N or None (symmetric: 2^(bits-1)), g_idx [K] or None."""
+    per = 32 // bits
+    mask = (1 << bits) - 1
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(per, device=p.device) * bits
+    q = ((p.unsqueeze(-1) >> shifts) & mask).reshape(p.shape[0], -1)
+    n, k = q.shape
+    gi = g_idx.to(torch.int64) if g_idx is not None and g_idx.numel() else \
+        torch.arange(k, device=p.device) // (group if group > 0 else k)
+    if zeros is None:
+        z = torch.full((n, scale.shape[1]), 1 << (bits - 1), dtype=torch.int64, device=p.device)
+    else:
+        zp = zeros.to(torch.int64) & 0xFFFFFFFF
+        z = ((zp.unsqueeze(1) >> shifts.reshape(1, per, 1)) & mask).reshape(-1, zp.shape[-1])[:n]
+    return ((q - z[:, gi]).float() * scale.float()[:, gi]).to(dtype)
+
+
+class SM70W4LinearKernel:
+    """The MPLinearKernel vLLM's CompressedTensorsWNA16 holds on the route (built by its create_weights)."""
+
+    def __init__(self, c, w_q_param_name="weight_packed", w_s_param_name="weight_scale",
+                 w_zp_param_name="weight_zero_point", w_gidx_param_name="weight_g_idx"):
+        self.config = c
+        self.names = (w_q_param_name, w_s_param_name, w_zp_param_name, w_gidx_param_name)
+
+    def process_weights_after_loading(self, layer) -> None:
+        c = self.config
+        wq, ws, wz, wg = self.names
+        k, n = c.partition_weight_shape
+        group = c.group_size if c.group_size > 0 else k
+        why = wna16_reason(c, c.group_size)
+        packed = getattr(layer, wq).data
+        scale = getattr(layer, ws).data
+        zeros = getattr(layer, wz).data if c.zero_points else None
+        if why is not None:
+            g_idx = getattr(layer, wg).data if c.has_g_idx else None
+            dense = dequantize_wna16(packed, scale, zeros, c.weight_type.size_bits, group, g_idx)
+            fallback(f"W4A16 linear layers with {why} run dequantized to fp16 "
+                     f"({dense.numel() * 2 - packed.numel() * 4} more bytes per such layer)", key=("wna16", why))
+            for name in (wq, wz, wg):
+                if hasattr(layer, name):
+                    delattr(layer, name)
+            layer.weight = torch.nn.Parameter(dense, requires_grad=False)
+            layer.sm70_w4 = "dense"
+            return
+        # the checkpoint's tensors as loaded are the kernels' layout: [N, K/8] int32 packed along K, LSB first;
+        # zero points [N/8, G] packed along N; the scales become fp16 (bf16 -> fp16: the same bytes)
+        setattr(layer, wq, torch.nn.Parameter(packed.contiguous(), requires_grad=False))
+        setattr(layer, ws, torch.nn.Parameter(scale.to(torch.float16).contiguous(), requires_grad=False))
+        z = zeros.contiguous() if zeros is not None else torch.empty(0, dtype=torch.int32, device=packed.device)
+        layer.sm70_w4_zeros = z
+        layer.sm70_w4_group = group
+        layer.sm70_w4 = "int4zp" if zeros is not None else "int4"
+        int4_linear_op()   # registered at load, outside any torch.compile trace
+
+    def apply_weights(self, layer, x, bias=None):
+        if layer.sm70_w4 == "dense":
+            return torch.nn.functional.linear(x, layer.weight.to(x.dtype), bias)
+        wq, ws, _, _ = self.names
+        x2 = x.reshape(-1, x.shape[-1])
+        xin = x2 if x2.dtype == torch.float16 and x2.is_contiguous() else x2.to(torch.float16).contiguous()
+        y = torch.ops.sm70_w4.int4_linear(xin, getattr(layer, wq), getattr(layer, ws), layer.sm70_w4_zeros,
+                                          layer.sm70_w4_group)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+        return y if bias is None else y + bias
+
+
+def _int4_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group: int) -> torch.Tensor:
+    """The W4A16 launch (eager; inside torch.compile'd models the opaque op `sm70_w4::int4_linear`). z: zero points
+    [N/8, G] int32, empty for symmetric weights."""
+    route = sys.modules[_MODULE]
+    path = "decode" if x.shape[0] <= route.launcher().TILES["decode"][0] else "prefill"
+    fmt = "int4zp" if z.numel() else "int4"
+    y = route.kernels().linear(x, w, s, fmt, group=group, zeros=z if z.numel() else None, path=path)
+    route.ran(f"W4A16 linear {path}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}, {fmt}, group {group}")
+    return y
+
+
+def int4_linear_op():
+    """`sm70_w4::int4_linear`: the W4A16 linear launch as a torch custom op, registered once per process."""
+    try:
+        return torch.ops.sm70_w4.int4_linear
+    except (AttributeError, RuntimeError):
+        op = torch.library.custom_op("sm70_w4::int4_linear", mutates_args=())(_int4_linear)
+        op.register_fake(lambda x, w, s, z, group: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float16))
+        return torch.ops.sm70_w4.int4_linear
