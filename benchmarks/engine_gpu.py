@@ -478,15 +478,21 @@ def worker(spec: dict) -> dict:
     return res
 
 
-def throughput(llm) -> dict:
-    """Prefill and decode tokens/s (median of 3 after a warm-up) for three shapes."""
+def timed_generate(llm, ps: list[list[int]], n: int) -> float:
+    """Seconds of one greedy generate of `n` tokens for each prompt of `ps` (phases c and r)."""
     from vllm import SamplingParams
 
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+    t = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+    return time.perf_counter() - t
+
+
+def throughput(llm) -> dict:
+    """Prefill and decode tokens/s (median of 3 after a warm-up) for three shapes."""
+
     def timed(ps, n):
-        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-        t = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
-        return time.perf_counter() - t
+        return timed_generate(llm, ps, n)
 
     cases = {"prefill 8x4096": (8, 4096, 1), "decode 64x256 +128": (64, 256, 128), "decode 8x8192 +128": (8, 8192, 128)}
     out = {}
@@ -927,13 +933,9 @@ def route_cost_env(spec: dict, work: Path, env: dict) -> dict:
 
 def step_timing(llm) -> dict:
     """Decode time per step at each batch, the step-output interval, and the prefill of one long prompt."""
-    from vllm import SamplingParams
 
     def timed(ps, n):
-        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-        t = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
-        return time.perf_counter() - t
+        return timed_generate(llm, ps, n)
 
     out: dict = {}
     for b in R_BATCHES:

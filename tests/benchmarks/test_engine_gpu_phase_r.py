@@ -4,23 +4,13 @@ summarised without a GPU (the scripts are loaded by path)."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import shutil
-import sys
 
 from tests.helpers import BENCHMARKS
+from tests.helpers.scripts import load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test_r", BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-egpu = _load("engine_gpu")
-prep = _load("engine_gpu_prepare")
+egpu = load_script("engine_gpu", "under_test_r")
+prep = load_script("engine_gpu_prepare", "under_test_r")
 
 
 def test_phase_r_plans_three_arms_eager_and_graphs_on_the_h256_checkpoint(tmp_path):

@@ -5,7 +5,6 @@ vLLM's own load_general_plugins, the selector's validation, Gemma-4's forcing, a
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,18 +13,10 @@ import sys
 import pytest
 
 from tests.helpers import BENCHMARKS, REPO_ROOT
+from tests.helpers.scripts import load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-plugin = _load("sm70_backend_plugin")
-route_cost = _load("route_cost")
+plugin = load_script("sm70_backend_plugin")
+route_cost = load_script("route_cost")
 
 
 def test_dist_info_carries_the_entry_point_in_vllms_general_plugins_group(tmp_path):
