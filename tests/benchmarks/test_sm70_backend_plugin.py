@@ -88,6 +88,11 @@ for chosen in (E.CUSTOM, None):
                                 attention_config=types.SimpleNamespace(backend=chosen))
     Gemma4Config.verify_and_update_config(cfg)
     out[f"gemma4_{chosen and chosen.name}"] = cfg.attention_config.backend.name
+E.CUSTOM.clear_override()   # the flag without the plugin: the selector's get_class() raises (not an ImportError)
+try:
+    E.CUSTOM.get_class()
+except ValueError as exc:
+    out["unregistered"] = str(exc)
 print("RESULT " + json.dumps(out))
 """
 
@@ -113,6 +118,7 @@ def test_vllm_loads_the_plugin_and_selects_custom_for_gemma4_on_sm70(tmp_path, v
     assert out["invalid_bf16_fp8"] == []   # accepted by the selector: such layers fall back per call, in forward
     # Gemma-4's heterogeneous head dims force TRITON_ATTN only when no backend was chosen
     assert out["gemma4_CUSTOM"] == "CUSTOM" and out["gemma4_None"] == "TRITON_ATTN"
+    assert "Backend CUSTOM must be registered before use" in out["unregistered"]
 
 
 @pytest.mark.engine
