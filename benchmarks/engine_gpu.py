@@ -31,6 +31,9 @@ w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $O
    ct-w4a16-moe, ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense (W4A16 dense Linear) checkpoints against the same
    weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32
    reference; the route's marker lines.
+r. the attention route as the TritonAttentionImpl.forward edit vs as a registered CUSTOM backend (issue 32 point 3;
+   benchmarks/sm70_backend_plugin.py): dense-h256, eager and CUDA graphs, off / edit / plugin: start time, decode
+   time per step at batch 4 and 16, 4K prefill, greedy tokens (the "phase r" section below).
 
 `--tp N` (default 1) starts every vLLM engine with `--tensor-parallel-size N` (LLM(tensor_parallel_size=N))
 on the checkpoint kinds whose shapes divide by N (TP_CHECKPOINTS; stage them with engine_gpu_prepare.py
@@ -67,6 +70,7 @@ ROOTS = {
     "pr40886": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys"),
     "full": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches",
              "sm70-d512-attention"),
+    "plugin": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches"),   # phase r
     "w4": ("gemma4-convertor-per-layer", "vllm-pr40886-gemma4-awq-moe-keys", "dynamo-dict-caches",
            "sm70-d512-attention", "sm70-w4-gemm"),
 }
@@ -325,6 +329,7 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
                          "eager": True, "w4": "force"})
             runs.append({"name": f"w-{model}-reference", "phase": "w", "kind": "reference",
                          "model": str(Path(m) / "dequantized"), "score": [f"w-{model}-route", f"w-{model}-dequant"]})
+    runs += plan_route_cost(ck, kinds) if "r" in phases and R_MODEL in kinds else []   # phase r (issue 32 point 3)
     out: list[dict] = []
     for r in runs:
         if r.get("kind") == "reference":
@@ -350,6 +355,7 @@ def llm_kwargs(spec: dict) -> dict:
                   hf_overrides={"max_position_embeddings": long_len})
     else:
         kw.update(max_model_len=2048)
+    kw.update(route_cost_kwargs(spec))   # phase r
     if not kw["enforce_eager"]:
         kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]}
     return kw
@@ -468,18 +474,26 @@ def worker(spec: dict) -> dict:
         res["long"] = _lp_record(o) | {"prompt_tokens": LONG_PROMPT, "seconds": round(time.perf_counter() - t, 3)}
     if spec.get("throughput"):
         res["throughput"] = throughput(llm)
+    if spec.get("timing"):   # phase r
+        res["timing"] = step_timing(llm)
     return res
+
+
+def timed_generate(llm, ps: list[list[int]], n: int) -> float:
+    """Seconds of one greedy generate of `n` tokens for each prompt of `ps` (phases c and r)."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+    t = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+    return time.perf_counter() - t
 
 
 def throughput(llm) -> dict:
     """Prefill and decode tokens/s (median of 3 after a warm-up) for three shapes."""
-    from vllm import SamplingParams
 
     def timed(ps, n):
-        sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-        t = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
-        return time.perf_counter() - t
+        return timed_generate(llm, ps, n)
 
     cases = {"prefill 8x4096": (8, 4096, 1), "decode 64x256 +128": (64, 256, 128), "decode 8x8192 +128": (8, 8192, 128)}
     out = {}
@@ -632,7 +646,7 @@ def run_one(spec: dict, work: Path, out: Path, timeout: float, dry: bool) -> dic
     if "w4" in spec:
         env_extra["OVERLAY_W4"] = spec["w4"]
     env_extra["OVERLAY_TRACE"] = "1"   # the runtime marker: one line per patched block per process
-    env = _env_for(work, spec.get("root"), **env_extra)
+    env = route_cost_env(spec, work, _env_for(work, spec.get("root"), **env_extra))   # phase r: the plugin arm
     if spec.get("kind") == "reference":   # the image's transformers, none of the carried packages
         env = dict(os.environ, PYTHONPATH=str(work / "project"), PYTHONUNBUFFERED="1")
     spec_path = out / "specs" / f"{spec['name']}.json"
@@ -759,6 +773,7 @@ def summarize(results: dict) -> dict:
                 "markers_route": route.get("markers", []), "markers_dequant": dq.get("markers", [])}
         scored = (ref or {}).get("scored", {})
         judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-route", route)
+    s.update(summarize_route_cost(results))   # phase r
     return s
 
 
@@ -851,6 +866,142 @@ def run(manifest: dict, work: Path, out: Path, phases: set[str], budget_s: float
     return 0
 
 
+# === phase r: the route as an edit vs as a registered backend (issue 32 point 3; branch h-backend) ================
+# Three arms on the dense-h256 checkpoint (sliding 256 + global 512: Gemma-4's pair), eager and CUDA graphs:
+#   off     the full root, $OVERLAY_SM70_ATTENTION=off: vLLM's Triton path (the edit present, declining)
+#   edit    the full root, force: the TritonAttentionImpl.forward edit routes every layer
+#   plugin  the `plugin` root (the full root's overlays minus sm70-d512-attention: no edit), force,
+#           LLM(attention_backend="CUSTOM"), benchmarks/sm70_backend_plugin.py installed as a distribution with a
+#           `vllm.general_plugins` entry point in W/plugin-site (on this arm's PYTHONPATH only): the same route module
+#           (the overlay's files, loaded by the plugin) behind a registered TritonAttentionBackend subclass
+# Measured per engine: start time (LLM()), decode time per step at batch 4 and 16 ((T(1 + R_STEPS tokens) -
+# T(1 token)) / R_STEPS, median of 3 after a warm-up; and the median interval between LLMEngine.step() outputs),
+# prefill of one R_PREFILL-token prompt (median of 3), greedy tokens (the summary compares them across arms).
+R_MODEL = "dense-h256"
+R_ARMS = ("off", "edit", "plugin")
+R_BATCHES = (4, 16)
+R_STEPS = 64
+R_PREFILL = 4096
+R_MAX_LEN = 8192
+PLUGIN_ROOT = "plugin"
+PLUGIN_FILE = "benchmarks/sm70_backend_plugin.py"
+MARKER_RE = re.compile(MARKER_RE.pattern + r"|AttentionBackendEnum\.\w+ backend")   # + vLLM's "Using ... backend."
+
+
+def plan_route_cost(ck: Path, kinds: dict) -> list[dict]:
+    """Phase r's engine runs (pure)."""
+    m = str(ck / kinds[R_MODEL])
+    runs = []
+    for mode in ("eager", "graphs"):
+        for arm in R_ARMS:
+            runs.append({"name": f"r-{mode}-{arm}", "phase": "r", "root": PLUGIN_ROOT if arm == "plugin" else "full",
+                         "model": m, "eager": mode == "eager", "d512": "off" if arm == "off" else "force",
+                         "short": True, "timing": True, "plugin": arm == "plugin"})
+    return runs
+
+
+def route_cost_kwargs(spec: dict) -> dict:
+    """Phase r's additions to LLM(...) (pure): room for the prefill prompt, and the plugin arm's backend."""
+    kw: dict = {}
+    if spec.get("timing"):
+        kw.update(max_model_len=R_MAX_LEN, max_num_batched_tokens=R_MAX_LEN,
+                  hf_overrides={"max_position_embeddings": R_MAX_LEN})
+    if spec.get("plugin"):
+        kw["attention_backend"] = "CUSTOM"
+    return kw
+
+
+def plugin_site(work: Path) -> Path:
+    """W/plugin-site: the plugin module + its dist-info (entry point), written by the plugin's own helper."""
+    import importlib.util
+
+    src = work / "project" / PLUGIN_FILE
+    spec = importlib.util.spec_from_file_location("sm70_backend_plugin_staging", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    site = work / "plugin-site"
+    mod.write_dist_info(site, src)
+    return site
+
+
+def route_cost_env(spec: dict, work: Path, env: dict) -> dict:
+    """The plugin arm's environment: W/plugin-site first on PYTHONPATH (every engine process inherits it)."""
+    if not spec.get("plugin"):
+        return env
+    site = plugin_site(work) if (work / "project" / PLUGIN_FILE).exists() else work / "plugin-site"
+    return dict(env, PYTHONPATH=os.pathsep.join([str(site), env.get("PYTHONPATH", "")]))
+
+
+def step_timing(llm) -> dict:
+    """Decode time per step at each batch, the step-output interval, and the prefill of one long prompt."""
+
+    def timed(ps, n):
+        return timed_generate(llm, ps, n)
+
+    out: dict = {}
+    for b in R_BATCHES:
+        ps = prompts(b, 32)
+        timed(ps, R_STEPS + 1)   # warm-up
+        t1 = [timed(ps, 1) for _ in range(3)]
+        tn = [timed(ps, R_STEPS + 1) for _ in range(3)]
+        rec = {"decode_ms_per_step": round((statistics.median(tn) - statistics.median(t1)) / R_STEPS * 1e3, 4),
+               "seconds_1": [round(x, 4) for x in t1], "seconds_n": [round(x, 4) for x in tn]}
+        try:
+            rec["step_interval_ms_median"] = round(_step_intervals(llm, ps) * 1e3, 4)
+        except Exception as exc:  # noqa: BLE001 - the engine API differs by release; the timing above stands
+            rec["step_interval_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out[f"decode b{b}"] = rec
+    p = long_prompt()[:R_PREFILL]
+    timed([p], 1)   # warm-up
+    ts = [timed([p], 1) for _ in range(3)]
+    out[f"prefill 1x{R_PREFILL}"] = {"seconds_median": round(statistics.median(ts), 4),
+                                     "seconds": [round(x, 4) for x in ts]}
+    return out
+
+
+def _step_intervals(llm, ps) -> float:
+    """Median time between LLMEngine.step() calls once every sequence decodes (the first two steps dropped)."""
+    from vllm import SamplingParams
+
+    eng = llm.llm_engine
+    sp = SamplingParams(temperature=0.0, max_tokens=R_STEPS + 2, ignore_eos=True, detokenize=False)
+    for i, p in enumerate(ps):
+        eng.add_request(f"r-step-{len(ps)}-{i}-{time.monotonic_ns()}", {"prompt_token_ids": p}, sp)
+    ts = []
+    while eng.has_unfinished_requests():
+        t = time.perf_counter()
+        eng.step()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts[2:]) if len(ts) > 2 else float("nan")
+
+
+def summarize_route_cost(results: dict) -> dict:
+    """Per mode: greedy tokens of each arm vs off, start time, decode ms/step and prefill s with ratios to off."""
+    s: dict = {}
+    for mode in ("eager", "graphs"):
+        arms = {a: results.get(f"r-{mode}-{a}") for a in R_ARMS}
+        off = arms["off"]
+        if not off or "timing" not in off:
+            continue
+        row: dict = {}
+        for a, r in arms.items():
+            if not r or "timing" not in r:
+                continue
+            t, t0 = r["timing"], off["timing"]
+            rec: dict = {"start_s": r.get("start_s"), "markers": r.get("markers", [])[:8]}
+            if a != "off" and "short" in r and "short" in off:
+                rec["tokens_identical_to_off"] = compare(r["short"], off["short"])["identical"]
+            for key in t:
+                field = "seconds_median" if key.startswith("prefill") else "decode_ms_per_step"
+                rec[key] = {field: t[key][field], "ratio_to_off": round(t[key][field] / t0[key][field], 3)}
+                if "step_interval_ms_median" in t[key]:
+                    rec[key]["step_interval_ms_median"] = t[key]["step_interval_ms_median"]
+            row[a] = rec
+        s[f"r-{mode}"] = row
+    return s
+
+# === end of phase r ============================================================================
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -862,7 +1013,7 @@ def main(argv=None) -> int:
     u.add_argument("--manifest", type=Path, required=True)
     u.add_argument("--work", type=Path, required=True)
     u.add_argument("--out", type=Path, required=True)
-    u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c, f, w")
+    u.add_argument("--phases", default="install,a,b,c", help="comma list of install, a, b, c, f, w, r")
     u.add_argument("--budget-s", type=float, default=540.0, help="stop starting engines after this many seconds")
     u.add_argument("--only", default="", help="comma list of run-name prefixes to keep (e.g. b-dense,b-moe)")
     u.add_argument("--tp", type=int, default=1,
@@ -887,9 +1038,9 @@ def main(argv=None) -> int:
         rep = receive(manifest, args.work, args.src)
         return 1 if rep["rejected"] else 0
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
-    bad = phases - {"install", "a", "b", "c", "f", "w"}
+    bad = phases - {"install", "a", "b", "c", "f", "w", "r"}
     if bad:
-        print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c, f, w)",
+        print(f"engine_gpu: --phases: unknown phase(s) {', '.join(sorted(bad))} (install, a, b, c, f, w, r)",
               file=sys.stderr)
         return 1
     why = check_tp(args.tp, manifest, args.dry_run)

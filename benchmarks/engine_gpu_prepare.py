@@ -97,7 +97,8 @@ KERNEL_OVERLAYS = ("sm70-d512-attention", "sm70-w4-gemm")
 # per tensor-parallel size, the kinds whose head counts, expert shapes and MoE intermediate size divide by it
 # (checkpoints.py's TP2 shapes); the GPU side (engine_gpu.py TP_CHECKPOINTS) maps the same names to its runs
 CHECKPOINT_KINDS_TP = {1: CHECKPOINT_KINDS, 2: ("dense-tp2", "moe-tp2", "ct-w4a16-moe-tp2")}
-PROJECT_FILES = ("manager", "overlays", "benchmarks/engine_gpu.py", "benchmarks/engine_gpu.sh", "pyproject.toml")
+PROJECT_FILES = ("manager", "overlays", "benchmarks/engine_gpu.py", "benchmarks/engine_gpu.sh", "pyproject.toml",
+                 "benchmarks/sm70_backend_plugin.py")   # phase r's plugin (issue 32 point 3)
 GPU_SCRIPTS = ("benchmarks/engine_gpu.py", "benchmarks/engine_gpu.sh")
 
 

@@ -463,7 +463,7 @@ def test_tp2_dry_run_installs_and_plans_every_engine_with_tensor_parallel_size_2
     err = capsys.readouterr().err
     assert rc == 0, err
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert doc["tp"] == 2 and set(doc["roots"]) == set(egpu.ROOTS) - {"w4"}   # the roots phases a and b use
+    assert doc["tp"] == 2 and set(doc["roots"]) == set(egpu.ROOTS) - {"w4", "plugin"}   # the roots a and b use
     runs = doc["runs"]
     assert [n for n in runs] == [s["name"] for s in egpu.plan(tmp_path / "w", {"a", "b"}, 2)]
     for name, r in runs.items():

@@ -6,6 +6,7 @@
 - `engine_gate`: skip (or fail in CI) when the real engine cannot be set up.
 - `fake_github`: a local GitHub REST server over a real git history.
 - `nvrtc12`: NVRTC 12 from the PyPI wheels, installed once into the cache.
+- `scripts`: benchmarks/ scripts loaded by path for their tests.
 """
 
 from __future__ import annotations
