@@ -392,12 +392,23 @@ def test_decode_captured_in_a_cuda_graph_sizes_its_splits_for_the_longest_contex
     q, kc, out = _tensors(torch, torch.float16)
     meta = _Meta(torch, 1)
     meta.block_table = torch.zeros((3, 2048), dtype=torch.int32)   # 2048 blocks x 16 = 32768 tokens
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(mod, "_capturing", lambda query: True)
     assert mod.sm70_attention_forward(_Impl(), q, kc, kc, out, meta, _Layer(torch)) is True
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(mod, "_capturing", lambda query: False)
     assert mod.sm70_attention_forward(_Impl(), q, kc, kc, out, meta, _Layer(torch)) is True
     assert [c[2] for c in rec.calls] == [32768, 9]
+
+
+def test_capture_check_asks_the_query_device_not_nvml_on_every_call(route, monkeypatch):
+    """torch.cuda.is_available() is an NVML query per call under vLLM's PYTORCH_NVML_BASED_CUDA_CHECK=1;
+    the route's per-call capture check must not call it (a CPU query is never being captured)."""
+    mod, torch = route
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: asked.append(2) or True)
+    q, _kc, _out = _tensors(torch, torch.float16)
+    assert mod._capturing(q) is False
+    assert asked == []
 
 
 # --- the names and formats the route relies on, read from the real 0.19.1 and 0.20.0 sources ------

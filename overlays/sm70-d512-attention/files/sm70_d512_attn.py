@@ -137,6 +137,13 @@ def _ran(hd: int, kind: str, detail: str) -> None:
                     hd, kind, os.getpid(), detail)
 
 
+def _capturing(query) -> bool:
+    """Is this call being captured into a CUDA graph? Asked of the query's device, not of
+    torch.cuda.is_available(): vLLM sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (vllm/env_override.py), which makes
+    is_available() an NVML query on every call (38 us per call on a CPU host, benchmarks/route_cost.py)."""
+    return bool(query.is_cuda) and torch.cuda.is_current_stream_capturing()
+
+
 def sm70_attention_forward(impl, query, key_cache, value_cache, output, attn_metadata, layer=None) -> bool:
     hd = impl.head_size
     attn = _kernels()   # first: off / not sm70 / not loadable decide before any per-layer reason
@@ -159,7 +166,7 @@ def sm70_attention_forward(impl, query, key_cache, value_cache, output, attn_met
         n = seq_lens.shape[0]
         out = output[:n].view(n, heads, hd)
         max_seq_len = attn_metadata.max_seq_len
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if _capturing(query):
             # A captured decode graph replays for every context length, but the split count is fixed
             # at capture (where vLLM's dummy batches have seq_len 1): size it for the longest context
             # the block table can hold. Empty splits are neutral in the merge, so shorter ones stay exact.
