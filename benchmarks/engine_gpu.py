@@ -30,9 +30,9 @@ f. the whole SM70 attention family (issue 32), CUDA graphs on, the full root: $O
 w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $OVERLAY_W4=force on the tiny
    ct-w4a16-moe, ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense (W4A16 dense Linear) checkpoints against the same
    weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32
-   reference; the route's marker lines. A third arm runs the route with the GEMV decode ($OVERLAY_W4_DECODE=gemv,
-   the launcher's opt-in; default wmma), judged against the same baseline and compared token by token with the
-   WMMA-decode arm: the in-engine evidence the decode default needs before it can change.
+   reference; the route's marker lines. A third arm runs the route with $OVERLAY_W4_DECODE=auto (the launcher's
+   per-format choice of GEMV or WMMA decode; default wmma), judged against the same baseline and compared token by
+   token with the WMMA-decode arm: the in-engine evidence the decode default needs before it can change.
 r. the attention route as the TritonAttentionImpl.forward edit vs as a registered CUSTOM backend (issue 32 point 3;
    benchmarks/sm70_backend_plugin.py): dense-h256, eager and CUDA graphs, off / edit / plugin: start time, decode
    time per step at batch 4 and 16, 4K prefill, greedy tokens (the "phase r" section below).
@@ -329,11 +329,11 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
             runs.append({"name": f"w-{model}-dequant", "phase": "w", "root": "w4",
                          "model": str(Path(m) / "dequantized"),
                          "eager": True, "w4": "force"})
-            runs.append({"name": f"w-{model}-gemv", "phase": "w", "root": "w4", "model": m, "eager": True,
-                         "w4": "force", "w4_decode": "gemv"})
+            runs.append({"name": f"w-{model}-auto", "phase": "w", "root": "w4", "model": m, "eager": True,
+                         "w4": "force", "w4_decode": "auto"})
             runs.append({"name": f"w-{model}-reference", "phase": "w", "kind": "reference",
                          "model": str(Path(m) / "dequantized"),
-                         "score": [f"w-{model}-route", f"w-{model}-dequant", f"w-{model}-gemv"]})
+                         "score": [f"w-{model}-route", f"w-{model}-dequant", f"w-{model}-auto"]})
     runs += plan_route_cost(ck, kinds) if "r" in phases and R_MODEL in kinds else []   # phase r (issue 32 point 3)
     out: list[dict] = []
     for r in runs:
@@ -780,11 +780,11 @@ def summarize(results: dict) -> dict:
                 "markers_route": route.get("markers", []), "markers_dequant": dq.get("markers", [])}
         scored = (ref or {}).get("scored", {})
         judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-route", route)
-        gemv = results.get(f"w-{model}-gemv")
-        if gemv and route and "short" in gemv and "short" in route:
-            s[f"w-{model}-gemv-vs-wmma-decode"] = compare(gemv["short"], route["short"]) | {
-                "markers_gemv": gemv.get("markers", [])}
-        judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-gemv", gemv)
+        auto = results.get(f"w-{model}-auto")
+        if auto and route and "short" in auto and "short" in route:
+            s[f"w-{model}-auto-vs-wmma-decode"] = compare(auto["short"], route["short"]) | {
+                "markers_auto": auto.get("markers", [])}
+        judged_pair(s, scored, f"w-{model}-dequant", dq, f"w-{model}-auto", auto)
     s.update(summarize_route_cost(results))   # phase r
     return s
 

@@ -246,7 +246,7 @@ def _moe(c: dict, add, phase: str, tokens: int) -> None:
           for i in range(c["copies"])]
     tw, ti = c["route"](tokens, EXPERTS, TOP_K, seed=tokens)
     path = mod.pick_path(tokens, TOP_K, EXPERTS)
-    align = mod.moe_align(ti, mod.align_block(path, c["w4_kw"].get("decode")), EXPERTS)
+    align = mod.moe_align(ti, mod.align_block(path, c["w4_kw"].get("decode"), "fp4"), EXPERTS)
     calls = [lambda a=a, b=b: c["w4"].fused_moe(x, a.w, a.scales, b.w, b.scales, tw, ti, "fp4", group=16,
                                                 gscale13=a.gscale, gscale2=b.gscale, activation="gelu",
                                                 align=align, **c["w4_kw"])

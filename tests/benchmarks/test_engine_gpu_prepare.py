@@ -310,20 +310,20 @@ def test_summary_judges_w4a16_against_the_same_weights_through_the_same_engine()
     assert "a-g32-teacher-forced-fp16ref" not in s   # no fp16 reference ran
 
 
-def test_summary_judges_the_gemv_decode_arm_against_the_dequantized_engine_and_compares_it_with_wmma():
+def test_summary_judges_the_auto_decode_arm_against_the_dequantized_engine_and_compares_it_with_wmma():
     m = egpu.W4_MODELS[0]
     route = {"short": [_rec([5, 6, 7], [-1.0, -2.0, -3.0])]}
     dq = {"short": [_rec([5, 6, 7], [-1.0, -2.05, -3.0])]}
-    gemv = {"short": [_rec([5, 6, 8], [-1.0, -2.02, -3.5])], "markers": ["sm70 w4: W4A16 MoE decode ran"]}
+    auto = {"short": [_rec([5, 6, 8], [-1.0, -2.02, -3.5])], "markers": ["sm70 w4: W4A16 MoE decode ran"]}
     ok = [_scored([-1.0, -2.0, -3.0], [5, 6, 7], [-1.0, -2.0, -3.0])]
     scored = {f"w-{m}-route": {"short": ok}, f"w-{m}-dequant": {"short": ok},
-              f"w-{m}-gemv": {"short": [_scored([-1.0, -2.0, -3.9], [5, 6, 7], [-1.0, -2.0, -3.0])]}}
-    s = egpu.summarize({f"w-{m}-route": route, f"w-{m}-dequant": dq, f"w-{m}-gemv": gemv,
+              f"w-{m}-auto": {"short": [_scored([-1.0, -2.0, -3.9], [5, 6, 7], [-1.0, -2.0, -3.0])]}}
+    s = egpu.summarize({f"w-{m}-route": route, f"w-{m}-dequant": dq, f"w-{m}-auto": auto,
                         f"w-{m}-reference": {"scored": scored}})
-    cmp = s[f"w-{m}-gemv-vs-wmma-decode"]
+    cmp = s[f"w-{m}-auto-vs-wmma-decode"]
     assert (cmp["tokens_equal"], cmp["identical"], cmp["first_divergence"]) == (2, False, [2])
-    assert cmp["markers_gemv"] == ["sm70 w4: W4A16 MoE decode ran"]
-    tf = s[f"w-{m}-gemv-teacher-forced"]
+    assert cmp["markers_auto"] == ["sm70 w4: W4A16 MoE decode ran"]
+    tf = s[f"w-{m}-auto-teacher-forced"]
     assert tf["baseline_max_abs_logprob_err"] == pytest.approx(0.05) and tf["within"] is False
     assert s[f"w-{m}-route-teacher-forced"]["within"] is True
 
@@ -580,10 +580,10 @@ def test_family_phase_forces_every_head_dim_pair_under_cuda_graphs_and_w4_phase_
         route, dq, ref = (runs[f"w-{model}-{k}"] for k in ("route", "dequant", "reference"))
         assert route["w4"] == dq["w4"] == "force" and route["root"] == dq["root"] == "w4"
         assert Path(dq["model"]).name == "dequantized" and ref["model"] == dq["model"]
-        gemv = runs[f"w-{model}-gemv"]
-        assert (gemv["w4"], gemv["w4_decode"], gemv["model"]) == ("force", "gemv", route["model"])
+        auto = runs[f"w-{model}-auto"]
+        assert (auto["w4"], auto["w4_decode"], auto["model"]) == ("force", "auto", route["model"])
         assert "w4_decode" not in route and "w4_decode" not in dq
-        assert ref["score"] == [f"w-{model}-route", f"w-{model}-dequant", f"w-{model}-gemv"]
+        assert ref["score"] == [f"w-{model}-route", f"w-{model}-dequant", f"w-{model}-auto"]
 
 
 def test_judged_pair_judges_the_run_under_test_against_its_baseline_only_when_both_were_scored():

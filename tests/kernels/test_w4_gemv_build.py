@@ -109,3 +109,79 @@ def test_fused_moe_refuses_an_alignment_block_the_wmma_tile_cannot_take():
     ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
     with pytest.raises(BuildError, match="16 rows per expert block"):
         k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="wmma", block=8)
+
+
+class _Recorder(dict):
+    """A KernelSet stand-in: every entry launches into a list of names (no GPU; outputs stay unwritten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.launched: list[str] = []
+
+    def __missing__(self, name):
+        rec = self
+
+        class _Entry:
+            def launch(self, grid, args):
+                rec.launched.append(name)
+        return _Entry()
+
+
+@pytest.mark.parametrize("decode, fmt, rows, moe, want", [
+    ("auto", "int4", 1, True, ("gemv", "c4")), ("auto", "int4", 64, True, ("gemv", "c4")),
+    ("auto", "fp4", 8, True, ("gemv", None)), ("auto", "int4zp", 1, True, ("wmma", None)),
+    ("auto", "int4", 4, False, ("gemv", "c4")), ("auto", "int4", 5, False, ("wmma", None)),
+    ("auto", "fp4", 1, False, ("gemv", None)), ("auto", "fp4", 8, False, ("wmma", None)),
+    ("gemv", "int4", 8, False, ("gemv", None)), ("wmma", "fp4", 1, True, ("wmma", None)),
+])
+def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(decode, fmt, rows, moe,
+                                                                                             want):
+    mod = w4_launcher()
+    assert mod.decode_choice(decode, fmt, rows, moe) == want
+
+
+def test_align_block_for_auto_follows_the_formats_kernel_and_without_a_format_takes_the_wmma_tile(monkeypatch):
+    mod = w4_launcher()
+    monkeypatch.setenv(mod.DECODE_ENV, "auto")
+    assert mod.align_block("decode", fmt="int4") == mod.align_block("decode", fmt="fp4") == mod.GEMV_BLOCK_ROWS
+    assert mod.align_block("decode", fmt="int4zp") == mod.align_block("decode") == mod.TILES["decode"][0]
+    assert mod.align_block("prefill", fmt="int4") == mod.TILES["prefill"][0]
+    with pytest.raises(BuildError, match="wmma, gemv, auto"):
+        mod.decode_kernel("fastest")
+
+
+@pytest.mark.parametrize("fmt, rows, entry", [("int4", 1, "w4_gemv_int4_c4"), ("int4", 4, "w4_gemv_int4_c4"),
+                                              ("int4", 8, "w4_gemm_int4_decode"), ("fp4", 2, "w4_gemv_fp4"),
+                                              ("fp4", 16, "w4_gemm_fp4_decode")])
+def test_linear_under_auto_launches_the_measured_fastest_entry_for_its_rows(monkeypatch, fmt, rows, entry):
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    monkeypatch.setenv(mod.DECODE_ENV, "auto")
+    ks = _Recorder()
+    k = mod.W4Kernels(ks, num_sms=132)
+    x = torch.zeros((rows, 64), dtype=torch.float16)
+    if fmt == "int4":
+        w, s, g = torch.zeros((64, 8), dtype=torch.int32), torch.zeros((64, 2), dtype=torch.float16), None
+    else:
+        w, s = torch.zeros((64, 32), dtype=torch.uint8), torch.zeros((64, 4), dtype=torch.float8_e4m3fn)
+        g = torch.ones((1,), dtype=torch.float32)
+    k.linear(x, w, s, fmt, group=32 if fmt == "int4" else 16, gscale=g)
+    assert ks.launched == [entry]
+
+
+@pytest.mark.parametrize("env, entries", [
+    ("auto", ["w4_gemv_int4_act_c4", "w4_gemv_int4_c4"]),
+    ("wmma", ["w4_gemm_int4_decode", "w4_gemm_int4_decode"]),
+])
+def test_fused_moe_decode_under_the_env_launches_one_kernel_family_for_both_projections(monkeypatch, env, entries):
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    monkeypatch.setenv(mod.DECODE_ENV, env)
+    ks = _Recorder()
+    k = mod.W4Kernels(ks, num_sms=132)
+    x = torch.zeros((1, 64), dtype=torch.float16)
+    w13, s13 = torch.zeros((2, 64, 8), dtype=torch.int32), torch.zeros((2, 64, 2), dtype=torch.float16)
+    w2, s2 = torch.zeros((2, 64, 4), dtype=torch.int32), torch.zeros((2, 64, 1), dtype=torch.float16)
+    ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
+    k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", activation="silu")
+    assert ks.launched == entries

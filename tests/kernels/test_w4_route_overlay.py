@@ -469,6 +469,21 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
 
 
 @pytest.mark.network
+@pytest.mark.parametrize("decode, rows", [("wmma", 16), ("gemv", 8), ("auto", 8)])
+def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(release, monkeypatch, decode, rows):
+    """$OVERLAY_W4_DECODE reaches vLLM's moe_align_block_size through the launcher's align_block(path, fmt=...):
+    "auto" on int4 runs the GEMV c4 candidate, whose alignment block is GEMV_BLOCK_ROWS."""
+    rel = release((7, 0))
+    monkeypatch.setenv("OVERLAY_W4_DECODE", decode)
+    layer = FusedMoE()
+    method = rel.config(w4a16(32)).get_quant_method(layer, "model.layers.0.moe.experts")
+    _load_wna16(rel, method, layer, dtype=torch.bfloat16)
+    method.apply(layer, torch.zeros((3, 2816), dtype=torch.bfloat16), torch.full((3, 2), 0.5),
+                 torch.tensor([[0, 1], [1, 2], [7, 0]]), None)
+    assert rel.aligned == [(rows, 8)]
+
+
+@pytest.mark.network
 def test_w4a16_moe_on_sm80_is_left_to_vllm_which_picks_marlin_on_26b_shapes(release, caplog):
     rel = release((8, 0))
     with caplog.at_level(logging.INFO):

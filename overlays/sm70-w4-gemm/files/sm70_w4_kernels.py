@@ -17,8 +17,11 @@ K must be a multiple of 32; G = ceil(K / group). torch is imported only when the
 
 Decode has two kernels: "wmma" (16-row WMMA tiles, split K; the default) and "gemv" (one warp streams whole weight
 rows, no tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up).
-`decode=` on gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv), else "wmma". The MoE alignment
-block (rows per expert block of moe_align_block_size) the chosen path wants: align_block(path).
+`decode=` on gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "wmma". "auto" picks
+per call what the H100 kernel benchmark measured fastest (AUTO_DECODE; decode_choice): the GEMV `c4` candidate for
+int4, the default GEMV for fp4, WMMA for linears above AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not
+measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
+align_block(path, decode, fmt).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ DECODE_BLOCKS_PER_SM = 4
 # Up to this many routed (token, expert) rows per expert on average the 16-row decode tile is used.
 DECODE_MAX_ROWS_PER_EXPERT = 16
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu")
-DECODE_KERNELS = ("wmma", "gemv")
+DECODE_KERNELS = ("wmma", "gemv", "auto")
 DECODE_ENV = "OVERLAY_W4_DECODE"
 # The GEMV entries (W4_GEMV_ENTRY in csrc/w4_gemm.cu): rows staged per pass, weight rows per block (8 warps x 2),
 # and the act codes of the fused gate_up epilogue.
@@ -55,6 +58,12 @@ GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it tak
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
 # GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks.
 GEMV_VARIANTS = {"c4": 32}
+# decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
+# (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
+# 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
+# (linear M <= 4); linears at M = 8 are 0.63-0.76x on either GEMV, so they stay on WMMA; int4zp was not measured.
+AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma", None)}
+AUTO_LINEAR_MAX_ROWS = 4
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -97,10 +106,27 @@ def decode_kernel(decode: str | None = None) -> str:
     return name
 
 
-def align_block(path: str, decode: str | None = None) -> int:
-    """Rows per expert block of moe_align_block_size for `path` ("decode" | "prefill") with the chosen decode kernel."""
-    if path == "decode" and decode_kernel(decode) == "gemv":
-        return GEMV_BLOCK_ROWS
+def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bool = True) -> tuple[str, str | None]:
+    """(kernel, GEMV variant) a decode-path launch runs: decode_kernel(decode), with "auto" resolved by AUTO_DECODE for
+    `fmt` (a linear layer of more than AUTO_LINEAR_MAX_ROWS `rows` stays on WMMA)."""
+    name = decode_kernel(decode)
+    if name != "auto":
+        return name, None
+    kernel, variant = AUTO_DECODE.get(fmt, ("wmma", None))
+    if not moe and rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
+        return "wmma", None
+    return kernel, variant
+
+
+def align_block(path: str, decode: str | None = None, fmt: str | None = None) -> int:
+    """Rows per expert block of moe_align_block_size for `path` ("decode" | "prefill") with the chosen decode kernel
+    (for "auto", `fmt`'s choice; without `fmt` the WMMA tile's rows, which the GEMV kernels take as well)."""
+    if path == "decode":
+        kernel = decode_kernel(decode)
+        if kernel == "auto":
+            kernel = decode_choice(decode, fmt)[0] if fmt is not None else "wmma"
+        if kernel == "gemv":
+            return GEMV_BLOCK_ROWS
     return TILES[path][0]
 
 
@@ -187,10 +213,14 @@ class W4Kernels:
         sorted_ids, default align_block("decode", "gemv"))."""
         import torch
 
-        if path == "decode" and (variant is None or variant in GEMV_VARIANTS) and decode_kernel(decode) == "gemv":
-            return self.gemv(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, sorted_ids=sorted_ids,
-                             expert_ids=expert_ids, num_post=num_post, topk_w=topk_w, num_valid=num_valid,
-                             a_div=a_div, out_div=out_div, block=block, variant=variant)
+        if path == "decode" and (variant is None or variant in GEMV_VARIANTS):
+            rows = x.shape[0] if sorted_ids is None else num_valid
+            kernel, auto_variant = decode_choice(decode, fmt, rows, moe=sorted_ids is not None)
+            if kernel == "gemv":
+                variant = variant or auto_variant
+                return self.gemv(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale,
+                                 sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post, topk_w=topk_w,
+                                 num_valid=num_valid, a_div=a_div, out_div=out_div, block=block, variant=variant)
 
         _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
         bm, bn = TILES[path]
@@ -280,8 +310,10 @@ class W4Kernels:
         e, n13 = w13.shape[0], w13.shape[1]
         inter = n13 // 2
         path = path or pick_path(m, top_k, e)
-        gemv = path == "decode" and decode_kernel(decode) == "gemv"
-        bm = block or align_block(path, decode)
+        kernel, auto_variant = decode_choice(decode, fmt, m * top_k)
+        gemv = path == "decode" and kernel == "gemv"
+        variant = variant or (auto_variant if gemv else None)
+        bm = block or align_block(path, decode, fmt)
         if not gemv and variant is not None:
             raise BuildError(f"variant {variant!r}: fused_moe takes GEMV variants only (decode=\"gemv\")")
         if not gemv and bm != TILES[path][0]:
@@ -298,7 +330,7 @@ class W4Kernels:
                              expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
                              num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant)
         y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
-                       expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path)
+                       expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path, decode="wmma")
         gate, up = y1[:, :inter], y1[:, inter:]
         if activation == "gelu_tanh":
             a = torch.nn.functional.gelu(gate, approximate="tanh") * up
@@ -311,7 +343,7 @@ class W4Kernels:
         # down: routing weight and the top-k sum fused (fp32 atomics over the k rows of a token)
         return self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
                          expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
-                         num_valid=nv, a_div=1, path=path, out_div=top_k)
+                         num_valid=nv, a_div=1, path=path, out_div=top_k, decode="wmma")
 
 
 def load(cache: Path | None = None, prefer: str = "auto", overlay_dir: Path | None = None) -> W4Kernels:

@@ -224,7 +224,7 @@ def _moe_apply(method, base_apply, fmt: str, layer, x, topk_weights, topk_ids, s
     path = lm.pick_path(m, top_k, e)
     from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
 
-    align = moe_align_block_size(topk_ids, lm.align_block(path), e)
+    align = moe_align_block_size(topk_ids, lm.align_block(path, fmt=fmt), e)
     act = getattr(layer.activation, "value", layer.activation)
     xin = x if x.dtype == torch.float16 else x.to(torch.float16)
     extra = {"gscale13": layer.sm70_w4_gscale13, "gscale2": layer.sm70_w4_gscale2} if fmt == "fp4" else {}
