@@ -26,6 +26,12 @@
    wmma / gemv, the GEMV result's error against the WMMA one, and a streaming-read anchor of the same byte count (a
    torch sum over a buffer of that size: what a pure read of those bytes takes in this run).
    `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
+9. linear prefill kernels side by side (`prefill`): the WMMA prefill tile against "dequant" (w4_dequant_<fmt> to an
+   fp16 weight, then torch's fp16 GEMM; the launcher's default from DEQUANT_MIN_ROWS rows) at M = 64 ... 8192 on
+   three layer shapes (3840 -> 15360, 15360 -> 3840, 2816 -> 4096; int4 g128, fp4 g16), with the anchor the issue
+   names: torch's fp16 GEMM on a dense fp16 weight of the same shape (cuBLAS), its TFLOPS beside the card's dense
+   fp16 tensor peak, and the dequantization alone (µs, and % of HBM peak for its bytes: packed weights + scales read,
+   N x K x 2 written). `--only-prefill` runs the copy bandwidth and step 9 alone.
 Writes results.json and results.md under --out.
 """
 
@@ -194,6 +200,48 @@ def bench_linear(k, peak, copy):
             rows.append(dict(fmt=fmt, group=group, m=m, n=n, k=kk, path=path, us=t * 1e6, anchor_torch_fp16_us=ta * 1e6,
                              vs_anchor=ta / t, gbps=nbytes / t / 1e9, pct_peak=100 * nbytes / t / peak,
                              pct_copy=100 * nbytes / t / copy, tflops=2 * m * n * kk / t / 1e12))
+    return rows
+
+
+# dense fp16 tensor-core peak (datasheet, no sparsity), the compute limit beside the cuBLAS anchor
+PEAK_FP16 = {"H100": 989e12, "H200": 989e12, "V100": 125e12}
+
+
+def bench_prefill(k, mod, peak):
+    rows = []
+    name = torch.cuda.get_device_name()
+    tpeak = next((v for key, v in PEAK_FP16.items() if key in name), None)
+    for n, kk in ((15360, 3840), (3840, 15360), (4096, 2816)):
+        for fmt, group in (("int4", 128), ("fp4", 16)):
+            wt = make_weights(fmt, 1, n, kk, group, seed=41, with_deq=False)
+            wd = torch.randn((n, kk), device="cuda").half() * 0.02
+            td = timed(lambda: k.dequantize(wt.w[0], wt.scales[0], fmt, k=kk, group=group,
+                                            gscale=wt.gscale))
+            moved = wt.bytes_per_expert() + n * kk * 2
+            for m in (64, 128, 256, 512, 2048, 8192):
+                x = torch.randn((m, kk), device="cuda").half()
+                tw = timed(lambda: k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale,
+                                            path="prefill", prefill="wmma"))
+                tq = timed(lambda: k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale,
+                                            path="prefill", prefill="dequant"))
+                ta = timed(lambda: x @ wd.t())
+                a = k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale, path="prefill",
+                             prefill="wmma")
+                b = k.linear(x, wt.w[0], wt.scales[0], fmt, group=group, gscale=wt.gscale, path="prefill",
+                             prefill="dequant")
+                flops = 2 * m * n * kk
+                row = dict(n=n, k=kk, fmt=fmt, group=group, m=m, wmma_us=tw * 1e6, dequant_us=tq * 1e6,
+                           dequant_only_us=td * 1e6, dequant_only_pct_peak=100 * moved / td / peak,
+                           anchor_fp16_us=ta * 1e6, anchor_tflops=flops / ta / 1e12,
+                           wmma_vs_anchor=ta / tw, dequant_vs_anchor=ta / tq, dequant_over_wmma=tw / tq,
+                           default=mod.prefill_choice(m), err_dequant_vs_wmma=rel_err(b, a.float()))
+                if tpeak:
+                    row["anchor_pct_tensor_peak"] = 100 * flops / ta / tpeak
+                rows.append(row)
+                print(json.dumps({a_: (round(b_, 4) if isinstance(b_, float) else b_) for a_, b_ in row.items()}),
+                      flush=True)
+            del wt, wd
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -424,6 +472,8 @@ def main():
     ap.add_argument("--only-anchors", action="store_true", help="copy bandwidth and the vLLM anchors only")
     ap.add_argument("--only-decode", action="store_true",
                     help="copy bandwidth and the WMMA-vs-GEMV decode comparison only")
+    ap.add_argument("--only-prefill", action="store_true",
+                    help="copy bandwidth and the WMMA-vs-dequant linear prefill comparison only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -443,11 +493,13 @@ def main():
              ("moe", lambda: bench_moe(k, mod, peak, res["copy_bw"])),
              ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
              ("variants", lambda: bench_variants(k, mod, peak)),
-             ("decode", lambda: bench_decode(k, mod, peak, res["copy_bw"]))]
+             ("decode", lambda: bench_decode(k, mod, peak, res["copy_bw"])),
+             ("prefill", lambda: bench_prefill(k, mod, peak))]
     if args.only_anchors:
         steps = steps[1:2]
-    elif args.only_decode:
-        steps = [steps[1], steps[-1]]
+    elif args.only_decode or args.only_prefill:
+        steps = [steps[1]] + [s for s in steps if (s[0] == "decode" and args.only_decode)
+                              or (s[0] == "prefill" and args.only_prefill)]
     if args.vllm_anchors or args.only_anchors:
         steps.append(("vllm_anchors", lambda: bench_vllm_anchors(k, mod, peak, res["copy_bw"])))
     for key, fn in steps:
@@ -467,7 +519,7 @@ def main():
         worst = max(res["grid"], key=lambda r: r["err"])
         md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
         md += [json.dumps(r) for r in res["grid"]]
-    for key in ("moe", "linear", "variants", "decode"):
+    for key in ("moe", "linear", "variants", "decode", "prefill"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
     if "vllm_anchors" in res:

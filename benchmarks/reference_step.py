@@ -18,7 +18,10 @@ when it runs, as in a real step), median of `--repeats`; the time per call is th
 V100 estimate per call (derived, the rule of docs/kernels.md "A V100 estimate"): the larger of
   * the same instruction stream in V100 cycles: t x (SMs x clock here) / (80 x 1.53 GHz), and
   * the bytes the call must move at 80 % of the V100's 900 GB/s.
-Volta's HMMA takes more instructions per MMA, so compute-bound figures are lower bounds on the V100 time. Not
+Volta's HMMA takes more instructions per MMA, so compute-bound figures are lower bounds on the V100 time. A linear's
+prefill through the launcher's "dequant" kernel (from DEQUANT_MIN_ROWS rows) is two rows: the dequantization (the
+rule above) and the fp16 GEMM through cuBLAS, which runs other instructions on each card (wgmma here, HMMA on sm_70):
+its V100 time is its FLOPs at 80 % of the V100's 125 TFLOPS tensor peak (estimated), or its bytes if larger. Not
 counted in the sum (reported beside it, as an assumption-only estimate): the two all-reduces per layer between
 the GPUs, which depend on the link (PCIe or NVLink) the deployment has. Nothing here runs on a V100.
 """
@@ -38,6 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 V100_SMS, V100_CLOCK, V100_BW, V100_BW_FRAC = 80, 1.53e9, 900e9, 0.8
+# cuBLAS fp16 GEMMs (the linears' "dequant" prefill): not the same instruction stream on both cards (wgmma here, HMMA
+# on sm_70), so not scaled by cycles: the FLOPs at V100_GEMM_FRAC of the V100's 125 TFLOPS tensor peak (estimated)
+V100_TENSOR, V100_GEMM_FRAC = 125e12, 0.8
 FORK = {"prefill_tok_s": 5000.0, "decode_tok_s": 35.0}   # the user's report of a fork (issue 29); not reproduced
 
 # Gemma-4 26B-A4B (profiles/models/gemma-4-26b-a4b.yaml), per GPU at TP=2
@@ -93,9 +99,15 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def v100_us(us: float, nbytes: float, sms: int, clock: float) -> tuple[float, str]:
-    cyc = us * (sms * clock) / (V100_SMS * V100_CLOCK)
+def v100_us(us: float, nbytes: float, sms: int, clock: float, flops: float | None = None) -> tuple[float, str]:
+    """The V100 time of a call measured here (derived): the larger of the same cycles and the bytes at 80 % of the
+    V100's bandwidth; with `flops` (a cuBLAS GEMM) the FLOPs at V100_GEMM_FRAC of its tensor peak instead of the
+    cycles (estimated)."""
     mem = nbytes / (V100_BW_FRAC * V100_BW) * 1e6
+    if flops is not None:
+        gemm = flops / (V100_GEMM_FRAC * V100_TENSOR) * 1e6
+        return (gemm, "cuBLAS FLOPs (estimated)") if gemm >= mem else (mem, "bytes")
+    cyc = us * (sms * clock) / (V100_SMS * V100_CLOCK)
     return (cyc, "cycles") if cyc >= mem else (mem, "bytes")
 
 
@@ -188,12 +200,13 @@ def measure(args) -> dict:
     sms, clock = props.multi_processor_count, _clock_hz()
     ctx = dict(attn=d512_launcher().load(Path(args.cache), prefer=args.prefer), mod=w4_launcher(),
                w4=w4_launcher().load(Path(args.cache), prefer=args.prefer),
-               w4_kw={"decode": args.w4_decode} if args.w4_decode else {}, copies=args.layers,
+               w4_kw={"decode": args.w4_decode} if args.w4_decode else {}, prefill=args.w4_prefill,
+               copies=args.layers,
                repeats=args.repeats, make_weights=make_weights, make_paged=make_paged, route=route)
     rows: list[Row] = []
 
-    def add(phase, comp, count, us, nbytes, flops, **extra):
-        v, rule = v100_us(us, nbytes, sms, clock)
+    def add(phase, comp, count, us, nbytes, flops, cublas=False, **extra):
+        v, rule = v100_us(us, nbytes, sms, clock, flops if cublas else None)
         rows.append(Row(phase, comp, count, us, nbytes, flops, v, rule, extra))
         print(f"{phase:8s} {comp:28s} x{count:3d}  {us:9.1f} us  V100 {v:9.1f} us ({rule})", flush=True)
 
@@ -227,11 +240,25 @@ def _linear(c: dict, add, phase: str, tokens: int, lin: Linear) -> None:
 
     ws = [c["make_weights"]("fp4", 1, lin.n, lin.k, 16, seed=i, with_deq=False) for i in range(c["copies"])]
     xin = torch.randn((tokens, lin.k), device="cuda").half()
-    calls = [lambda w=w: c["w4"].linear(xin, w.w[0], w.scales[0], "fp4", group=16, gscale=w.gscale, **c["w4_kw"])
+    flops = 2.0 * tokens * lin.n * lin.k
+    act_bytes = tokens * (lin.k + lin.n) * 2
+    if phase == "prefill" and c["mod"].prefill_choice(tokens, c["prefill"]) == "dequant":
+        # the launcher's linear() here is two calls, timed apart because they scale to a V100 by different rules
+        w4 = c["w4"]
+        deq = [lambda w=w: w4.dequantize(w.w[0], w.scales[0], "fp4", k=lin.k, group=16, gscale=w.gscale) for w in ws]
+        wds = [d() for d in deq]
+        us = _graph_us(deq, c["repeats"])
+        add(phase, f"linear {lin.name}: dequant", lin.count, us, fp4_bytes(lin.n, lin.k) + lin.n * lin.k * 2, 0.0,
+            n=lin.n, k=lin.k)
+        us = _graph_us([lambda wd=wd: xin @ wd.t() for wd in wds], c["repeats"])
+        add(phase, f"linear {lin.name}: fp16 GEMM", lin.count, us, lin.n * lin.k * 2 + act_bytes, flops, cublas=True,
+            n=lin.n, k=lin.k)
+        return
+    calls = [lambda w=w: c["w4"].linear(xin, w.w[0], w.scales[0], "fp4", group=16, gscale=w.gscale, **c["w4_kw"],
+                                        **({"prefill": c["prefill"]} if c["prefill"] else {}))
              for w in ws]
     us = _graph_us(calls, c["repeats"])
-    add(phase, f"linear {lin.name}", lin.count, us, fp4_bytes(lin.n, lin.k) + tokens * (lin.k + lin.n) * 2,
-        2.0 * tokens * lin.n * lin.k, n=lin.n, k=lin.k)
+    add(phase, f"linear {lin.name}", lin.count, us, fp4_bytes(lin.n, lin.k) + act_bytes, flops, n=lin.n, k=lin.k)
 
 
 def _moe(c: dict, add, phase: str, tokens: int) -> None:
@@ -315,6 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=8, help="distinct weight/cache copies per timed graph")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--w4-decode", default=None, help="the launcher's decode= keyword (when it has one)")
+    ap.add_argument("--w4-prefill", default=None, help="the launcher's prefill= keyword for linears (dequant | wmma)")
     args = ap.parse_args(argv)
     doc = measure(args)
     out = Path(args.out)

@@ -36,6 +36,9 @@ VERDICT = {0: "fits", 1: "tight", 2: "fails"}
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)  # marlin_utils.MARLIN_SUPPORTED_GROUP_SIZES
 MARLIN_PATH = {"compressed-tensors": "compressed-tensors", "auto-round": "gptq", "gptq": "gptq", "awq": "awq"}
 INT_FORMATS = set(MARLIN_PATH)
+# sm70-w4-gemm's launcher (files/sm70_w4_kernels.py DEQUANT_MIN_ROWS): from this many rows a 4-bit linear's prefill
+# dequantizes its weight to fp16 for the call and runs the fp16 GEMM (tests/fits check the two stay equal)
+W4_DEQUANT_MIN_ROWS = 256
 GENERIC_MOE_SLOWDOWN = "~420x slower than Marlin (a user report; not measured by this project)"
 
 
@@ -395,7 +398,7 @@ def _quant_kernel(c: _Ctx) -> Constraint:
         if ov and w.format == "nvfp4":
             return Constraint("quant-kernel", "pass", f"nvfp4 on sm {hw.sm}: kernel overlay {ov} (WMMA, fp16 "
                               f"activations, E2M1/E4M3 decoded in registers; weights as loaded, no repack: 0 extra "
-                              f"bytes; {e.id} alone needs sm >= {floor})")
+                              f"bytes; {_dequant_scratch(c)}; {e.id} alone needs sm >= {floor})")
         return Constraint(
             "quant-kernel", "fail",
             f"{w.format} needs sm >= {floor} in {e.id}; {hw.id} is sm {hw.sm}" + (f"; {ov_why}" if ov_why else ""))
@@ -412,7 +415,8 @@ def _quant_kernel(c: _Ctx) -> Constraint:
                 ov, _ = _format_overlay_for(c) if path == "compressed-tensors" and w.bits == 4 else (None, None)
                 if ov:   # stock CompressedTensorsWNA16 needs capability 75 (0.19.1/0.20.0 compressed_tensors_wNa16.py)
                     return Constraint("quant-kernel", "pass", f"W4A16 linear on sm {hw.sm}: kernel overlay {ov} "
-                                      f"(WMMA, group {g}, per-rank K {k}; weights as loaded, no repack: 0 extra bytes)")
+                                      f"(WMMA, group {g}, per-rank K {k}; weights as loaded, no repack: 0 extra bytes; "
+                                      f"{_dequant_scratch(c)})")
                 return Constraint(
                     "quant-kernel", "warn",
                     f"no Marlin below sm {e.marlin_min_sm}: int{w.bits} falls back to a generic kernel (slow)")
@@ -451,6 +455,22 @@ def _quant_kernel(c: _Ctx) -> Constraint:
         reason = f" ({w.moe_fallback_reason})" if w.moe_fallback_reason else ""
         return Constraint("quant-kernel", "fail", f"{why}: no MoE WNA16 kernel for {c.vid}{reason}")
     return Constraint("quant-kernel", "skip", f"{w.format}: no kernel rules")
+
+
+def _dequant_scratch(c: _Ctx) -> str:
+    """What the overlay's linear prefill holds for a call: the largest per-rank dense linear's weight as fp16 (the MLP's
+    merged gate_up, an attention group's merged qkv — no v_proj where K = V — or its o_proj), transient."""
+    m, tp = c.m, c.tp
+    sizes = [2 * ((m.intermediate_size or 0) // tp) * m.hidden_size]
+    for grp in m.layer_groups:
+        if grp.kind != "linear" and grp.head_dim:
+            heads = m.num_attention_heads // tp
+            kv = max(1, grp.kv_heads // tp) * (1 if grp.k_eq_v else 2)
+            sizes += [(heads + kv) * grp.head_dim * m.hidden_size, heads * grp.head_dim * m.hidden_size]
+    mib = max(sizes) * 2 / 2**20
+    return (f"a prefill of >= {W4_DEQUANT_MIN_ROWS} tokens dequantizes one linear's weight to fp16 for the call and "
+            f"runs the fp16 GEMM: {mib:.0f} MiB transient at most (the largest per-rank linear), inside the activation "
+            f"peak vLLM's profiling prefill measures")
 
 
 def _w4a16_moe_overlay(c: _Ctx, k: int, g: int) -> Constraint | None:

@@ -62,3 +62,11 @@ def test_allreduce_estimate_grows_with_the_tokens_and_is_cheaper_on_nvlink():
     one, many = rs.allreduce_estimate(1), rs.allreduce_estimate(4096)
     assert one["all_reduces"] == 60 and many["bytes_each"] == 4096 * 2816 * 2
     assert many["pcie3_ms"] > many["nvlink2_ms"] > one["nvlink2_ms"]
+
+
+def test_v100_rule_for_a_cublas_gemm_takes_its_flops_at_the_assumed_tensor_fraction_not_the_cycles():
+    # 2 TFLOP at 80 % of 125 TFLOPS is 20 ms, whatever the time measured here (wgmma is not Volta's instruction)
+    us, rule = rs.v100_us(1.0, 1e6, 132, 1.98e9, flops=2e12)
+    assert rule == "cuBLAS FLOPs (estimated)" and us == pytest.approx(2e12 / (0.8 * 125e12) * 1e6)
+    us, rule = rs.v100_us(1.0, 100e6, 132, 1.98e9, flops=1e6)   # tiny GEMM: its bytes decide
+    assert rule == "bytes" and us == pytest.approx(100e6 / 720e9 * 1e6)

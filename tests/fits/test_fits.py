@@ -543,3 +543,19 @@ def test_w4a16_dense_linear_on_sm70_without_the_overlay_keeps_the_warning(P):
              engine="vllm-0.19.1-sm70", overlay_index=NO_W4)
     c = r.constraint("quant-kernel")
     assert c.result == "warn" and "sm70-w4-gemm" not in c.message
+
+
+def test_nvfp4_on_sm70_names_the_transient_fp16_weight_of_the_largest_per_rank_linear(run):
+    from tests.fits.overlay_index import closed_index
+    from tests.kernels.w4_launcher import w4_launcher
+
+    from manager.fits.core import W4_DEQUANT_MIN_ROWS
+
+    assert W4_DEQUANT_MIN_ROWS == w4_launcher().DEQUANT_MIN_ROWS   # the launcher's threshold, said by fits
+    kw = dict(model="gemma-4-26b-a4b", weights="nvfp4", hardware="v100-sxm2-16gb", engine="vllm-0.19.1-sm70",
+              overlay_index=closed_index())
+    msgs = {gpus: run(**kw, gpus=gpus).constraint("quant-kernel").message for gpus in (1, 2)}
+    # 26B-A4B (fp16 bytes): dense MLP gate_up 2 x 2112 x 2816 = 22.7 MiB, sliding qkv (16 + 2 x 8) x 256 x 2816 = 44 MiB,
+    # global qkv (16 + 2, K = V) x 512 x 2816 = 49.5 MiB, global o_proj 16 x 512 x 2816 = 44 MiB; TP=2: 9 x 512 x 2816
+    assert "prefill of >= 256 tokens dequantizes" in msgs[1] and "50 MiB transient" in msgs[1]
+    assert "25 MiB transient" in msgs[2]

@@ -5,6 +5,7 @@ sm70-w4-gemm (how the H200 run carries it: CUDA 13 cannot target compute_70), el
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,17 +44,49 @@ def w4(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("int4zp", 128), ("fp4", 16)])
-@pytest.mark.parametrize("m,n,k,path", [(1, 1408, 704, "decode"), (5, 100, 2816, "decode"),
-                                        (300, 2816, 704, "prefill"), (64, 96, 96, "prefill")])
-def test_linear_matches_fp32_over_dequantized_weights(w4, fmt, group, m, n, k, path):
+@pytest.mark.parametrize("m,n,k,path,prefill", [(1, 1408, 704, "decode", None), (5, 100, 2816, "decode", None),
+                                                (300, 2816, 704, "prefill", "wmma"),
+                                                (300, 2816, 704, "prefill", "dequant"),
+                                                (64, 96, 96, "prefill", None)])
+def test_linear_matches_fp32_over_dequantized_weights(w4, fmt, group, m, n, k, path, prefill):
     from tests.kernels.w4_reference import make_weights, ref_linear, rel_err
 
     wt = make_weights(fmt, 1, n, k, group, seed=m + n + k)
     x = torch.randn((m, k), device="cuda").half()
     out = w4.linear(x, wt.w[0], wt.scales[0], fmt, group=group, zeros=None if wt.zeros is None else wt.zeros[0],
-                    gscale=wt.gscale, path=path)
+                    gscale=wt.gscale, path=path, prefill=prefill)
     assert out.shape == (m, n)
     assert rel_err(out, ref_linear(x, wt)) <= TOL_LINEAR
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 16), ("int4", 32), ("int4", 128), ("int4zp", 32), ("int4zp", 128),
+                                       ("fp4", 16)])
+@pytest.mark.parametrize("e,n,k", [(1, 100, 704), (3, 40, 2816), (2, 8, 32)])
+def test_dequantize_writes_each_weight_as_the_fp16_rounding_of_its_exact_value(w4, fmt, group, e, n, k):
+    """w4_dequant_<fmt>: every value bit-equal to the float32 dequantization rounded once to fp16 (N not a multiple of
+    8 with zero points, K = 704 with a partial last group at 128, K = 32: one thread per row)."""
+    from tests.kernels.w4_reference import make_weights
+
+    wt = make_weights(fmt, e, n, k, group, seed=e + n + k + group)
+    out = w4.dequantize(wt.w, wt.scales, fmt, k=k, group=group, zeros=wt.zeros, gscale=wt.gscale)
+    assert out.shape == (e, n, k) and out.dtype == torch.float16 and "w4_dequant_" + fmt in w4.ran
+    if fmt == "fp4":   # e2m1 x (e4m3 x gscale) in fp32 here, e2m1 x (e4m3 / weight_global_scale) in the oracle
+        torch.testing.assert_close(out.float(), wt.deq.half().float(), rtol=2.0 ** -10, atol=2.0 ** -24)
+    else:              # (q - zero) x scale is exact in fp32: one rounding on both sides
+        assert torch.equal(out, wt.deq.half())
+
+
+def test_linear_prefill_takes_the_dequant_kernel_from_its_row_threshold(w4):
+    from tests.kernels.w4_reference import make_weights, ref_linear, rel_err
+
+    threshold = sys.modules[type(w4).__module__].DEQUANT_MIN_ROWS
+    wt = make_weights("fp4", 1, 256, 512, 16, seed=12)
+    for m in (threshold - 1, threshold):
+        w4.ran.clear()
+        x = torch.randn((m, 512), device="cuda").half()
+        out = w4.linear(x, wt.w[0], wt.scales[0], "fp4", group=16, gscale=wt.gscale, path="prefill")
+        assert rel_err(out, ref_linear(x, wt)) <= TOL_LINEAR
+        assert w4.ran == ({"w4_dequant_fp4"} if m >= threshold else {"w4_gemm_fp4_prefill"})
 
 
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])

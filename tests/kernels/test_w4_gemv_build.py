@@ -185,3 +185,80 @@ def test_fused_moe_decode_under_the_env_launches_one_kernel_family_for_both_proj
     ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
     k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", activation="silu")
     assert ks.launched == entries
+
+
+@pytest.mark.parametrize("entry", [f"w4_dequant_{f}" for f in ("int4", "int4zp", "fp4")])
+def test_dequant_entry_compiles_for_sm_70_without_a_local_memory_frame(sm70_cubin, entry):
+    res = cubin_resources(sm70_cubin)[entry]
+    assert 0 < res["regs"] <= 255 and res.get("frame", 0) == 0
+
+
+def test_prefill_kernel_comes_from_the_argument_then_the_environment_then_dequant(monkeypatch):
+    mod = w4_launcher()
+    monkeypatch.delenv(mod.PREFILL_ENV, raising=False)
+    assert mod.prefill_kernel() == "dequant"
+    assert mod.prefill_choice(mod.DEQUANT_MIN_ROWS) == "dequant"
+    assert mod.prefill_choice(mod.DEQUANT_MIN_ROWS - 1) == "wmma"   # below the threshold: the WMMA tile
+    monkeypatch.setenv(mod.PREFILL_ENV, "wmma")
+    assert mod.prefill_kernel() == "wmma" and mod.prefill_choice(8192) == "wmma"
+    assert mod.prefill_choice(8192, "dequant") == "dequant"
+    monkeypatch.setenv(mod.PREFILL_ENV, "cublas")
+    with pytest.raises(BuildError, match="OVERLAY_W4_PREFILL"):
+        mod.prefill_kernel()
+
+
+class _GridRecorder(dict):
+    """A KernelSet stand-in recording (name, grid, args) of every launch (no GPU; outputs stay unwritten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.launched: list[tuple] = []
+
+    def __missing__(self, name):
+        rec = self
+
+        class _Entry:
+            def launch(self, grid, args):
+                rec.launched.append((name, grid, args))
+        return _Entry()
+
+
+@pytest.mark.parametrize("fmt, rows, prefill, entry", [
+    ("int4", 256, None, "w4_dequant_int4"), ("fp4", 300, None, "w4_dequant_fp4"),
+    ("int4", 255, None, "w4_gemm_int4_prefill"), ("int4", 4096, "wmma", "w4_gemm_int4_prefill"),
+    ("int4zp", 512, None, "w4_dequant_int4zp")])
+def test_linear_prefill_dequantizes_from_the_threshold_and_launches_one_thread_per_32_values(
+        monkeypatch, fmt, rows, prefill, entry):
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    monkeypatch.delenv(mod.PREFILL_ENV, raising=False)
+    ks = _GridRecorder()
+    k = mod.W4Kernels(ks, num_sms=132)
+    n, kk = 96, 1056
+    x = torch.zeros((rows, kk), dtype=torch.float16)
+    zeros = g = None
+    if fmt == "fp4":
+        w, s = torch.zeros((n, kk // 2), dtype=torch.uint8), torch.zeros((n, kk // 16), dtype=torch.float8_e4m3fn)
+        g, group = torch.ones((1,), dtype=torch.float32), 16
+    else:
+        w, s, group = torch.zeros((n, kk // 8), dtype=torch.int32), torch.zeros((n, kk // 32), dtype=torch.float16), 32
+        zeros = torch.zeros((n // 8, kk // 32), dtype=torch.int32) if fmt == "int4zp" else None
+    y = k.linear(x, w, s, fmt, group=group, zeros=zeros, gscale=g, path="prefill", prefill=prefill)
+    assert tuple(y.shape) == (rows, n)
+    assert [name for name, _, _ in ks.launched] == [entry]
+    if entry.startswith("w4_dequant"):
+        (_, grid, args), = ks.launched
+        assert grid == (-(-n * kk // 32 // mod.DEQUANT_THREADS), 1, 1) and args[-3:] == [n, kk, group]
+        assert tuple(args[0].shape) == (n, kk) and args[0].dtype == torch.float16
+
+
+def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_the_packing():
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    ks = _GridRecorder()
+    k = mod.W4Kernels(ks, num_sms=132)
+    w, s = torch.zeros((3, 40, 88), dtype=torch.int32), torch.zeros((3, 40, 22), dtype=torch.float16)
+    out = k.dequantize(w, s, "int4", k=704, group=32)
+    assert tuple(out.shape) == (3, 40, 704) and ks.launched[0][1] == (-(-40 * 22 // 256), 3, 1)
+    with pytest.raises(BuildError, match="K/2 = 512 bytes"):
+        k.dequantize(w, s, "int4", k=1024, group=32)

@@ -445,19 +445,25 @@ __device__ __forceinline__ void w4_gemv(
   const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int e = 0;
   if (sorted_ids) {
-    if (mb * bm >= *num_post) return;
-    e = expert_ids[mb];
-    if (e < 0) return;
+    const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together (expert_ids has a grid's worth)
+    if (mb * bm >= np || eb < 0) return;
+    e = eb;
   } else if (mb * bm >= num_valid) {
     return;
   }
-  if (tid == 0) {
+  // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
+  if (warp == 0) {
     int n = 0;
-    for (int r = 0; r < bm && r < MAXBM; ++r) {
-      const int t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
-      if (t < num_valid) s_rows[n++] = t;
+    for (int r0 = 0; r0 < bm && r0 < MAXBM; r0 += 32) {
+      const int r = r0 + lane;
+      int t = num_valid;
+      if (r < bm && r < MAXBM) t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
+      const bool valid = t < num_valid;
+      const unsigned m = __ballot_sync(0xffffffffu, valid);
+      if (valid) s_rows[n + __popc(m & ((1u << lane) - 1u))] = t;
+      n += __popc(m);
     }
-    s_n = n;
+    if (lane == 0) s_n = n;
   }
   __syncthreads();
   const int nrows = s_n;
@@ -636,3 +642,70 @@ W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)
+
+// ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
+// out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,
+// fp4 e2m1 x e4m3 x gscale[e].  One thread per 32 packed values (a 16-byte load, four 16-byte stores); grid
+// (ceil(N K / 32 / 256), E).  K a multiple of 32, so a thread's values lie in one row.  A prefill of many rows reads
+// the packed weights once, writes N K fp16 values, and runs the fp16 GEMM (tensor cores on sm_70 through cuBLAS)
+// on them: the launcher's "dequant" prefill.
+template <int FMT>
+__device__ __forceinline__ void w4_dequant(half* __restrict__ out, const unsigned char* __restrict__ w,
+                                           const void* __restrict__ scales, const int* __restrict__ zeros,
+                                           const float* __restrict__ gscale, int N, int K, int group) {
+  const int e = blockIdx.y;
+  const i64 nvec = (i64)N * (K / 32);
+  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= nvec) return;
+  const int n = (int)(i / (K / 32));
+  const int k0 = (int)(i % (K / 32)) * 32;
+  const int G = (K + group - 1) / group;
+  const i64 row = (i64)e * N + n;
+  const uint4 v = ldg_stream(w + row * (K / 2) + k0 / 2);
+  const unsigned words[4] = {v.x, v.y, v.z, v.w};
+  const float gs = FMT == 2 ? gscale[e] : 1.f;
+  uint4* dst = reinterpret_cast<uint4*>(out + row * K + k0);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int k = k0 + 8 * q;
+    const int g = k / group;
+    float s, z = 8.f;
+    if (FMT == 2) {
+      s = e4m3_to_float(reinterpret_cast<const unsigned char*>(scales)[row * G + g]) * gs;
+    } else {
+      s = __half2float(reinterpret_cast<const half*>(scales)[row * G + g]);
+      if (FMT == 1) {
+        const unsigned zr = reinterpret_cast<const unsigned*>(zeros)[((i64)e * ((N + 7) / 8) + n / 8) * G + g];
+        z = (float)((zr >> (4 * (n % 8))) & 0xFu);
+      }
+    }
+    unsigned h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float a, b;
+      const unsigned lo = (words[q] >> (8 * j)) & 0xFu, hi = (words[q] >> (8 * j + 4)) & 0xFu;
+      if (FMT == 2) {
+        const unsigned short ha = (unsigned short)(((lo & 8u) << 12) | ((lo & 7u) << 9));
+        const unsigned short hb = (unsigned short)(((hi & 8u) << 12) | ((hi & 7u) << 9));
+        a = __half2float(*reinterpret_cast<const half*>(&ha)) * 16384.f;
+        b = __half2float(*reinterpret_cast<const half*>(&hb)) * 16384.f;
+      } else {
+        a = (float)lo - z;
+        b = (float)hi - z;
+      }
+      h[j] = h22u(__floats2half2_rn(a * s, b * s));
+    }
+    dst[q] = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+}
+
+#define W4_DEQUANT_ENTRY(NAME, FMT)                                                                          \
+  extern "C" __global__ void __launch_bounds__(256) NAME(half* out, const unsigned char* w, const void* scales, \
+                                                         const int* zeros, const float* gscale, int N, int K,  \
+                                                         int group) {                                          \
+    w4_dequant<FMT>(out, w, scales, zeros, gscale, N, K, group);                                             \
+  }
+
+W4_DEQUANT_ENTRY(w4_dequant_int4, 0)
+W4_DEQUANT_ENTRY(w4_dequant_int4zp, 1)
+W4_DEQUANT_ENTRY(w4_dequant_fp4, 2)

@@ -22,6 +22,12 @@ per call what the H100 kernel benchmark measured fastest (AUTO_DECODE; decode_ch
 int4, the default GEMV for fp4, WMMA for linears above AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not
 measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
 align_block(path, decode, fmt).
+
+Prefill of a linear layer has two kernels too: "dequant" (the default from DEQUANT_MIN_ROWS rows: w4_dequant_<fmt>
+writes the layer's weight as fp16, N x K x 2 bytes held only for the call, and torch's fp16 GEMM — cuBLAS, tensor
+cores on sm_70 — multiplies; vLLM's AWQ linear does the same from 256 rows) and "wmma" (the 64 x 128 WMMA tile on
+the packed weights, no extra memory). `prefill=` on linear picks one, else $OVERLAY_W4_PREFILL, else "dequant";
+prefill_choice(rows, prefill) says which runs.
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ GEMV_VARIANTS = {"c4": 32}
 # (linear M <= 4); linears at M = 8 are 0.63-0.76x on either GEMV, so they stay on WMMA; int4zp was not measured.
 AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma", None)}
 AUTO_LINEAR_MAX_ROWS = 4
+PREFILL_KERNELS = ("dequant", "wmma")
+PREFILL_ENV = "OVERLAY_W4_PREFILL"
+# From this many rows a linear prefill dequantizes the weight and runs the fp16 GEMM (vLLM's AWQ threshold,
+# awq.py FP16_MATMUL_HEURISTIC_CONDITION: 256 tokens); benchmarks/kernels_w4.py measures both kernels around it.
+DEQUANT_MIN_ROWS = 256
+DEQUANT_THREADS = 256
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -116,6 +128,22 @@ def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bo
     if not moe and rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
         return "wmma", None
     return kernel, variant
+
+
+def prefill_kernel(prefill: str | None = None) -> str:
+    """The linear prefill kernel: `prefill`, else $OVERLAY_W4_PREFILL, else "dequant"; BuildError for another name."""
+    name = prefill or os.environ.get(PREFILL_ENV) or "dequant"
+    if name not in PREFILL_KERNELS:
+        raise BuildError(f"prefill kernel {name!r} (${PREFILL_ENV} or prefill=): expected one of "
+                         f"{', '.join(PREFILL_KERNELS)}")
+    return name
+
+
+def prefill_choice(rows: int, prefill: str | None = None) -> str:
+    """What a prefill-path linear launch of `rows` rows runs: "dequant" (fp16 weight + torch GEMM) from
+    DEQUANT_MIN_ROWS rows when prefill_kernel(prefill) is "dequant", else "wmma"."""
+    kernel = prefill_kernel(prefill)
+    return "dequant" if kernel == "dequant" and rows >= DEQUANT_MIN_ROWS else "wmma"
 
 
 def align_block(path: str, decode: str | None = None, fmt: str | None = None) -> int:
@@ -287,11 +315,37 @@ class W4Kernels:
             self.ran.add(name)
         return out if out32 is None else out32.half()
 
+    def dequantize(self, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
+                   gscale: Any = None) -> Any:
+        """The weight as fp16, w's leading shape + [K]: [N, K] for a linear layer, [E, N, K] for experts (each value
+        rounded once from the exact product, as the checkpoints' dequantized reference before its fp16 cast)."""
+        import torch
+
+        probe = torch.empty((1, k), dtype=torch.float16, device=w.device)
+        e, n = _check(probe, w, scales, fmt, k, group, zeros, gscale)
+        out = torch.empty((*w.shape[:-1], k), dtype=torch.float16, device=w.device)
+        vecs = n * (k // 32)
+        name = f"w4_dequant_{fmt}"
+        scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
+        if vecs and e:
+            self.k[name].launch(((vecs + DEQUANT_THREADS - 1) // DEQUANT_THREADS, e, 1),
+                                [out, w, scales_arg, zeros, gscale, n, k, group])
+            self.ran.add(name)
+        return out
+
     def linear(self, x: Any, w: Any, scales: Any, fmt: str, *, group: int, zeros: Any = None, gscale: Any = None,
-               path: str | None = None, decode: str | None = None) -> Any:
-        """A dense layer: x [M, K] fp16, w [N, K/8] int32 or [N, K/2] uint8 -> [M, N] fp16."""
+               path: str | None = None, decode: str | None = None, prefill: str | None = None) -> Any:
+        """A dense layer: x [M, K] fp16, w [N, K/8] int32 or [N, K/2] uint8 -> [M, N] fp16. On the prefill path
+        from DEQUANT_MIN_ROWS rows (prefill_choice) the weight is dequantized to fp16 for the call and multiplied by
+        torch's fp16 GEMM."""
+        import torch
+
         k = x.shape[-1]
         path = path or ("decode" if x.shape[0] <= TILES["decode"][0] else "prefill")
+        if path == "prefill" and prefill_choice(x.shape[0], prefill) == "dequant":
+            _check(x, w, scales, fmt, k, group, zeros, gscale)
+            wd = self.dequantize(w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale)
+            return torch.nn.functional.linear(x, wd.reshape(-1, k))
         return self.gemm(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, path=path, decode=decode)
 
     def fused_moe(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,

@@ -380,8 +380,16 @@ def _nvfp4_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, g: torch.Te
     route = sys.modules[_MODULE]   # the module instance serving now (the op is registered once per process)
     path = "decode" if x.shape[0] <= route.launcher().TILES["decode"][0] else "prefill"
     y = route.kernels().linear(x, w, s, "fp4", group=16, gscale=g, path=path)
-    route.ran(f"NVFP4 linear {path}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}")
+    route.ran(f"NVFP4 linear {_linear_kind(route, path, x.shape[0])}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}")
     return y
+
+
+def _linear_kind(route: Any, path: str, rows: int) -> str:
+    """The marker's kernel kind of a linear launch: "decode", "prefill" (the WMMA tile) or "prefill (dequant + fp16
+    GEMM)" (the launcher's prefill_choice)."""
+    if path == "prefill" and route.launcher().prefill_choice(rows) == "dequant":
+        return "prefill (dequant + fp16 GEMM)"
+    return path
 
 
 def linear_op():
@@ -537,7 +545,7 @@ def _int4_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, z: torch.Ten
     path = "decode" if x.shape[0] <= route.launcher().TILES["decode"][0] else "prefill"
     fmt = "int4zp" if z.numel() else "int4"
     y = route.kernels().linear(x, w, s, fmt, group=group, zeros=z if z.numel() else None, path=path)
-    route.ran(f"W4A16 linear {path}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}, {fmt}, group {group}")
+    route.ran(f"W4A16 linear {_linear_kind(route, path, x.shape[0])}", f"{x.shape[0]} rows, K {x.shape[1]}, N {y.shape[1]}, {fmt}, group {group}")
     return y
 
 
