@@ -845,6 +845,22 @@ def test_w4a16_linear_goes_to_the_kernels_on_sm70_or_forced_with_the_checkpoint_
 
 
 @pytest.mark.network
+def test_w4a16_linear_prefill_from_the_launchers_threshold_logs_the_dequant_kernel_once(release, monkeypatch, caplog):
+    rel = release((7, 0))
+    monkeypatch.delenv("OVERLAY_W4_PREFILL", raising=False)
+    wq = _wq(32, True)
+    with caplog.at_level(logging.INFO):
+        _cfg, scheme = _wna16_scheme(rel, wq)
+        layer, *_ = _load_wna16_linear(scheme, wq)
+        for rows in (255, 256, 1024):
+            scheme.apply_weights(layer, torch.zeros((rows, 256), dtype=torch.float16), None)
+    assert [c[3:5] for c in rel.launches.calls] == [("prefill", (255, 256)), ("prefill", (256, 256)),
+                                                    ("prefill", (1024, 256))]
+    assert len(_messages(caplog, "W4A16 linear prefill ran on sm70-w4-gemm kernels in pid")) == 1   # 255 rows
+    assert len(_messages(caplog, "W4A16 linear prefill (dequant + fp16 GEMM) ran on sm70-w4-gemm kernels")) == 1
+
+
+@pytest.mark.network
 @pytest.mark.parametrize("wq, k, reason", [
     (_wq(16), 48, "K=48 (not a multiple of 32)"),
     (_wq(32, actorder="group"), 256, "act-order (g_idx) weights"),
