@@ -30,9 +30,9 @@ f. the whole SM70 attention family (issue 32), CUDA graphs on, the full root: $O
 w. the SM70 4-bit route (issue 29), eager, the w4 root (full + sm70-w4-gemm): $OVERLAY_W4=force on the tiny
    ct-w4a16-moe, ct-nvfp4-moe, ct-nvfp4-dense and ct-w4a16-dense (W4A16 dense Linear) checkpoints against the same
    weights dequantized through the same engine (the baseline of the tolerance rule), both scored by the fp32
-   reference; the route's marker lines. A third arm runs the route with $OVERLAY_W4_DECODE=auto (the launcher's
-   per-format choice of GEMV or WMMA decode; default wmma), judged against the same baseline and compared token by
-   token with the WMMA-decode arm: the in-engine evidence the decode default needs before it can change.
+   reference; the route's marker lines. The route arm names the WMMA decode ($OVERLAY_W4_DECODE=wmma); a third arm
+   runs it with $OVERLAY_W4_DECODE=auto (the launcher's per-format choice of GEMV or WMMA decode, its default since
+   the 2026-12-06 H200 run), judged against the same baseline and compared token by token with the WMMA-decode arm.
 r. the attention route as the TritonAttentionImpl.forward edit vs as a registered CUSTOM backend (issue 32 point 3;
    benchmarks/sm70_backend_plugin.py): dense-h256, eager and CUDA graphs, off / edit / plugin: start time, decode
    time per step at batch 4 and 16, 4K prefill, greedy tokens (the "phase r" section below).
@@ -324,8 +324,9 @@ def plan(work: Path, phases: set[str], tp: int = 1) -> list[dict]:
             if model not in kinds:
                 continue
             m = str(ck / kinds[model])
+            # the WMMA decode named (the launcher's default is "auto" since 2026-12-06; the auto arm below)
             runs.append({"name": f"w-{model}-route", "phase": "w", "root": "w4", "model": m, "eager": True,
-                         "w4": "force"})
+                         "w4": "force", "w4_decode": "wmma"})
             runs.append({"name": f"w-{model}-dequant", "phase": "w", "root": "w4",
                          "model": str(Path(m) / "dequantized"),
                          "eager": True, "w4": "force"})

@@ -582,7 +582,7 @@ def test_family_phase_forces_every_head_dim_pair_under_cuda_graphs_and_w4_phase_
         assert Path(dq["model"]).name == "dequantized" and ref["model"] == dq["model"]
         auto = runs[f"w-{model}-auto"]
         assert (auto["w4"], auto["w4_decode"], auto["model"]) == ("force", "auto", route["model"])
-        assert "w4_decode" not in route and "w4_decode" not in dq
+        assert route["w4_decode"] == "wmma" and "w4_decode" not in dq
         assert ref["score"] == [f"w-{model}-route", f"w-{model}-dequant", f"w-{model}-auto"]
 
 

@@ -71,10 +71,11 @@ def test_gemv_entry_compiles_for_sm_70_within_the_register_bound_without_spills(
     assert res.get("frame", 0) == 0   # no local-memory frame: no spills, no register arrays indexed at run time
 
 
-def test_decode_kernel_comes_from_the_argument_then_the_environment_then_wmma(monkeypatch):
+def test_decode_kernel_comes_from_the_argument_then_the_environment_then_auto(monkeypatch):
     mod = w4_launcher()
     monkeypatch.delenv(mod.DECODE_ENV, raising=False)
-    assert mod.decode_kernel() == "wmma" and mod.align_block("decode") == mod.TILES["decode"][0]
+    assert mod.decode_kernel() == "auto" and mod.align_block("decode") == mod.TILES["decode"][0]   # no format
+    assert mod.align_block("decode", fmt="int4") == mod.GEMV_BLOCK_ROWS   # auto's int4 MoE kernel: GEMV c4
     monkeypatch.setenv(mod.DECODE_ENV, "gemv")
     assert mod.decode_kernel() == "gemv" and mod.align_block("decode") == mod.GEMV_BLOCK_ROWS
     assert mod.align_block("prefill") == mod.TILES["prefill"][0]   # prefill keeps its 64-row tile
@@ -131,12 +132,14 @@ class _Recorder(dict):
     ("auto", "int4", 1, True, ("gemv", "c4")), ("auto", "int4", 64, True, ("gemv", "c4")),
     ("auto", "fp4", 8, True, ("gemv", None)), ("auto", "int4zp", 1, True, ("wmma", None)),
     ("auto", "int4", 4, False, ("gemv", "c4")), ("auto", "int4", 5, False, ("wmma", None)),
-    ("auto", "fp4", 1, False, ("gemv", None)), ("auto", "fp4", 8, False, ("wmma", None)),
+    ("auto", "fp4", 1, False, ("wmma", None)), ("auto", "fp4", 8, False, ("wmma", None)),
+    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "c4")),
     ("gemv", "int4", 8, False, ("gemv", None)), ("wmma", "fp4", 1, True, ("wmma", None)),
 ])
-def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(decode, fmt, rows, moe,
-                                                                                             want):
+def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(monkeypatch, decode, fmt,
+                                                                                             rows, moe, want):
     mod = w4_launcher()
+    monkeypatch.delenv(mod.DECODE_ENV, raising=False)
     assert mod.decode_choice(decode, fmt, rows, moe) == want
 
 
@@ -151,7 +154,7 @@ def test_align_block_for_auto_follows_the_formats_kernel_and_without_a_format_ta
 
 
 @pytest.mark.parametrize("fmt, rows, entry", [("int4", 1, "w4_gemv_int4_c4"), ("int4", 4, "w4_gemv_int4_c4"),
-                                              ("int4", 8, "w4_gemm_int4_decode"), ("fp4", 2, "w4_gemv_fp4"),
+                                              ("int4", 8, "w4_gemm_int4_decode"), ("fp4", 2, "w4_gemm_fp4_decode"),
                                               ("fp4", 16, "w4_gemm_fp4_decode")])
 def test_linear_under_auto_launches_the_measured_fastest_entry_for_its_rows(monkeypatch, fmt, rows, entry):
     torch = pytest.importorskip("torch")

@@ -438,6 +438,7 @@ def _load_wna16(rel, method, layer, experts=8, dtype=torch.float16):
 @pytest.mark.parametrize("mode, capability", [(None, (7, 0)), ("force", (9, 0))])
 def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, caplog, mode, capability):
     rel = release(capability)
+    monkeypatch.delenv("OVERLAY_W4_DECODE", raising=False)
     if mode:
         monkeypatch.setenv("OVERLAY_W4", mode)
     layer = FusedMoE()
@@ -463,7 +464,8 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
     (call,) = rel.launches.calls
     assert call[:5] == ("fused_moe", "int4", 32, "gelu", "decode")
     assert call[5] is layer.w13_weight_packed and call[6] is layer.w13_weight_scale
-    assert rel.aligned == [(16, 8)]   # vLLM's moe_align_block_size with the decode tile's 16 rows
+    # vLLM's moe_align_block_size with the block of the default decode kernel ("auto": int4 runs the GEMV c4, 8 rows)
+    assert rel.aligned == [(8, 8)]
     assert len(_messages(caplog, "W4A16 MoE decode ran on sm70-w4-gemm kernels in pid")) == 1
     assert len(rel.loads) == 1
 

@@ -15,11 +15,13 @@ Weights are the checkpoints' tensors as loaded (no repack), per expert e a row-m
            1 / weight_global_scale (value = e2m1 * e4m3 * gscale)
 K must be a multiple of 32; G = ceil(K / group). torch is imported only when these functions run.
 
-Decode has two kernels: "wmma" (16-row WMMA tiles, split K; the default) and "gemv" (one warp streams whole weight
-rows, no tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up).
-`decode=` on gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "wmma". "auto" picks
-per call what the H100 kernel benchmark measured fastest (AUTO_DECODE; decode_choice): the GEMV `c4` candidate for
-int4, the default GEMV for fp4, WMMA for linears above AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not
+Decode has two kernels: "wmma" (16-row WMMA tiles, split K) and "gemv" (one warp streams whole weight rows, no
+tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up). `decode=` on
+gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "auto" (the default since the
+H200 engine run of 2026-12-06): per call what the kernel benchmarks measured fastest among the choices the engine
+runs kept within the tolerance rule (AUTO_DECODE, AUTO_LINEAR; decode_choice): the GEMV `c4` candidate for int4
+(MoE and linears of up to AUTO_LINEAR_MAX_ROWS rows), the default GEMV for the fp4 MoE, WMMA for fp4 linears (their
+GEMV exceeded the rule in the engine), for linears above AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not
 measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
 align_block(path, decode, fmt).
 
@@ -69,7 +71,13 @@ GEMV_VARIANTS = {"c4": 32}
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
 # (linear M <= 4); linears at M = 8 are 0.63-0.76x on either GEMV, so they stay on WMMA; int4zp was not measured.
 AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma", None)}
+# Linears (no sorted_ids) of up to AUTO_LINEAR_MAX_ROWS rows. fp4 stays on WMMA: in the H200 engine run of 2026-12-06
+# (engine_gpu.py phase w, docs/kernels.md "Tenth lease") the ct-nvfp4-dense checkpoint with fp4 GEMV linears had a
+# teacher-forced max error of 0.309 against 0.278 allowed (WMMA: 0.230); its fp16 partial sums of 4 products are
+# the suspect (not isolated). int4 GEMV linears stayed within (ct-w4a16-dense: 0.088 of 0.122).
+AUTO_LINEAR = {"int4": ("gemv", "c4"), "fp4": ("wmma", None), "int4zp": ("wmma", None)}
 AUTO_LINEAR_MAX_ROWS = 4
+DECODE_DEFAULT = "auto"
 PREFILL_KERNELS = ("dequant", "wmma")
 PREFILL_ENV = "OVERLAY_W4_PREFILL"
 # From this many rows a linear prefill dequantizes the weight and runs the fp16 GEMM (vLLM's AWQ threshold,
@@ -110,8 +118,8 @@ def moe_align(topk_ids: Any, block: int, num_experts: int) -> tuple[Any, Any, An
 
 
 def decode_kernel(decode: str | None = None) -> str:
-    """The decode kernel: `decode`, else $OVERLAY_W4_DECODE, else "wmma"; BuildError for another name."""
-    name = decode or os.environ.get(DECODE_ENV) or "wmma"
+    """The decode kernel: `decode`, else $OVERLAY_W4_DECODE, else DECODE_DEFAULT; BuildError for another name."""
+    name = decode or os.environ.get(DECODE_ENV) or DECODE_DEFAULT
     if name not in DECODE_KERNELS:
         raise BuildError(f"decode kernel {name!r} (${DECODE_ENV} or decode=): expected one of "
                          f"{', '.join(DECODE_KERNELS)}")
@@ -119,15 +127,16 @@ def decode_kernel(decode: str | None = None) -> str:
 
 
 def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bool = True) -> tuple[str, str | None]:
-    """(kernel, GEMV variant) a decode-path launch runs: decode_kernel(decode), with "auto" resolved by AUTO_DECODE for
-    `fmt` (a linear layer of more than AUTO_LINEAR_MAX_ROWS `rows` stays on WMMA)."""
+    """(kernel, GEMV variant) a decode-path launch runs: decode_kernel(decode), with "auto" resolved by AUTO_DECODE
+    (MoE) or AUTO_LINEAR (a linear layer; more than AUTO_LINEAR_MAX_ROWS `rows` stay on WMMA) for `fmt`."""
     name = decode_kernel(decode)
     if name != "auto":
         return name, None
-    kernel, variant = AUTO_DECODE.get(fmt, ("wmma", None))
-    if not moe and rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
-        return "wmma", None
-    return kernel, variant
+    if not moe:
+        if rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
+            return "wmma", None
+        return AUTO_LINEAR.get(fmt, ("wmma", None))
+    return AUTO_DECODE.get(fmt, ("wmma", None))
 
 
 def prefill_kernel(prefill: str | None = None) -> str:
