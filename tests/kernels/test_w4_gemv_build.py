@@ -113,11 +113,13 @@ def test_fused_moe_refuses_an_alignment_block_the_wmma_tile_cannot_take():
 
 
 class _Recorder(dict):
-    """A KernelSet stand-in: every entry launches into a list of names (no GPU; outputs stay unwritten)."""
+    """A KernelSet stand-in: every entry launches into a list of names and one of (name, grid, args) (no GPU; outputs
+    stay unwritten)."""
 
     def __init__(self):
         super().__init__()
         self.launched: list[str] = []
+        self.calls: list[tuple] = []
 
     def __missing__(self, name):
         rec = self
@@ -125,6 +127,7 @@ class _Recorder(dict):
         class _Entry:
             def launch(self, grid, args):
                 rec.launched.append(name)
+                rec.calls.append((name, grid, args))
         return _Entry()
 
 
@@ -210,22 +213,6 @@ def test_prefill_kernel_comes_from_the_argument_then_the_environment_then_dequan
         mod.prefill_kernel()
 
 
-class _GridRecorder(dict):
-    """A KernelSet stand-in recording (name, grid, args) of every launch (no GPU; outputs stay unwritten)."""
-
-    def __init__(self):
-        super().__init__()
-        self.launched: list[tuple] = []
-
-    def __missing__(self, name):
-        rec = self
-
-        class _Entry:
-            def launch(self, grid, args):
-                rec.launched.append((name, grid, args))
-        return _Entry()
-
-
 @pytest.mark.parametrize("fmt, rows, prefill, entry", [
     ("int4", 256, None, "w4_dequant_int4"), ("fp4", 300, None, "w4_dequant_fp4"),
     ("int4", 255, None, "w4_gemm_int4_prefill"), ("int4", 4096, "wmma", "w4_gemm_int4_prefill"),
@@ -235,7 +222,7 @@ def test_linear_prefill_dequantizes_from_the_threshold_and_launches_one_thread_p
     torch = pytest.importorskip("torch")
     mod = w4_launcher()
     monkeypatch.delenv(mod.PREFILL_ENV, raising=False)
-    ks = _GridRecorder()
+    ks = _Recorder()
     k = mod.W4Kernels(ks, num_sms=132)
     n, kk = 96, 1056
     x = torch.zeros((rows, kk), dtype=torch.float16)
@@ -248,9 +235,9 @@ def test_linear_prefill_dequantizes_from_the_threshold_and_launches_one_thread_p
         zeros = torch.zeros((n // 8, kk // 32), dtype=torch.int32) if fmt == "int4zp" else None
     y = k.linear(x, w, s, fmt, group=group, zeros=zeros, gscale=g, path="prefill", prefill=prefill)
     assert tuple(y.shape) == (rows, n)
-    assert [name for name, _, _ in ks.launched] == [entry]
+    assert ks.launched == [entry]
     if entry.startswith("w4_dequant"):
-        (_, grid, args), = ks.launched
+        (_, grid, args), = ks.calls
         assert grid == (-(-n * kk // 32 // mod.DEQUANT_THREADS), 1, 1) and args[-3:] == [n, kk, group]
         assert tuple(args[0].shape) == (n, kk) and args[0].dtype == torch.float16
 
@@ -258,10 +245,10 @@ def test_linear_prefill_dequantizes_from_the_threshold_and_launches_one_thread_p
 def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_the_packing():
     torch = pytest.importorskip("torch")
     mod = w4_launcher()
-    ks = _GridRecorder()
+    ks = _Recorder()
     k = mod.W4Kernels(ks, num_sms=132)
     w, s = torch.zeros((3, 40, 88), dtype=torch.int32), torch.zeros((3, 40, 22), dtype=torch.float16)
     out = k.dequantize(w, s, "int4", k=704, group=32)
-    assert tuple(out.shape) == (3, 40, 704) and ks.launched[0][1] == (-(-40 * 22 // 256), 3, 1)
+    assert tuple(out.shape) == (3, 40, 704) and ks.calls[0][1] == (-(-40 * 22 // 256), 3, 1)
     with pytest.raises(BuildError, match="K/2 = 512 bytes"):
         k.dequantize(w, s, "int4", k=1024, group=32)
