@@ -296,6 +296,11 @@ def bench_variants(k, mod, peak):
     return rows
 
 
+# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV, c4 and the persistent
+# look-ahead candidates.
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "pf1"), ("gemv", "pf2"))
+
+
 def _stream_anchor(nbytes):
     """CUDA-graph median of a torch sum over `nbytes` of float32: the time to read that many bytes once."""
     buf = torch.randn((max(1, nbytes // 4),), device="cuda")
@@ -306,7 +311,7 @@ def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
     pct(row, "stream", row["bytes"])
-    for label in ("gemv", "gemv_c4"):
+    for label in [d + (f"_{v}" if v else "") for d, v in DECODE_ARMS if d == "gemv"]:
         row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
         if "wmma_layer_us" in row:
             row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
@@ -337,7 +342,7 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+            for dec, var in DECODE_ARMS:
                 label = dec + (f"_{var}" if var else "")
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
@@ -376,7 +381,7 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+            for dec, var in DECODE_ARMS:
                 label = dec + (f"_{var}" if var else "")
 
                 def lin(dec=dec, var=var):

@@ -163,16 +163,20 @@ def test_gemv_moe_agrees_with_the_wmma_decode_on_the_same_alignment(w4):
     assert float((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()) <= TOL_MOE
 
 
+@pytest.mark.parametrize("variant,sms", [("c4", None), ("pf1", None), ("pf2", None), ("pf1", 1), ("pf2", 1)])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
-def test_gemv_c4_candidate_matches_fp32_linear_and_moe(w4, fmt, group):
-    """The "_c4" GEMV entries (4 weight rows per warp, 1024-wide K chunks, 4 rows per pass): a linear layer over two
-    K chunks with 7 rows (two passes), and the MoE with 12 rows in one expert."""
+def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant, sms):
+    """The GEMV candidates ("_c4": 4 weight rows per warp; "_pf1"/"_pf2": persistent, 2 rows per warp, L2 look-ahead;
+    1024-wide K chunks, 4 rows per pass): a linear layer over two K chunks with 7 rows (two passes), and the MoE with
+    12 rows in one expert. sms=1: the launcher believes the GPU has one SM, so the persistent grid is 2 blocks and each
+    walks dozens of tiles (the look-ahead crosses tiles and experts)."""
     from tests.kernels.w4_reference import make_weights, ref_linear, ref_moe, rel_err, route
 
+    k = w4 if sms is None else type(w4)(w4.k, num_sms=sms)
     wt = make_weights(fmt, 1, 72, 1056, group, seed=9)
     x = torch.randn((7, 1056), device="cuda").half()
-    out = w4.gemm(x, wt.w[0], wt.scales[0], fmt, k=1056, group=group, gscale=wt.gscale, path="decode", decode="gemv",
-                  variant="c4")
+    out = k.gemm(x, wt.w[0], wt.scales[0], fmt, k=1056, group=group, gscale=wt.gscale, path="decode", decode="gemv",
+                 variant=variant)
     assert rel_err(out, ref_linear(x, wt)) <= TOL_GEMV_LINEAR
     e, h, inter = 128, 256, 704
     w13 = make_weights(fmt, e, 2 * inter, h, group, seed=10)
@@ -180,7 +184,7 @@ def test_gemv_c4_candidate_matches_fp32_linear_and_moe(w4, fmt, group):
     for tokens, only in ((1, None), (8, None), (12, 8)):
         topk_w, topk_ids = route(tokens, e, 8, seed=tokens, only=only)
         x = torch.randn((tokens, h), device="cuda").half()
-        out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
-                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant="c4")
+        out = k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                          gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant=variant)
         assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
-    assert {f"w4_gemv_{fmt}_c4", f"w4_gemv_{fmt}_act_c4"} <= w4.ran
+    assert {f"w4_gemv_{fmt}_{variant}", f"w4_gemv_{fmt}_act_{variant}"} <= k.ran

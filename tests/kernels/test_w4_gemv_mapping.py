@@ -15,10 +15,13 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
-# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines
-ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true")
-           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)\)", SRC, flags=re.M)}
+NW = int(re.search(r"w4_gemv_tile<FMT, (\d+), CPW, KC, BMAX, FUSE, XR, 0>", SRC).group(1))
+assert re.search(rf"w4_gemv_tile<FMT, {NW}, CPW, KC, BMAX, FUSE, XR, PFD>", SRC)   # the persistent entries' warps
+# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY and W4_GEMV_PERSISTENT_ENTRY lines; PFD: look-ahead
+_LINES = re.findall(r"^W4_GEMV_(?:PERSISTENT_)?ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)(?:, (\d))?\)",
+                    SRC, flags=re.M)
+ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true") for m in _LINES}
+PFD = {m[0]: int(m[7]) for m in _LINES if m[7]}
 GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
 
 
@@ -48,6 +51,7 @@ def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
         assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
         if variant is None:
             assert bmax == mod.GEMV_BLOCK_ROWS
+        assert (name in PFD) == (variant in mod.GEMV_PERSISTENT)
     assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
         f"w4_gemv_{f}{a}" for f in fmts.values() for a in ("", "_act")}
 
@@ -163,3 +167,65 @@ def test_group_index_by_shift_equals_division(group):
     for k0 in range(0, 4096, 32):
         for k in (k0, k0 + 16):
             assert (k >> gshift if gshift is not False else k // group) == k // group
+
+
+def _persistent_walk(grid: int, mblocks: int, ytiles: int, nch: int, pfd: int, experts: list[int]):
+    """The persistent entry's loop and w4_gemv_tile's look-ahead replayed per block: (reads, prefetches), each a list
+    of (block, expert, by, chunk) in issue order (warp-independent: a warp's rows are a function of by)."""
+    reads, pfs = [], []
+    tiles = mblocks * ytiles
+    pfd = min(pfd, nch)
+    for b in range(grid):
+        tile, first = b, True
+        if tile >= tiles:
+            continue
+        e = experts[tile // ytiles]
+        while tile < tiles:
+            nt = tile + grid
+            e_next = experts[nt // ytiles] if nt < tiles else -1
+            by, by_next = tile % ytiles, nt % ytiles
+
+            def step(j, e=e, by=by, e_next=e_next, by_next=by_next):
+                if j < nch:
+                    pfs.append((b, e, by, j))
+                elif j < 2 * nch and e_next >= 0:
+                    pfs.append((b, e_next, by_next, j - nch))
+            if e >= 0:
+                if first:
+                    for j in range(1, pfd):
+                        step(j)
+                for c in range(nch):
+                    step(c + pfd)
+                    reads.append((b, e, by, c))
+            tile, first, e = nt, False, e_next
+    return reads, pfs
+
+
+@pytest.mark.parametrize("grid", [1, 2, 7, 264, 5000])
+@pytest.mark.parametrize("nch", [1, 3])
+@pytest.mark.parametrize("pfd", [1, 2])
+def test_persistent_walk_reads_every_tile_once_and_prefetches_exactly_the_chunks_read_next(grid, nch, pfd):
+    assert "const int pfd = PFD < nch ? PFD : nch;" in SRC and "for (int j = 1; j < pfd; ++j) prefetch_step(j);" in SRC
+    assert "if (PFD > 0 && p == 0) prefetch_step(kc / KC + pfd);" in SRC
+    assert "const int tiles = (np + bm - 1) / bm * ytiles;" in SRC and "tile += gridDim.x" in SRC
+    mblocks, ytiles = 9, 44
+    experts = [(3 * m) % 5 for m in range(mblocks)]
+    reads, pfs = _persistent_walk(grid, mblocks, ytiles, nch, pfd, experts)
+    assert sorted((e, by, c) for _b, e, by, c in reads) == sorted(
+        (experts[m], by, c) for m in range(mblocks) for by in range(ytiles) for c in range(nch))
+    # per block: every chunk the block reads after its first is prefetched before it is read (the first PFD of the
+    # block's first tile: only chunks 1..PFD-1, its chunk 0 is the first load), nothing it does not read
+    for b in range(min(grid, mblocks * ytiles)):
+        mine = [r[1:] for r in reads if r[0] == b]
+        ahead = [p[1:] for p in pfs if p[0] == b]
+        assert ahead == mine[1:len(ahead) + 1]
+        assert len(ahead) >= len(mine) - 1   # no chunk after the block's first is read unprefetched
+
+
+def test_persistent_prefetch_covers_the_rows_and_scales_the_tile_reads():
+    body = SRC[SRC.index("__device__ __forceinline__ void gemv_prefetch_chunk"):SRC.index("// One output tile")]
+    assert "const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);" in body   # the tile's row formula
+    assert "const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);" in SRC[SRC.index("// One output tile"):]
+    assert "FUSE && c >= OUTC ? oc + n_out : oc" in body
+    assert "prefetch_span(w + row * row_bytes + kc / 2, kn / 2, lane);" in body
+    assert "prefetch_span(sb + row * G + kc / 16, kn / 16, lane);" in body

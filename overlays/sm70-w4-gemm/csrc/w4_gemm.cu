@@ -424,15 +424,60 @@ __device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, fl
   return fmaf(f.x + f.y, s, acc);
 }
 
+// One 32-byte sector of global memory into L2 (prefetch.global.L2: no register is written, nothing waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Every sector of [p, p + n) into L2, the warp's lanes taking one sector each in turn.
+__device__ __forceinline__ void prefetch_span(const unsigned char* p, int n, int lane) {
+  if (n <= 0) return;
+  const unsigned char* a = reinterpret_cast<const unsigned char*>(reinterpret_cast<unsigned long long>(p) & ~31ull);
+  const int sectors = (int)((p + n - a + 31) >> 5);
+  for (int s = lane; s < sectors; s += 32) prefetch_l2(a + 32 * s);
+}
+
+// The persistent GEMV's look-ahead: this warp's CPW weight rows of output tile `by` of expert e, K columns
+// [kc, kc + KC), and their group scales, into L2 (zero points are not prefetched: the persistent entries are int4 and
+// fp4 only).  The rows are the ones w4_gemv_tile's warp reads for that tile.
+template <int FMT, int NW, int CPW, int KC, bool FUSE>
+__device__ __forceinline__ void gemv_prefetch_chunk(const unsigned char* __restrict__ w, const void* __restrict__ scales,
+                                                    int e, int by, int kc, int N, int K, int group, int warp, int lane) {
+  constexpr int OUTC = FUSE ? CPW / 2 : CPW;
+  const int n_out = FUSE ? N / 2 : N;
+  const int kn = min(KC, K - kc);
+  if (kn <= 0) return;
+  const int G = (K + group - 1) / group;
+  const i64 row_bytes = (i64)K / 2;
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
+    if (oc >= n_out) continue;
+    const i64 row = (i64)e * N + (FUSE && c >= OUTC ? oc + n_out : oc);
+    prefetch_span(w + row * row_bytes + kc / 2, kn / 2, lane);
+    const unsigned char* sb = reinterpret_cast<const unsigned char*>(scales);
+    if (FMT == 2) {
+      prefetch_span(sb + row * G + kc / 16, kn / 16, lane);
+    } else {
+      const int g0 = kc / group, g1 = (kc + kn - 1) / group;
+      prefetch_span(sb + (row * G + g0) * 2, (g1 - g0 + 1) * 2, lane);
+    }
+  }
+}
+
+// One output tile of the GEMV: alignment block mb (expert e, or rows mb*bm.. of a linear layer) x weight rows of tile
+// `by` (NW warps x OUTC output columns).  PFD > 0 (the persistent entries): before each K chunk's weights are used,
+// the chunk PFD chunks ahead in this block's sequence of tiles (this tile's, else the next tile's: expert e_next, tile
+// by_next; e_next < 0 = none) is prefetched into L2, so that the HBM reads of the next chunks are in flight while this
+// one is computed without holding registers; `first` also prefetches the chunks 1 .. PFD-1 of the block's first tile.
+// With fewer than PFD chunks per tile the look-ahead is nch chunks (never past the next tile).
 // XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
 // per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
-__device__ __forceinline__ void w4_gemv(
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR, int PFD>
+__device__ __forceinline__ void w4_gemv_tile(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
-    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
-    float* __restrict__ out32, int out_div, int act, int bm) {
+    const int* __restrict__ sorted_ids, const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K,
+    int group, int ld_x, float* __restrict__ out32, int out_div, int act, int bm, int mb, int by, int e, int e_next,
+    int by_next, bool first) {
   static_assert(KC % 1024 == 0, "a chunk is a whole number of 32-lane x 32-value passes");
   static_assert(!FUSE || CPW % 2 == 0, "gate_up fusion pairs gate and up rows in one warp");
   constexpr int U = KC / 1024;                 // segments per lane per chunk
@@ -442,15 +487,18 @@ __device__ __forceinline__ void w4_gemv(
   __shared__ int s_rows[MAXBM];
   __shared__ int s_n;
 
-  const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int e = 0;
-  if (sorted_ids) {
-    const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together (expert_ids has a grid's worth)
-    if (mb * bm >= np || eb < 0) return;
-    e = eb;
-  } else if (mb * bm >= num_valid) {
-    return;
-  }
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nch = (K + KC - 1) / KC;
+  // Prefetch step j of this block's chunk sequence, counted from this tile's chunk 0 (only this tile and the next).
+  auto prefetch_step = [&](int j) {
+    if (j < nch) gemv_prefetch_chunk<FMT, NW, CPW, KC, FUSE>(w, scales, e, by, j * KC, N, K, group, warp, lane);
+    else if (j < 2 * nch && e_next >= 0)
+      gemv_prefetch_chunk<FMT, NW, CPW, KC, FUSE>(w, scales, e_next, by_next, (j - nch) * KC, N, K, group, warp, lane);
+  };
+  const int pfd = PFD < nch ? PFD : nch;   // the look-ahead reaches into the next tile only (K = 704: one chunk)
+  if (PFD > 0 && first)
+    for (int j = 1; j < pfd; ++j) prefetch_step(j);
+  __syncthreads();   // the previous tile's epilogue has read s_rows (persistent entries)
   // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
   if (warp == 0) {
     int n = 0;
@@ -467,6 +515,8 @@ __device__ __forceinline__ void w4_gemv(
   }
   __syncthreads();
   const int nrows = s_n;
+  if (PFD > 0 && nrows == 0)
+    for (int j = 0; j < pfd; ++j) prefetch_step(nch + j);   // keep the look-ahead going over an empty tile
 
   const int n_out = FUSE ? N / 2 : N;
   const int G = (K + group - 1) / group;
@@ -478,7 +528,7 @@ __device__ __forceinline__ void w4_gemv(
   bool ok[CPW];
 #pragma unroll
   for (int c = 0; c < CPW; ++c) {
-    const int oc = (blockIdx.y * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
+    const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
     ok[c] = oc < n_out;
     col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
   }
@@ -492,6 +542,7 @@ __device__ __forceinline__ void w4_gemv(
       for (int r = 0; r < BMAX; ++r) acc[c][r] = 0.f;
 
     for (int kc = 0; kc < K; kc += KC) {
+      if (PFD > 0 && p == 0) prefetch_step(kc / KC + pfd);   // before this chunk's loads: no weight register is live
       const int nseg = min(KC, K - kc) >> 5;
       // This lane's weights of the chunk: U segments x CPW rows, with their two half-segment scales (and zeros).
       uint4 wv[U][CPW];
@@ -628,8 +679,48 @@ __device__ __forceinline__ void w4_gemv(
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
       int out_div, int act, int bm) {                                                                          \
-    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
-                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
+    const int mb = blockIdx.x;                                                                                 \
+    int e = 0;                                                                                                 \
+    if (sorted_ids) {                                                                                          \
+      const int np = *num_post, eb = expert_ids[mb];   /* both loads in flight together */                      \
+      if (mb * bm >= np || eb < 0) return;                                                                     \
+      e = eb;                                                                                                  \
+    } else if (mb * bm >= num_valid) {                                                                         \
+      return;                                                                                                  \
+    }                                                                                                          \
+    w4_gemv_tile<FMT, 8, CPW, KC, BMAX, FUSE, XR, 0>(out, x, w, scales, zeros, gscale, sorted_ids, topk_w,     \
+                                                   num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm, \
+                                                   mb, blockIdx.y, e, -1, 0, false);                           \
+  }
+
+// Persistent entries (the "_pf<d>" candidates: a look-ahead of d K chunks): a 1-D grid of at most the resident blocks
+// (the launcher: 2 per SM), each taking tiles blockIdx.x, + gridDim.x, ... of the valid alignment blocks (from
+// num_post, or num_valid rows without sorted_ids) x the output tiles, mb-major; the chunks ahead are prefetched into
+// L2 across tile boundaries (w4_gemv_tile, PFD), so a block's next tile reads from L2 what its current one left in
+// flight.  Same arguments as W4_GEMV_ENTRY.
+#define W4_GEMV_PERSISTENT_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR, PFD)                                      \
+  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
+      half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
+      const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
+      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
+      int out_div, int act, int bm) {                                                                          \
+    constexpr int PER = 8 * (FUSE ? CPW / 2 : CPW);                                                            \
+    const int ytiles = ((FUSE ? N / 2 : N) + PER - 1) / PER;                                                   \
+    const int np = sorted_ids ? *num_post : num_valid;                                                         \
+    const int tiles = (np + bm - 1) / bm * ytiles;                                                             \
+    int tile = blockIdx.x;                                                                                     \
+    if (tile >= tiles) return;                                                                                 \
+    int e = sorted_ids ? expert_ids[tile / ytiles] : 0;                                                        \
+    for (bool first = true; tile < tiles; tile += gridDim.x, first = false) {                                  \
+      const int nt = tile + gridDim.x;                                                                         \
+      const int e_next = nt < tiles ? (sorted_ids ? expert_ids[nt / ytiles] : 0) : -1;                         \
+      if (e >= 0)                                                                                              \
+        w4_gemv_tile<FMT, 8, CPW, KC, BMAX, FUSE, XR, PFD>(out, x, w, scales, zeros, gscale, sorted_ids, topk_w, \
+                                                         num_valid, a_div, N, K, group, ld_x, out32, out_div, act, \
+                                                         bm, tile / ytiles, tile % ytiles, e, e_next, nt % ytiles, \
+                                                         first);                                              \
+      e = e_next;                                                                                              \
+    }                                                                                                          \
   }
 
 W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false)
@@ -642,6 +733,16 @@ W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)
+// Persistent GEMV candidates: 2 rows per warp (16 weight rows per block: fewer live registers than c4, which left no
+// room for the look-ahead's addresses at 128), 1024-wide chunks, 4 rows, XR; "_pf1" one chunk ahead, "_pf2" two.
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_int4_pf1, 0, false, 2, 1024, 4, true, 1)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_fp4_pf1, 2, false, 2, 1024, 4, true, 1)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_int4_act_pf1, 0, true, 2, 1024, 4, true, 1)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_fp4_act_pf1, 2, true, 2, 1024, 4, true, 1)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_int4_pf2, 0, false, 2, 1024, 4, true, 2)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_fp4_pf2, 2, false, 2, 1024, 4, true, 2)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_int4_act_pf2, 0, true, 2, 1024, 4, true, 2)
+W4_GEMV_PERSISTENT_ENTRY(w4_gemv_fp4_act_pf2, 2, true, 2, 1024, 4, true, 2)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,
