@@ -370,6 +370,9 @@ def bench_decode(k, mod, peak, copy):
                 row[f"{label}_us"] = timed(kernels) * 1e6
                 row[f"{label}_layer_us"] = timed(layer) * 1e6
                 pct(row, label, nbytes)
+            # the GEMV MoE's two small ops besides its kernels: the fp32 top-k sum zeroed, then cast to fp16
+            row["zero_cast_us"] = timed(
+                lambda: torch.zeros((tokens, H), dtype=torch.float32, device="cuda").half()) * 1e6
             rows.append(_finish_decode_row(row, outs, pct))
         del w13, w2
         torch.cuda.empty_cache()

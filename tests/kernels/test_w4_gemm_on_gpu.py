@@ -163,6 +163,32 @@ def test_gemv_moe_agrees_with_the_wmma_decode_on_the_same_alignment(w4):
     assert float((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()) <= TOL_MOE
 
 
+@pytest.mark.parametrize("variant", ["pf1", "pf2"])
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+def test_persistent_gemv_is_bit_equal_to_c4_row_by_row(w4, fmt, group, variant):
+    """pf1/pf2 run c4's per-row arithmetic (XR, 1024-wide chunks, 4 rows per pass: the same lane segments, products and
+    fp32 partial sums; only the warp that owns a row differs), so every non-atomic output is bit-equal: a linear layer
+    and the fused gate_up (act(gate) * up) of the MoE on the 26B-A4B shapes. The engine runs of the c4 entries carry
+    over to them."""
+    from tests.kernels.w4_launcher import w4_launcher
+    from tests.kernels.w4_reference import make_weights, route
+
+    mod = w4_launcher()
+    wt = make_weights(fmt, 1, 1536, 3840, group, seed=21, with_deq=False)
+    x = torch.randn((3, 3840), device="cuda").half()
+    outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=3840, group=group, gscale=wt.gscale, variant=v)
+            for v in ("c4", variant)]
+    assert torch.equal(outs[0], outs[1])
+    e, h, inter = 128, 2816, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=22, with_deq=False)
+    topk_w, topk_ids = route(8, e, 8, seed=5)
+    x = torch.randn((8, h), device="cuda").half()
+    sid, eid, npost = mod.moe_align(topk_ids, mod.GEMV_BLOCK_ROWS, e)
+    outs = [w4.gemv(x, w13.w, w13.scales, fmt, k=h, group=group, gscale=w13.gscale, sorted_ids=sid, expert_ids=eid,
+                    num_post=npost, num_valid=64, a_div=8, activation="gelu", variant=v) for v in ("c4", variant)]
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("variant,sms", [("c4", None), ("pf1", None), ("pf2", None), ("pf1", 1), ("pf2", 1)])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
 def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant, sms):
