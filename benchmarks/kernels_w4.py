@@ -38,6 +38,7 @@ Writes results.json and results.md under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -296,9 +297,25 @@ def bench_variants(k, mod, peak):
     return rows
 
 
-# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV, c4 and the persistent
-# look-ahead candidates.
-DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "pf1"), ("gemv", "pf2"))
+# The decode arms of bench_decode, (decode kernel, GEMV variant, GEMV_STREAM_WAVES or None = the launcher's): WMMA,
+# the default GEMV, c4 and the streamed GEMV with its grid at the launcher's 2 waves and at 1 and 4.
+DECODE_ARMS = (("wmma", None, None), ("gemv", None, None), ("gemv", "c4", None), ("gemv", "s2", None),
+               ("gemv", "s2", 1), ("gemv", "s2", 4))
+
+
+def _arm_label(dec, var, waves):
+    return dec + (f"_{var}" if var else "") + (f"_w{waves}" if waves else "")
+
+
+@contextlib.contextmanager
+def _stream_waves(mod, waves):
+    """The launcher's GEMV_STREAM_WAVES set to `waves` (None: unchanged) while the arm launches (and is captured)."""
+    old = mod.GEMV_STREAM_WAVES
+    mod.GEMV_STREAM_WAVES = waves or old
+    try:
+        yield
+    finally:
+        mod.GEMV_STREAM_WAVES = old
 
 
 def _stream_anchor(nbytes):
@@ -311,7 +328,7 @@ def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
     pct(row, "stream", row["bytes"])
-    for label in [d + (f"_{v}" if v else "") for d, v in DECODE_ARMS if d == "gemv"]:
+    for label in [_arm_label(*arm) for arm in DECODE_ARMS if arm[0] == "gemv"]:
         row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
         if "wmma_layer_us" in row:
             row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
@@ -342,8 +359,8 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec, var in DECODE_ARMS:
-                label = dec + (f"_{var}" if var else "")
+            for dec, var, waves in DECODE_ARMS:
+                label = _arm_label(dec, var, waves)
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
                 if dec == "wmma":
@@ -354,17 +371,20 @@ def bench_decode(k, mod, peak, copy):
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
                 else:
-                    def kernels(sid=sid, eid=eid, npost=npost, var=var):
-                        k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
-                               variant=var)
-                        k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
+                    def kernels(sid=sid, eid=eid, npost=npost, var=var, waves=waves):
+                        with _stream_waves(mod, waves):
+                            k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                                   expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK,
+                                   activation="gelu_tanh", variant=var)
+                            k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                                   expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK,
+                                   variant=var)
 
-                def layer(dec=dec, align=align, var=var):
-                    return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
-                                       gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
-                                       decode=dec, variant=var)
+                def layer(dec=dec, align=align, var=var, waves=waves):
+                    with _stream_waves(mod, waves):
+                        return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                           decode=dec, variant=var)
 
                 outs[label] = layer().float()
                 row[f"{label}_us"] = timed(kernels) * 1e6
@@ -384,12 +404,13 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in DECODE_ARMS:
-                label = dec + (f"_{var}" if var else "")
+            for dec, var, waves in DECODE_ARMS:
+                label = _arm_label(dec, var, waves)
 
-                def lin(dec=dec, var=var):
-                    return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, path="decode",
-                                  decode=dec, variant=var)
+                def lin(dec=dec, var=var, waves=waves):
+                    with _stream_waves(mod, waves):
+                        return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale,
+                                      path="decode", decode=dec, variant=var)
 
                 outs[label] = lin().float()
                 row[f"{label}_us"] = timed(lin) * 1e6

@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--w4-decode", default=None, help="the launcher's decode= keyword (when it has one)")
     ap.add_argument("--w4-moe-variant", default=None,
-                    help="a GEMV candidate (the launcher's GEMV_VARIANTS) for the decode step's MoE, e.g. pf1")
+                    help="a GEMV candidate (the launcher's GEMV_VARIANTS) for the decode step's MoE, e.g. s2")
     ap.add_argument("--w4-prefill", default=None, help="the launcher's prefill= keyword for linears (dequant | wmma)")
     args = ap.parse_args(argv)
     doc = measure(args)

@@ -163,22 +163,23 @@ def test_gemv_moe_agrees_with_the_wmma_decode_on_the_same_alignment(w4):
     assert float((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()) <= TOL_MOE
 
 
-@pytest.mark.parametrize("variant", ["pf1", "pf2"])
+@pytest.mark.parametrize("variant", ["s2"])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
-def test_persistent_gemv_is_bit_equal_to_c4_row_by_row(w4, fmt, group, variant):
-    """pf1/pf2 run c4's per-row arithmetic (XR, 1024-wide chunks, 4 rows per pass: the same lane segments, products and
-    fp32 partial sums; only the warp that owns a row differs), so every non-atomic output is bit-equal: a linear layer
-    and the fused gate_up (act(gate) * up) of the MoE on the 26B-A4B shapes. The engine runs of the c4 entries carry
-    over to them."""
+def test_streamed_gemv_is_bit_equal_to_c4_row_by_row(w4, fmt, group, variant):
+    """s2 runs c4's per-row arithmetic (the same lane segments in the same order, products and fp32 partial sums; only
+    the warp that owns a row and when it is loaded differ), so every non-atomic output is bit-equal: linear layers with
+    K in one staged chunk (3840) and in two (5120 > 4096: the activations restaged per tile), and the fused gate_up
+    (act(gate) * up) of the MoE on the 26B-A4B shapes. The engine runs of the c4 entries carry over to it."""
     from tests.kernels.w4_launcher import w4_launcher
     from tests.kernels.w4_reference import make_weights, route
 
     mod = w4_launcher()
-    wt = make_weights(fmt, 1, 1536, 3840, group, seed=21, with_deq=False)
-    x = torch.randn((3, 3840), device="cuda").half()
-    outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=3840, group=group, gscale=wt.gscale, variant=v)
-            for v in ("c4", variant)]
-    assert torch.equal(outs[0], outs[1])
+    for kk in (3840, 5120):
+        wt = make_weights(fmt, 1, 1536, kk, group, seed=21, with_deq=False)
+        x = torch.randn((3, kk), device="cuda").half()
+        outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, variant=v)
+                for v in ("c4", variant)]
+        assert torch.equal(outs[0], outs[1])
     e, h, inter = 128, 2816, 704
     w13 = make_weights(fmt, e, 2 * inter, h, group, seed=22, with_deq=False)
     topk_w, topk_ids = route(8, e, 8, seed=5)
@@ -189,13 +190,13 @@ def test_persistent_gemv_is_bit_equal_to_c4_row_by_row(w4, fmt, group, variant):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("variant,sms", [("c4", None), ("pf1", None), ("pf2", None), ("pf1", 1), ("pf2", 1)])
+@pytest.mark.parametrize("variant,sms", [("c4", None), ("s2", None), ("s2", 1)])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
 def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant, sms):
-    """The GEMV candidates ("_c4": 4 weight rows per warp; "_pf1"/"_pf2": persistent, 2 rows per warp, L2 look-ahead;
-    1024-wide K chunks, 4 rows per pass): a linear layer over two K chunks with 7 rows (two passes), and the MoE with
-    12 rows in one expert. sms=1: the launcher believes the GPU has one SM, so the persistent grid is 2 blocks and each
-    walks dozens of tiles (the look-ahead crosses tiles and experts)."""
+    """The GEMV candidates ("_c4": 4 weight rows per warp, 1024-wide K chunks; "_s2": streamed, 2 rows per warp,
+    activations staged for 4096 columns; 4 rows per pass): a linear layer with 7 rows (two passes), and the MoE with
+    12 rows in one expert. sms=1: the launcher believes the GPU has one SM, so the streamed grid has 1-4 tile strides
+    and each block walks many tiles (the look-ahead crosses tiles)."""
     from tests.kernels.w4_reference import make_weights, ref_linear, ref_moe, rel_err, route
 
     k = w4 if sms is None else type(w4)(w4.k, num_sms=sms)

@@ -14,7 +14,7 @@ from manager.errors import BuildError
 from tests.kernels.w4_launcher import w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
-    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "pf1", "pf2") for a in ("", "_act") for f in ("int4", "fp4")]
+    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "s2") for a in ("", "_act") for f in ("int4", "fp4")]
 MAX_REGS = 128   # __launch_bounds__(256, 2): two 8-warp blocks per SM on Volta's 64K registers
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
@@ -254,12 +254,16 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
         k.dequantize(w, s, "int4", k=1024, group=32)
 
 
-@pytest.mark.parametrize("variant, sms, tokens, want_blocks", [
-    ("pf1", 132, 1, 264),   # 26B-A4B-like: 128 experts x 8 rows = 1024 alignment blocks x 88 tiles: capped at 2 / SM
-    ("pf2", 4, 1, 8),
-    ("c4", 132, 1, None)])
-def test_persistent_gemv_launches_a_resident_1d_grid_and_the_others_one_block_per_tile(variant, sms, tokens,
-                                                                                       want_blocks):
+@pytest.mark.parametrize("variant, sms, tokens, want13, want2", [
+    # 8 experts of one token: 8 live alignment blocks; 132 SMs x 2 resident x 2 waves = 528 slots -> 66 tile strides
+    # for gate_up's 88 tiles, all 16 of down's
+    ("s2", 132, 1, 66, 16),
+    # 4 tokens on the same 8 experts: still 8 live blocks (4 rows each), 4 SMs = 16 slots -> 2 strides: a block walks
+    # half of the tiles
+    ("s2", 4, 4, 2, 2),
+    ("c4", 132, 1, None, None)])
+def test_streamed_gemv_strides_tiles_to_about_fill_the_gpu_and_the_others_launch_one_block_per_tile(
+        variant, sms, tokens, want13, want2):
     torch = pytest.importorskip("torch")
     mod = w4_launcher()
     ks = _Recorder()
@@ -276,9 +280,8 @@ def test_persistent_gemv_launches_a_resident_1d_grid_and_the_others_one_block_pe
     rows = mod.GEMV_VARIANTS[variant]
     m_blocks = ks.calls[0][2][6].numel() // mod.GEMV_BLOCK_ROWS   # sorted_ids' alignment blocks
     tiles13, tiles2 = -(-inter // (rows // 2)), -(-h // rows)
-    if want_blocks is None:
+    if want13 is None:
         assert grid13 == (m_blocks, tiles13, 1) and grid2 == (m_blocks, tiles2, 1)
     else:
-        assert grid13 == (min(want_blocks, m_blocks * tiles13), 1, 1)
-        assert grid2 == (min(want_blocks, m_blocks * tiles2), 1, 1)
-        assert want_blocks == sms * mod.GEMV_RESIDENT_PER_SM
+        assert (tiles13, tiles2) == (88, 16)
+        assert grid13 == (m_blocks, want13, 1) and grid2 == (m_blocks, want2, 1)

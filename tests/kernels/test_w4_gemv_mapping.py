@@ -15,13 +15,15 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW = int(re.search(r"w4_gemv_tile<FMT, (\d+), CPW, KC, BMAX, FUSE, XR, 0>", SRC).group(1))
-assert re.search(rf"w4_gemv_tile<FMT, {NW}, CPW, KC, BMAX, FUSE, XR, PFD>", SRC)   # the persistent entries' warps
-# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY and W4_GEMV_PERSISTENT_ENTRY lines; PFD: look-ahead
-_LINES = re.findall(r"^W4_GEMV_(?:PERSISTENT_)?ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)(?:, (\d))?\)",
-                    SRC, flags=re.M)
+NW = int(re.search(r"w4_gemv_tile<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
+assert re.search(rf"w4_gemv_stream<FMT, {NW}, CPW, KX, BMAX, FUSE>", SRC)   # the streamed entries' warps
+# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines and of the W4_GEMV_STREAM_ENTRY lines (KC = KX,
+# their staged width; per-row arithmetic as XR); STREAM: the streamed entries
+_LINES = re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)\)", SRC, flags=re.M)
+_STREAM_LINES = re.findall(r"^W4_GEMV_STREAM_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+)\)", SRC, flags=re.M)
 ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true") for m in _LINES}
-PFD = {m[0]: int(m[7]) for m in _LINES if m[7]}
+ENTRIES.update({m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), True) for m in _STREAM_LINES})
+STREAM = {m[0] for m in _STREAM_LINES}
 GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
 
 
@@ -51,7 +53,8 @@ def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
         assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
         if variant is None:
             assert bmax == mod.GEMV_BLOCK_ROWS
-        assert (name in PFD) == (variant in mod.GEMV_PERSISTENT)
+        assert (name in STREAM) == (variant in mod.GEMV_STREAM)
+    assert STREAM
     assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
         f"w4_gemv_{f}{a}" for f in fmts.values() for a in ("", "_act")}
 
@@ -95,7 +98,7 @@ def _phys(seg: int, q: int) -> int:
 @pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks(cpw, kc):
     assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + seg * 32" in SRC
-    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2
+    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2 and SRC.count("xseg + r * KX + 8 * (q ^ sw)") == 1
     slots = sorted(_phys(s, q) for s in range(kc // 32) for q in range(4))
     assert slots == list(range(0, kc, 8))
     for u in range(kc // 1024):
@@ -169,63 +172,70 @@ def test_group_index_by_shift_equals_division(group):
             assert (k >> gshift if gshift is not False else k // group) == k // group
 
 
-def _persistent_walk(grid: int, mblocks: int, ytiles: int, nch: int, pfd: int, experts: list[int]):
-    """The persistent entry's loop and w4_gemv_tile's look-ahead replayed per block: (reads, prefetches), each a list
-    of (block, expert, by, chunk) in issue order (warp-independent: a warp's rows are a function of by)."""
-    reads, pfs = [], []
-    tiles = mblocks * ytiles
-    pfd = min(pfd, nch)
-    for b in range(grid):
-        tile, first = b, True
-        if tile >= tiles:
-            continue
-        e = experts[tile // ytiles]
-        while tile < tiles:
-            nt = tile + grid
-            e_next = experts[nt // ytiles] if nt < tiles else -1
-            by, by_next = tile % ytiles, nt % ytiles
-
-            def step(j, e=e, by=by, e_next=e_next, by_next=by_next):
-                if j < nch:
-                    pfs.append((b, e, by, j))
-                elif j < 2 * nch and e_next >= 0:
-                    pfs.append((b, e_next, by_next, j - nch))
-            if e >= 0:
-                if first:
-                    for j in range(1, pfd):
-                        step(j)
-                for c in range(nch):
-                    step(c + pfd)
-                    reads.append((b, e, by, c))
-            tile, first, e = nt, False, e_next
-    return reads, pfs
-
-
-@pytest.mark.parametrize("grid", [1, 2, 7, 264, 5000])
-@pytest.mark.parametrize("nch", [1, 3])
-@pytest.mark.parametrize("pfd", [1, 2])
-def test_persistent_walk_reads_every_tile_once_and_prefetches_exactly_the_chunks_read_next(grid, nch, pfd):
-    assert "const int pfd = PFD < nch ? PFD : nch;" in SRC and "for (int j = 1; j < pfd; ++j) prefetch_step(j);" in SRC
-    assert "if (PFD > 0 && p == 0) prefetch_step(kc / KC + pfd);" in SRC
-    assert "const int tiles = (np + bm - 1) / bm * ytiles;" in SRC and "tile += gridDim.x" in SRC
-    mblocks, ytiles = 9, 44
-    experts = [(3 * m) % 5 for m in range(mblocks)]
-    reads, pfs = _persistent_walk(grid, mblocks, ytiles, nch, pfd, experts)
-    assert sorted((e, by, c) for _b, e, by, c in reads) == sorted(
-        (experts[m], by, c) for m in range(mblocks) for by in range(ytiles) for c in range(nch))
-    # per block: every chunk the block reads after its first is prefetched before it is read (the first PFD of the
-    # block's first tile: only chunks 1..PFD-1, its chunk 0 is the first load), nothing it does not read
-    for b in range(min(grid, mblocks * ytiles)):
-        mine = [r[1:] for r in reads if r[0] == b]
-        ahead = [p[1:] for p in pfs if p[0] == b]
-        assert ahead == mine[1:len(ahead) + 1]
-        assert len(ahead) >= len(mine) - 1   # no chunk after the block's first is read unprefetched
+def _stream_walk(by: int, gy: int, ytiles: int, k: int, kx: int):
+    """w4_gemv_stream's loop for one row pass of block (., by), replayed: (loads, computes, stagings, epilogues) in
+    issue order; loads and computes are (tile, chunk start, segment pass), a compute paired with the chunk staged in
+    shared memory at that moment."""
+    def passes(kc):
+        return ((min(kx, k - kc) >> 5) + 31) >> 5
+    loads, computes, stagings, epilogues = [], [], [], []
+    if by >= ytiles:
+        return loads, computes, stagings, epilogues
+    one_chunk, staged, staged_kc = k <= kx, False, None
+    at = (by, 0, 0)
+    loads.append(at)
+    while True:
+        t, kc, s = at
+        nt, nkc, ns = t, kc, s + 1
+        if ns >= passes(kc):
+            ns, nkc = 0, kc + kx
+            if nkc >= k:
+                nkc, nt = 0, t + gy
+        more = nt < ytiles
+        if more:
+            loads.append((nt, nkc, ns))
+        if s == 0 and not (one_chunk and staged):
+            stagings.append(kc)
+            staged, staged_kc = True, kc
+        computes.append((at, staged_kc))
+        if nt != t:
+            epilogues.append(t)
+        if not more:
+            break
+        at = (nt, nkc, ns)
+    return loads, computes, stagings, epilogues
 
 
-def test_persistent_prefetch_covers_the_rows_and_scales_the_tile_reads():
-    body = SRC[SRC.index("__device__ __forceinline__ void gemv_prefetch_chunk"):SRC.index("// One output tile")]
-    assert "const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);" in body   # the tile's row formula
-    assert "const int oc = (by * NW + warp) * OUTC + (FUSE ? c % OUTC : c);" in SRC[SRC.index("// One output tile"):]
-    assert "FUSE && c >= OUTC ? oc + n_out : oc" in body
-    assert "prefetch_span(w + row * row_bytes + kc / 2, kn / 2, lane);" in body
-    assert "prefetch_span(sb + row * G + kc / 16, kn / 16, lane);" in body
+@pytest.mark.parametrize("k,kx", [(704, 4096), (2816, 4096), (3840, 4096), (4096, 4096), (15360, 4096), (5120, 1024)])
+@pytest.mark.parametrize("ytiles,gy", [(44, 1), (44, 33), (44, 44), (88, 5), (480, 480), (7, 3)])
+def test_stream_walk_computes_every_step_once_with_its_weights_loaded_one_step_ahead(k, kx, ytiles, gy):
+    for frag in ("if (++nx.s >= passes(at.kc)) {", "nx.kc += KX;", "nx.tile += gridDim.y;",
+                 "const bool more = nx.tile < ytiles;", "if (at.s == 0 && !(one_chunk && staged)) {",
+                 "if (nx.tile != at.tile) {", "auto passes = [&](int kc) { return ((min(KX, K - kc) >> 5) + 31) >> 5; };",
+                 "GemvPos at{(int)blockIdx.y, 0, 0};"):
+        assert frag in SRC, frag
+    every = [(t, kc, s) for t in range(ytiles) for kc in range(0, k, kx)
+             for s in range(((min(kx, k - kc) >> 5) + 31) >> 5)]
+    seen = []
+    for by in range(gy):
+        loads, computes, stagings, epilogues = _stream_walk(by, gy, ytiles, k, kx)
+        steps = [c[0] for c in computes]
+        assert loads == steps   # step i+1 is loaded before step i is computed (the loop loads nx, then computes at)
+        assert all(staged == at[1] for at, staged in computes)   # shared memory holds the chunk being computed
+        assert stagings == ([0] if k <= kx and steps else [at[1] for at in steps if at[2] == 0])
+        assert epilogues == sorted({at[0] for at in steps})   # once per tile, after its last step
+        seen += steps
+    assert sorted(seen) == every
+
+
+def test_stream_lanes_take_the_c4_segments_in_the_same_order():
+    """Per lane the streamed GEMV takes segments lane, lane + 32, ... of each KX chunk in order, as c4 does per 1024-wide
+    chunk, so every fp32 partial sum of a row is added in the same order: the outputs are bit-equal to c4's."""
+    assert "const int seg = (threadIdx.x & 31) + 32 * at.s;" in SRC and "const int k0 = at.kc + 32 * seg;" in SRC
+    for k in (704, 2816, 3840, 15360):
+        for lane in range(32):
+            c4 = [kc + 32 * (lane + 32 * u) for kc in range(0, k, 1024) for u in range(1)
+                  if lane + 32 * u < (min(1024, k - kc) >> 5)]
+            st = [kc + 32 * (lane + 32 * s) for kc in range(0, k, 4096)
+                  for s in range(((min(4096, k - kc) >> 5) + 31) >> 5) if lane + 32 * s < (min(4096, k - kc) >> 5)]
+            assert st == c4
