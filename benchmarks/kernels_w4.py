@@ -38,7 +38,6 @@ Writes results.json and results.md under --out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -297,27 +296,6 @@ def bench_variants(k, mod, peak):
     return rows
 
 
-# The decode arms of bench_decode, (decode kernel, GEMV variant, GEMV_STREAM_WAVES or None = the launcher's): WMMA,
-# the default GEMV, c4 and the streamed GEMV with its grid at the launcher's 2 waves and at 1 and 4.
-DECODE_ARMS = (("wmma", None, None), ("gemv", None, None), ("gemv", "c4", None), ("gemv", "s2", None),
-               ("gemv", "s2", 1), ("gemv", "s2", 4))
-
-
-def _arm_label(dec, var, waves):
-    return dec + (f"_{var}" if var else "") + (f"_w{waves}" if waves else "")
-
-
-@contextlib.contextmanager
-def _stream_waves(mod, waves):
-    """The launcher's GEMV_STREAM_WAVES set to `waves` (None: unchanged) while the arm launches (and is captured)."""
-    old = mod.GEMV_STREAM_WAVES
-    mod.GEMV_STREAM_WAVES = waves or old
-    try:
-        yield
-    finally:
-        mod.GEMV_STREAM_WAVES = old
-
-
 def _stream_anchor(nbytes):
     """CUDA-graph median of a torch sum over `nbytes` of float32: the time to read that many bytes once."""
     buf = torch.randn((max(1, nbytes // 4),), device="cuda")
@@ -328,7 +306,7 @@ def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
     pct(row, "stream", row["bytes"])
-    for label in [_arm_label(*arm) for arm in DECODE_ARMS if arm[0] == "gemv"]:
+    for label in ("gemv", "gemv_c4"):
         row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
         if "wmma_layer_us" in row:
             row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
@@ -359,8 +337,8 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec, var, waves in DECODE_ARMS:
-                label = _arm_label(dec, var, waves)
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
                 if dec == "wmma":
@@ -371,28 +349,22 @@ def bench_decode(k, mod, peak, copy):
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
                 else:
-                    def kernels(sid=sid, eid=eid, npost=npost, var=var, waves=waves):
-                        with _stream_waves(mod, waves):
-                            k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
-                                   expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK,
-                                   activation="gelu_tanh", variant=var)
-                            k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                                   expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK,
-                                   variant=var)
+                    def kernels(sid=sid, eid=eid, npost=npost, var=var):
+                        k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
+                               variant=var)
+                        k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
 
-                def layer(dec=dec, align=align, var=var, waves=waves):
-                    with _stream_waves(mod, waves):
-                        return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
-                                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
-                                           decode=dec, variant=var)
+                def layer(dec=dec, align=align, var=var):
+                    return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                       gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                       decode=dec, variant=var)
 
                 outs[label] = layer().float()
                 row[f"{label}_us"] = timed(kernels) * 1e6
                 row[f"{label}_layer_us"] = timed(layer) * 1e6
                 pct(row, label, nbytes)
-            # the GEMV MoE's two small ops besides its kernels: the fp32 top-k sum zeroed, then cast to fp16
-            row["zero_cast_us"] = timed(
-                lambda: torch.zeros((tokens, H), dtype=torch.float32, device="cuda").half()) * 1e6
             rows.append(_finish_decode_row(row, outs, pct))
         del w13, w2
         torch.cuda.empty_cache()
@@ -404,13 +376,12 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var, waves in DECODE_ARMS:
-                label = _arm_label(dec, var, waves)
+            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4")):
+                label = dec + (f"_{var}" if var else "")
 
-                def lin(dec=dec, var=var, waves=waves):
-                    with _stream_waves(mod, waves):
-                        return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale,
-                                      path="decode", decode=dec, variant=var)
+                def lin(dec=dec, var=var):
+                    return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, path="decode",
+                                  decode=dec, variant=var)
 
                 outs[label] = lin().float()
                 row[f"{label}_us"] = timed(lin) * 1e6

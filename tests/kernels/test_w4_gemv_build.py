@@ -14,7 +14,7 @@ from manager.errors import BuildError
 from tests.kernels.w4_launcher import w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
-    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "s2") for a in ("", "_act") for f in ("int4", "fp4")]
+    f"w4_gemv_{f}{a}_c4" for a in ("", "_act") for f in ("int4", "fp4")]
 MAX_REGS = 128   # __launch_bounds__(256, 2): two 8-warp blocks per SM on Volta's 64K registers
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
@@ -252,36 +252,3 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
     assert tuple(out.shape) == (3, 40, 704) and ks.calls[0][1] == (-(-40 * 22 // 256), 3, 1)
     with pytest.raises(BuildError, match="K/2 = 512 bytes"):
         k.dequantize(w, s, "int4", k=1024, group=32)
-
-
-@pytest.mark.parametrize("variant, sms, tokens, want13, want2", [
-    # 8 experts of one token: 8 live alignment blocks; 132 SMs x 2 resident x 2 waves = 528 slots -> 66 tile strides
-    # for gate_up's 88 tiles, all 16 of down's
-    ("s2", 132, 1, 66, 16),
-    # 4 tokens on the same 8 experts: still 8 live blocks (4 rows each), 4 SMs = 16 slots -> 2 strides: a block walks
-    # half of the tiles
-    ("s2", 4, 4, 2, 2),
-    ("c4", 132, 1, None, None)])
-def test_streamed_gemv_strides_tiles_to_about_fill_the_gpu_and_the_others_launch_one_block_per_tile(
-        variant, sms, tokens, want13, want2):
-    torch = pytest.importorskip("torch")
-    mod = w4_launcher()
-    ks = _Recorder()
-    k = mod.W4Kernels(ks, num_sms=sms)
-    e, h, inter = 128, 256, 704
-    x = torch.zeros((tokens, h), dtype=torch.float16)
-    w13, s13 = torch.zeros((e, 2 * inter, h // 8), dtype=torch.int32), torch.zeros((e, 2 * inter, h // 32),
-                                                                                    dtype=torch.float16)
-    w2, s2 = torch.zeros((e, h, inter // 8), dtype=torch.int32), torch.zeros((e, h, inter // 32), dtype=torch.float16)
-    ids, wts = torch.arange(8, dtype=torch.int32).reshape(1, 8).repeat(tokens, 1), torch.ones((tokens, 8))
-    k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="gemv", variant=variant)
-    (n13, grid13, _), (n2, grid2, _) = ks.calls
-    assert (n13, n2) == (f"w4_gemv_int4_act_{variant}", f"w4_gemv_int4_{variant}")
-    rows = mod.GEMV_VARIANTS[variant]
-    m_blocks = ks.calls[0][2][6].numel() // mod.GEMV_BLOCK_ROWS   # sorted_ids' alignment blocks
-    tiles13, tiles2 = -(-inter // (rows // 2)), -(-h // rows)
-    if want13 is None:
-        assert grid13 == (m_blocks, tiles13, 1) and grid2 == (m_blocks, tiles2, 1)
-    else:
-        assert (tiles13, tiles2) == (88, 16)
-        assert grid13 == (m_blocks, want13, 1) and grid2 == (m_blocks, want2, 1)

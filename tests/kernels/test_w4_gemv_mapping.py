@@ -15,15 +15,10 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW = int(re.search(r"w4_gemv_tile<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
-assert re.search(rf"w4_gemv_stream<FMT, {NW}, CPW, KX, BMAX, FUSE>", SRC)   # the streamed entries' warps
-# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines and of the W4_GEMV_STREAM_ENTRY lines (KC = KX,
-# their staged width; per-row arithmetic as XR); STREAM: the streamed entries
-_LINES = re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)\)", SRC, flags=re.M)
-_STREAM_LINES = re.findall(r"^W4_GEMV_STREAM_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+)\)", SRC, flags=re.M)
-ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true") for m in _LINES}
-ENTRIES.update({m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), True) for m in _STREAM_LINES})
-STREAM = {m[0] for m in _STREAM_LINES}
+NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
+# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines
+ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true")
+           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+)\)", SRC, flags=re.M)}
 GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
 
 
@@ -53,8 +48,6 @@ def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
         assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
         if variant is None:
             assert bmax == mod.GEMV_BLOCK_ROWS
-        assert (name in STREAM) == (variant in mod.GEMV_STREAM)
-    assert STREAM
     assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
         f"w4_gemv_{f}{a}" for f in fmts.values() for a in ("", "_act")}
 
@@ -98,7 +91,7 @@ def _phys(seg: int, q: int) -> int:
 @pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks(cpw, kc):
     assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + seg * 32" in SRC
-    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2 and SRC.count("xseg + r * KX + 8 * (q ^ sw)") == 1
+    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2
     slots = sorted(_phys(s, q) for s in range(kc // 32) for q in range(4))
     assert slots == list(range(0, kc, 8))
     for u in range(kc // 1024):
@@ -170,72 +163,3 @@ def test_group_index_by_shift_equals_division(group):
     for k0 in range(0, 4096, 32):
         for k in (k0, k0 + 16):
             assert (k >> gshift if gshift is not False else k // group) == k // group
-
-
-def _stream_walk(by: int, gy: int, ytiles: int, k: int, kx: int):
-    """w4_gemv_stream's loop for one row pass of block (., by), replayed: (loads, computes, stagings, epilogues) in
-    issue order; loads and computes are (tile, chunk start, segment pass), a compute paired with the chunk staged in
-    shared memory at that moment."""
-    def passes(kc):
-        return ((min(kx, k - kc) >> 5) + 31) >> 5
-    loads, computes, stagings, epilogues = [], [], [], []
-    if by >= ytiles:
-        return loads, computes, stagings, epilogues
-    one_chunk, staged, staged_kc = k <= kx, False, None
-    at = (by, 0, 0)
-    loads.append(at)
-    while True:
-        t, kc, s = at
-        nt, nkc, ns = t, kc, s + 1
-        if ns >= passes(kc):
-            ns, nkc = 0, kc + kx
-            if nkc >= k:
-                nkc, nt = 0, t + gy
-        more = nt < ytiles
-        if more:
-            loads.append((nt, nkc, ns))
-        if s == 0 and not (one_chunk and staged):
-            stagings.append(kc)
-            staged, staged_kc = True, kc
-        computes.append((at, staged_kc))
-        if nt != t:
-            epilogues.append(t)
-        if not more:
-            break
-        at = (nt, nkc, ns)
-    return loads, computes, stagings, epilogues
-
-
-@pytest.mark.parametrize("k,kx", [(704, 4096), (2816, 4096), (3840, 4096), (4096, 4096), (15360, 4096), (5120, 1024)])
-@pytest.mark.parametrize("ytiles,gy", [(44, 1), (44, 33), (44, 44), (88, 5), (480, 480), (7, 3)])
-def test_stream_walk_computes_every_step_once_with_its_weights_loaded_one_step_ahead(k, kx, ytiles, gy):
-    for frag in ("if (++nx.s >= passes(at.kc)) {", "nx.kc += KX;", "nx.tile += gridDim.y;",
-                 "const bool more = nx.tile < ytiles;", "if (at.s == 0 && !(one_chunk && staged)) {",
-                 "if (nx.tile != at.tile) {", "auto passes = [&](int kc) { return ((min(KX, K - kc) >> 5) + 31) >> 5; };",
-                 "GemvPos at{(int)blockIdx.y, 0, 0};"):
-        assert frag in SRC, frag
-    every = [(t, kc, s) for t in range(ytiles) for kc in range(0, k, kx)
-             for s in range(((min(kx, k - kc) >> 5) + 31) >> 5)]
-    seen = []
-    for by in range(gy):
-        loads, computes, stagings, epilogues = _stream_walk(by, gy, ytiles, k, kx)
-        steps = [c[0] for c in computes]
-        assert loads == steps   # step i+1 is loaded before step i is computed (the loop loads nx, then computes at)
-        assert all(staged == at[1] for at, staged in computes)   # shared memory holds the chunk being computed
-        assert stagings == ([0] if k <= kx and steps else [at[1] for at in steps if at[2] == 0])
-        assert epilogues == sorted({at[0] for at in steps})   # once per tile, after its last step
-        seen += steps
-    assert sorted(seen) == every
-
-
-def test_stream_lanes_take_the_c4_segments_in_the_same_order():
-    """Per lane the streamed GEMV takes segments lane, lane + 32, ... of each KX chunk in order, as c4 does per 1024-wide
-    chunk, so every fp32 partial sum of a row is added in the same order: the outputs are bit-equal to c4's."""
-    assert "const int seg = (threadIdx.x & 31) + 32 * at.s;" in SRC and "const int k0 = at.kc + 32 * seg;" in SRC
-    for k in (704, 2816, 3840, 15360):
-        for lane in range(32):
-            c4 = [kc + 32 * (lane + 32 * u) for kc in range(0, k, 1024) for u in range(1)
-                  if lane + 32 * u < (min(1024, k - kc) >> 5)]
-            st = [kc + 32 * (lane + 32 * s) for kc in range(0, k, 4096)
-                  for s in range(((min(4096, k - kc) >> 5) + 31) >> 5) if lane + 32 * s < (min(4096, k - kc) >> 5)]
-            assert st == c4

@@ -424,122 +424,51 @@ __device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, fl
   return fmaf(f.x + f.y, s, acc);
 }
 
-// The block's valid rows, compacted in order into s_rows by warp 0 (one load per lane and a ballot, not one load
-// after another): sorted_ids[mb*bm .. mb*bm+bm) below num_valid, or without sorted_ids rows mb*bm.. of a linear
-// layer.  Returns their count (after a __syncthreads).
-__device__ __forceinline__ int gemv_rows(const int* __restrict__ sorted_ids, int num_valid, int bm, int mb,
-                                         int* s_rows, int* s_n, int max_bm) {
-  const int lane = threadIdx.x & 31;
-  if ((threadIdx.x >> 5) == 0) {
-    int n = 0;
-    for (int r0 = 0; r0 < bm && r0 < max_bm; r0 += 32) {
-      const int r = r0 + lane;
-      int t = num_valid;
-      if (r < bm && r < max_bm) t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
-      const bool valid = t < num_valid;
-      const unsigned m = __ballot_sync(0xffffffffu, valid);
-      if (valid) s_rows[n + __popc(m & ((1u << lane) - 1u))] = t;
-      n += __popc(m);
-    }
-    if (lane == 0) *s_n = n;
-  }
-  __syncthreads();
-  return *s_n;
-}
-
-// Stage the activations of rows s_rows[p .. p + nr), K columns [kc, kc + KX), into sx (row r at sx + r * KX), each
-// 8-wide k group in the order 0,4,1,5,2,6,3,7 (stage_x8) with the four 16-byte quads of each 32-value segment
-// XOR-swizzled by (seg >> 1) & 3, so that the lanes' 16-byte reads are free of bank conflicts.
-template <int KX, int NT>
-__device__ __forceinline__ void gemv_stage_x(half* sx, const half* __restrict__ x, const int* s_rows, int p, int nr,
-                                             int kc, int K, int a_div, int ld_x) {
-  for (int idx = threadIdx.x; idx < nr * (KX / 8); idx += NT) {
-    const int r = idx / (KX / 8), q8 = idx % (KX / 8);
-    const int k = kc + 8 * q8;
-    if (k < K) {
-      const int seg = q8 >> 2, q = q8 & 3;
-      const int t = s_rows[p + r];
-      const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
-      *reinterpret_cast<uint4*>(sx + r * KX + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
-    }
-  }
-}
-
-// The epilogue of one output tile: warp sums of acc, then lane 0 writes this warp's columns for the pass's rows
-// (FUSE: act(fp16(gate)) * fp16(up) into out [rows, N/2]; else out[t, n] fp16, or with out32 the fp32 atomics of the
-// down projection, times topk_w[t], into row t / out_div).
-template <int CPW, int BMAX, bool FUSE>
-__device__ __forceinline__ void gemv_epilogue(float (&acc)[CPW][BMAX], const int* s_rows, int p, int nr,
-                                              const int (&col)[CPW], const bool (&ok)[CPW], half* __restrict__ out,
-                                              float* __restrict__ out32, const float* __restrict__ topk_w, int N,
-                                              int out_div, int act) {
-  constexpr int OUTC = FUSE ? CPW / 2 : CPW;
-  const int n_out = FUSE ? N / 2 : N;
-#pragma unroll
-  for (int r = 0; r < BMAX; ++r) {
-    if (r >= nr) break;
-#pragma unroll
-    for (int c = 0; c < CPW; ++c) {
-      float v = acc[c][r];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[c][r] = v;
-    }
-    if ((threadIdx.x & 31) == 0) {
-      const int t = s_rows[p + r];
-#pragma unroll
-      for (int c = 0; c < OUTC; ++c) {
-        if (!ok[c]) continue;
-        if (FUSE) {
-          const float g = __half2float(__float2half_rn(acc[c][r]));
-          const float up = __half2float(__float2half_rn(acc[c + OUTC][r]));
-          out[(i64)t * n_out + col[c]] = __float2half_rn(gemv_act(g, act) * up);
-        } else {
-          float v = acc[c][r];
-          if (topk_w) v *= topk_w[t];
-          if (out32) atomicAdd(out32 + (i64)(t / out_div) * N + col[c], v);
-          else out[(i64)t * N + col[c]] = __float2half_rn(v);
-        }
-      }
-    }
-  }
-}
-
-// This warp's weight rows of output tile `tile` (NW warps x OUTC output columns; FUSE: column c < CPW/2 is gate row
-// n, c >= CPW/2 up row n + N/2): col[c] the weight row, ok[c] whether it exists.
-template <int NW, int CPW, bool FUSE>
-__device__ __forceinline__ void gemv_cols(int tile, int N, int (&col)[CPW], bool (&ok)[CPW]) {
-  constexpr int OUTC = FUSE ? CPW / 2 : CPW;
-  const int n_out = FUSE ? N / 2 : N;
-  const int warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    const int oc = (tile * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
-    ok[c] = oc < n_out;
-    col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
-  }
-}
-
-// One output tile of the GEMV: alignment block mb (expert e, or rows mb*bm.. of a linear layer) x weight rows of tile
-// `by` (NW warps x OUTC output columns).
 // XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
 // per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR>
-__device__ __forceinline__ void w4_gemv_tile(
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
+__device__ __forceinline__ void w4_gemv(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
-    const int* __restrict__ sorted_ids, const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K,
-    int group, int ld_x, float* __restrict__ out32, int out_div, int act, int bm, int mb, int by, int e) {
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
+    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
+    float* __restrict__ out32, int out_div, int act, int bm) {
   static_assert(KC % 1024 == 0, "a chunk is a whole number of 32-lane x 32-value passes");
   static_assert(!FUSE || CPW % 2 == 0, "gate_up fusion pairs gate and up rows in one warp");
   constexpr int U = KC / 1024;                 // segments per lane per chunk
+  constexpr int OUTC = FUSE ? CPW / 2 : CPW;   // output columns per warp
   constexpr int MAXBM = 64;
   __shared__ __align__(16) half sx[BMAX * KC];
   __shared__ int s_rows[MAXBM];
   __shared__ int s_n;
 
-  const int lane = threadIdx.x & 31;
-  const int nrows = gemv_rows(sorted_ids, num_valid, bm, mb, s_rows, &s_n, MAXBM);
+  const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int e = 0;
+  if (sorted_ids) {
+    const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together (expert_ids has a grid's worth)
+    if (mb * bm >= np || eb < 0) return;
+    e = eb;
+  } else if (mb * bm >= num_valid) {
+    return;
+  }
+  // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
+  if (warp == 0) {
+    int n = 0;
+    for (int r0 = 0; r0 < bm && r0 < MAXBM; r0 += 32) {
+      const int r = r0 + lane;
+      int t = num_valid;
+      if (r < bm && r < MAXBM) t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
+      const bool valid = t < num_valid;
+      const unsigned m = __ballot_sync(0xffffffffu, valid);
+      if (valid) s_rows[n + __popc(m & ((1u << lane) - 1u))] = t;
+      n += __popc(m);
+    }
+    if (lane == 0) s_n = n;
+  }
+  __syncthreads();
+  const int nrows = s_n;
+
+  const int n_out = FUSE ? N / 2 : N;
   const int G = (K + group - 1) / group;
   const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
   const i64 row_bytes = (i64)K / 2;
@@ -547,7 +476,12 @@ __device__ __forceinline__ void w4_gemv_tile(
   const float gs = FMT == 2 ? gscale[e] : 1.f;
   int col[CPW];
   bool ok[CPW];
-  gemv_cols<NW, CPW, FUSE>(by, N, col, ok);
+#pragma unroll
+  for (int c = 0; c < CPW; ++c) {
+    const int oc = (blockIdx.y * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
+    ok[c] = oc < n_out;
+    col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
+  }
 
   for (int p = 0; p < nrows; p += BMAX) {
     const int nr = min(BMAX, nrows - p);
@@ -596,7 +530,16 @@ __device__ __forceinline__ void w4_gemv_tile(
         }
       }
       __syncthreads();   // the previous chunk's (or row pass's) activations are read
-      gemv_stage_x<KC, NW * 32>(sx, x, s_rows, p, nr, kc, K, a_div, ld_x);
+      for (int idx = tid; idx < nr * (KC / 8); idx += NW * 32) {
+        const int r = idx / (KC / 8), q8 = idx % (KC / 8);
+        const int k = kc + 8 * q8;
+        if (k < K) {
+          const int seg = q8 >> 2, q = q8 & 3;
+          const int t = s_rows[p + r];
+          const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
+          *reinterpret_cast<uint4*>(sx + r * KC + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
+        }
+      }
       __syncthreads();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -642,185 +585,37 @@ __device__ __forceinline__ void w4_gemv_tile(
         }
       }
     }
-    gemv_epilogue<CPW, BMAX, FUSE>(acc, s_rows, p, nr, col, ok, out, out32, topk_w, N, out_div, act);
-  }
-}
 
-// ---- The streamed GEMV ("_s2" entries: int4 and fp4) ------------------------------------------------------------
-// The tile GEMV above waits at two barriers per 1024-wide K chunk (stage the chunk's activations, then use them), so a
-// block's warps load, wait and compute in lock-step and each chunk costs a full memory latency; at K = 704 (the MoE
-// down projection) a block reads only 32 rows x 352 bytes.  Here each block stages its rows' activations once for
-// up to KX columns (one barrier pair per row pass when K <= KX), then every warp streams on its own through a
-// sequence of steps -- (output tile, K chunk, 32-lane segment pass) for tiles blockIdx.y, + gridDim.y, ... -- loading
-// step i+1's weights and scales into registers before it computes step i, across tile boundaries.  The launcher
-// sizes gridDim.y (GEMV_STREAM) so the valid blocks about fill the GPU, which gives each block several tiles where
-// there are many.  Per row the arithmetic is the c4 entries' (the same segments in the same order, the same products
-// and fp32 sums), so their outputs are bit-equal.  K > KX restages the activations per tile and chunk.
-struct GemvPos {
-  int tile, kc, s;   // output tile, chunk start, segment pass within the chunk
-};
-
-// This lane's weights (one 16-byte vector per row) and raw scales of step `at` (zeros where the lane or row is out).
-template <int FMT, int NW, int CPW, bool FUSE>
-__device__ __forceinline__ void gemv_stream_load(uint4 (&wv)[CPW], unsigned (&sv)[CPW], GemvPos at, bool live,
-                                                 const unsigned char* __restrict__ we,
-                                                 const void* __restrict__ scales, i64 srow, int N, int K, int G,
-                                                 int gshift, int group, int KX) {
-  int col[CPW];
-  bool ok[CPW];
-  gemv_cols<NW, CPW, FUSE>(at.tile, N, col, ok);
-  const int seg = (threadIdx.x & 31) + 32 * at.s;
-  const int k0 = at.kc + 32 * seg;
-  live = live && seg < (min(KX, K - at.kc) >> 5);
-  const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
-  const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
-  const i64 row_bytes = (i64)K / 2;
-#pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    wv[c] = make_uint4(0, 0, 0, 0);
-    sv[c] = 0;
-    if (live && ok[c]) {
-      const int n = col[c];
-      wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
-      if (FMT == 2) {
-        sv[c] = *reinterpret_cast<const unsigned short*>(reinterpret_cast<const unsigned char*>(scales) +
-                                                          (srow + n) * G + k0 / 16);
-      } else {
-        const unsigned short* sh = reinterpret_cast<const unsigned short*>(scales) + (srow + n) * G;
-        sv[c] = (unsigned)sh[g0] | ((unsigned)sh[g1] << 16);
-      }
-    }
-  }
-}
-
-// acc += this lane's segment `seg` (of the staged chunk, rows at sx + r * KX) for the CPW rows of one step.
-template <int FMT, int CPW, int BMAX, int KX>
-__device__ __forceinline__ void gemv_stream_dot(float (&acc)[CPW][BMAX], const uint4 (&wv)[CPW],
-                                                const unsigned (&sv)[CPW], const half* sx, int seg, int nr,
-                                                float gs) {
-  const int sw = (seg >> 1) & 3;
-  const half* xseg = sx + seg * 32;
-  const __half2 sub = __float2half2_rn(1032.f);
-#pragma unroll
-  for (int c = 0; c < CPW; ++c) {
-    float s[2];
-    if (FMT == 2) {
-      s[0] = e4m3_to_float(sv[c] & 0xFFu) * gs;
-      s[1] = e4m3_to_float((sv[c] >> 8) & 0xFFu) * gs;
-    } else {
-      s[0] = __half2float(__ushort_as_half((unsigned short)(sv[c] & 0xFFFFu)));
-      s[1] = __half2float(__ushort_as_half((unsigned short)(sv[c] >> 16)));
-    }
-    const unsigned words[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
-    unsigned dq[16];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) gemv_deq_word<FMT>(words[q], sub, dq + 4 * q);
+    // Warp sums; lane 0 writes this warp's columns for the pass's rows.
 #pragma unroll
     for (int r = 0; r < BMAX; ++r) {
       if (r >= nr) break;
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        acc[c][r] = word_dot(*reinterpret_cast<const uint4*>(xseg + r * KX + 8 * (q ^ sw)), dq + 4 * q, s[q >> 1],
-                             acc[c][r]);
-    }
-  }
-}
-
-template <int FMT, int NW, int CPW, int KX, int BMAX, bool FUSE>
-__device__ __forceinline__ void w4_gemv_stream(
-    half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
-    const void* __restrict__ scales, const float* __restrict__ gscale, const int* __restrict__ sorted_ids,
-    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
-    float* __restrict__ out32, int out_div, int act, int bm, int mb, int e) {
-  static_assert(KX % 1024 == 0, "a chunk is a whole number of 32-lane x 32-value passes");
-  static_assert(!FUSE || CPW % 2 == 0, "gate_up fusion pairs gate and up rows in one warp");
-  static_assert(FMT != 1, "no zero points in the streamed GEMV");
-  constexpr int MAXBM = 64;
-  constexpr int PER = NW * (FUSE ? CPW / 2 : CPW);   // output columns per tile
-  __shared__ __align__(16) half sx[BMAX * KX];
-  __shared__ int s_rows[MAXBM];
-  __shared__ int s_n;
-
-  const int nrows = gemv_rows(sorted_ids, num_valid, bm, mb, s_rows, &s_n, MAXBM);
-  const int ytiles = ((FUSE ? N / 2 : N) + PER - 1) / PER;
-  if ((int)blockIdx.y >= ytiles) return;
-  const int lane = threadIdx.x & 31;
-  const int G = (K + group - 1) / group;
-  const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
-  const unsigned char* we = w + (i64)e * N * ((i64)K / 2);
-  const i64 srow = (i64)e * N;
-  const float gs = FMT == 2 ? gscale[e] : 1.f;
-  const bool one_chunk = K <= KX;
-  // the segment passes of the chunk at kc
-  auto passes = [&](int kc) { return ((min(KX, K - kc) >> 5) + 31) >> 5; };
-
-  for (int p = 0; p < nrows; p += BMAX) {
-    const int nr = min(BMAX, nrows - p);
-    GemvPos at{(int)blockIdx.y, 0, 0};
-    uint4 wa[CPW];
-    unsigned sa[CPW];
-    gemv_stream_load<FMT, NW, CPW, FUSE>(wa, sa, at, true, we, scales, srow, N, K, G, gshift, group, KX);
-    float acc[CPW][BMAX];
+      for (int c = 0; c < CPW; ++c) {
+        float v = acc[c][r];
 #pragma unroll
-    for (int c = 0; c < CPW; ++c)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        acc[c][r] = v;
+      }
+      if (lane == 0) {
+        const int t = s_rows[p + r];
 #pragma unroll
-      for (int r = 0; r < BMAX; ++r) acc[c][r] = 0.f;
-    bool staged = false;
-    while (true) {
-      GemvPos nx = at;
-      if (++nx.s >= passes(at.kc)) {
-        nx.s = 0;
-        nx.kc += KX;
-        if (nx.kc >= K) {
-          nx.kc = 0;
-          nx.tile += gridDim.y;
+        for (int c = 0; c < OUTC; ++c) {
+          if (!ok[c]) continue;
+          if (FUSE) {
+            const float g = __half2float(__float2half_rn(acc[c][r]));
+            const float up = __half2float(__float2half_rn(acc[c + OUTC][r]));
+            out[(i64)t * n_out + col[c]] = __float2half_rn(gemv_act(g, act) * up);
+          } else {
+            float v = acc[c][r];
+            if (topk_w) v *= topk_w[t];
+            if (out32) atomicAdd(out32 + (i64)(t / out_div) * N + col[c], v);
+            else out[(i64)t * N + col[c]] = __float2half_rn(v);
+          }
         }
       }
-      const bool more = nx.tile < ytiles;
-      uint4 wb[CPW];
-      unsigned sb[CPW];
-      gemv_stream_load<FMT, NW, CPW, FUSE>(wb, sb, nx, more, we, scales, srow, N, K, G, gshift, group, KX);
-      if (at.s == 0 && !(one_chunk && staged)) {   // block-uniform: every warp walks the same steps
-        __syncthreads();   // the previous pass's (or chunk's) activations are read
-        gemv_stage_x<KX, NW * 32>(sx, x, s_rows, p, nr, at.kc, K, a_div, ld_x);
-        __syncthreads();
-        staged = true;
-      }
-      const int seg = lane + 32 * at.s;
-      if (seg < (min(KX, K - at.kc) >> 5)) gemv_stream_dot<FMT, CPW, BMAX, KX>(acc, wa, sa, sx, seg, nr, gs);
-      if (nx.tile != at.tile) {   // the tile's last step: write it, start the next
-        int col[CPW];
-        bool ok[CPW];
-        gemv_cols<NW, CPW, FUSE>(at.tile, N, col, ok);
-        gemv_epilogue<CPW, BMAX, FUSE>(acc, s_rows, p, nr, col, ok, out, out32, topk_w, N, out_div, act);
-#pragma unroll
-        for (int c = 0; c < CPW; ++c)
-#pragma unroll
-          for (int r = 0; r < BMAX; ++r) acc[c][r] = 0.f;
-      }
-      if (!more) break;
-      at = nx;
-#pragma unroll
-      for (int c = 0; c < CPW; ++c) {
-        wa[c] = wb[c];
-        sa[c] = sb[c];
-      }
     }
   }
-}
-
-// The block's expert (MoE: false where the alignment block is past num_post or unassigned) or rows (a linear layer:
-// false past num_valid).
-__device__ __forceinline__ bool gemv_block_expert(const int* sorted_ids, const int* expert_ids, const int* num_post,
-                                                  int num_valid, int bm, int mb, int* e) {
-  *e = 0;
-  if (sorted_ids) {
-    const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together
-    if (mb * bm >= np || eb < 0) return false;
-    *e = eb;
-    return true;
-  }
-  return mb * bm < num_valid;
 }
 
 // 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), capped
@@ -833,25 +628,8 @@ __device__ __forceinline__ bool gemv_block_expert(const int* sorted_ids, const i
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
       int out_div, int act, int bm) {                                                                          \
-    int e;                                                                                                     \
-    if (!gemv_block_expert(sorted_ids, expert_ids, num_post, num_valid, bm, blockIdx.x, &e)) return;          \
-    w4_gemv_tile<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, topk_w,        \
-                                                  num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm,  \
-                                                  blockIdx.x, blockIdx.y, e);                                  \
-  }
-
-// The streamed entries: 8 warps x CPW weight rows, activations staged for up to KX columns (BMAX rows: 2 B x BMAX x
-// KX of shared memory), grid (alignment blocks, the launcher's tile stride).  Same arguments as W4_GEMV_ENTRY.
-#define W4_GEMV_STREAM_ENTRY(NAME, FMT, FUSE, CPW, KX, BMAX)                                                   \
-  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
-      half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
-      const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
-      const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
-      int out_div, int act, int bm) {                                                                          \
-    int e;                                                                                                     \
-    if (!gemv_block_expert(sorted_ids, expert_ids, num_post, num_valid, bm, blockIdx.x, &e)) return;          \
-    w4_gemv_stream<FMT, 8, CPW, KX, BMAX, FUSE>(out, x, w, scales, gscale, sorted_ids, topk_w, num_valid,      \
-                                                a_div, N, K, group, ld_x, out32, out_div, act, bm, blockIdx.x, e); \
+    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
+                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
   }
 
 W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false)
@@ -864,13 +642,6 @@ W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)
-// Streamed candidate "_s2": 2 rows per warp, activations staged for up to 4096 columns, 4 rows (32 KB of shared
-// memory); 115-119 registers.  4 rows per warp with the look-ahead's second set of weights spills at 128 (8-64 B of
-// frame, even with 2 activation rows).
-W4_GEMV_STREAM_ENTRY(w4_gemv_int4_s2, 0, false, 2, 4096, 4)
-W4_GEMV_STREAM_ENTRY(w4_gemv_fp4_s2, 2, false, 2, 4096, 4)
-W4_GEMV_STREAM_ENTRY(w4_gemv_int4_act_s2, 0, true, 2, 4096, 4)
-W4_GEMV_STREAM_ENTRY(w4_gemv_fp4_act_s2, 2, true, 2, 4096, 4)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -64,15 +64,8 @@ GEMV_BLOCK_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 16
 GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
-# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks;
-# "s2" = the streamed GEMV (GEMV_STREAM: activations staged once, each warp loading its next step's weights before
-# computing the current one, several output tiles per block) with 2 rows per warp.
-GEMV_VARIANTS = {"c4": 32, "s2": 16}
-GEMV_STREAM = frozenset({"s2"})
-GEMV_RESIDENT_PER_SM = 2   # __launch_bounds__(256, 2): resident blocks per SM
-# The streamed GEMV's grid: tiles are strided over gridDim.y = min(tiles, ceil(GEMV_STREAM_WAVES x the resident
-# blocks / the alignment blocks that can hold rows)), so the valid blocks about fill the GPU twice over.
-GEMV_STREAM_WAVES = 2
+# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks.
+GEMV_VARIANTS = {"c4": 32}
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
@@ -324,13 +317,7 @@ class W4Kernels:
         name = f"w4_gemv_{fmt}" + ("_act" if activation else "") + (f"_{variant}" if variant else "")
         scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
         if m_blocks and n_out:
-            tiles = (n_out + per_block - 1) // per_block
-            grid = (m_blocks, tiles, 1)
-            if variant in GEMV_STREAM:   # each block walks tiles blockIdx.y, + gridDim.y, ...
-                live = max(1, min(m_blocks, num_valid))   # alignment blocks that can hold rows
-                slots = self.num_sms * GEMV_RESIDENT_PER_SM * GEMV_STREAM_WAVES
-                grid = (m_blocks, min(tiles, -(-slots // live)), 1)
-            self.k[name].launch(grid, [
+            self.k[name].launch((m_blocks, (n_out + per_block - 1) // per_block, 1), [
                 out, x, w, scales_arg, zeros, gscale, sorted_ids, expert_ids, num_post, topk_w,
                 num_valid, a_div, n, k, group, x.stride(0), out32, out_div or 1, GEMV_ACT.get(activation or "", 0),
                 bm])
