@@ -163,16 +163,44 @@ def test_gemv_moe_agrees_with_the_wmma_decode_on_the_same_alignment(w4):
     assert float((outs[0].float() - outs[1].float()).abs().max() / outs[0].float().abs().max()) <= TOL_MOE
 
 
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+def test_gemv_entries_are_bit_equal_where_no_atomics_sum(w4, fmt, group):
+    """Every GEMV entry runs the same operations per output in the same order (lane segments lane, lane + 32, ...;
+    the same word_dot sequence), whatever its rows per warp, chunk width, activation rows per pass or blocks per SM,
+    so outputs written without atomics are bit-equal: a linear layer over several chunks (K = 3840, 3 rows) and the
+    fused gate_up (act(gate) * up) of the MoE on 26B-A4B shapes. This is what carries the engine runs of c4 (int4)
+    and of the default GEMV (fp4 MoE) over to auto's q1 / r1."""
+    from tests.kernels.w4_launcher import w4_launcher
+    from tests.kernels.w4_reference import make_weights, route
+
+    mod = w4_launcher()
+    variants = (None, "c4", "q1", "r1")
+    wt = make_weights(fmt, 1, 1536, 3840, group, seed=21, with_deq=False)
+    x = torch.randn((3, 3840), device="cuda").half()
+    outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=3840, group=group, gscale=wt.gscale, variant=v) for v in variants]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    e, h, inter = 128, 2816, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=22, with_deq=False)
+    _topk_w, topk_ids = route(8, e, 8, seed=5)
+    x = torch.randn((8, h), device="cuda").half()
+    sid, eid, npost = mod.moe_align(topk_ids, mod.GEMV_BLOCK_ROWS, e)
+    outs = [w4.gemv(x, w13.w, w13.scales, fmt, k=h, group=group, gscale=w13.gscale, sorted_ids=sid, expert_ids=eid,
+                    num_post=npost, num_valid=64, a_div=8, activation="gelu", variant=v) for v in variants]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("variant", ["c4", "q1", "r1"])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
-def test_gemv_c4_candidate_matches_fp32_linear_and_moe(w4, fmt, group):
-    """The "_c4" GEMV entries (4 weight rows per warp, 1024-wide K chunks, 4 rows per pass): a linear layer over two
-    K chunks with 7 rows (two passes), and the MoE with 12 rows in one expert."""
+def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant):
+    """The GEMV candidates ("_c4": 4 weight rows per warp, 1024-wide K chunks, 4 rows per pass; "_q1"/"_r1": 2 rows
+    per warp, one row per pass, 1024/2048-wide chunks, four blocks per SM): a linear layer over two K chunks with
+    7 rows (two or seven passes), and the MoE with 12 rows in one expert."""
     from tests.kernels.w4_reference import make_weights, ref_linear, ref_moe, rel_err, route
 
     wt = make_weights(fmt, 1, 72, 1056, group, seed=9)
     x = torch.randn((7, 1056), device="cuda").half()
     out = w4.gemm(x, wt.w[0], wt.scales[0], fmt, k=1056, group=group, gscale=wt.gscale, path="decode", decode="gemv",
-                  variant="c4")
+                  variant=variant)
     assert rel_err(out, ref_linear(x, wt)) <= TOL_GEMV_LINEAR
     e, h, inter = 128, 256, 704
     w13 = make_weights(fmt, e, 2 * inter, h, group, seed=10)
@@ -181,6 +209,6 @@ def test_gemv_c4_candidate_matches_fp32_linear_and_moe(w4, fmt, group):
         topk_w, topk_ids = route(tokens, e, 8, seed=tokens, only=only)
         x = torch.randn((tokens, h), device="cuda").half()
         out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
-                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant="c4")
+                           gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant=variant)
         assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
-    assert {f"w4_gemv_{fmt}_c4", f"w4_gemv_{fmt}_act_c4"} <= w4.ran
+    assert {f"w4_gemv_{fmt}_{variant}", f"w4_gemv_{fmt}_act_{variant}"} <= w4.ran

@@ -5,17 +5,25 @@ launcher's CPU-side choices (decode kernel, alignment block)."""
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
 import pytest
 
 from manager.errors import BuildError
+from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
-    f"w4_gemv_{f}{a}_c4" for a in ("", "_act") for f in ("int4", "fp4")]
-MAX_REGS = 128   # __launch_bounds__(256, 2): two 8-warp blocks per SM on Volta's 64K registers
+    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "q1", "r1") for a in ("", "_act") for f in ("int4", "fp4")]
+# __launch_bounds__(256, MINB), MINB the last field of each W4_GEMV_ENTRY line: MINB 8-warp blocks per SM on Volta's
+# 64K registers (128 for 2, 64 for 4)
+_SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
+MINB = {m[0]: int(m[1]) for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), [^\n]*, (\d)\)$", _SRC, flags=re.M)}
+# Frames measured and kept: fp4 r1 (the fp4 MoE down projection under auto) holds 8 bytes in local memory at 64
+# registers; it was timed with them (docs/kernels.md, "Eleventh lease").
+FRAME_ALLOWED = {"w4_gemv_fp4_r1": 8}
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
 
@@ -54,7 +62,6 @@ def cubin_resources(image: bytes) -> dict[str, dict[str, int]]:
 @pytest.fixture(scope="module")
 def sm70_cubin(tmp_path_factory) -> bytes:
     from manager.kernels import builder
-    from tests.helpers import SHIPPED_OVERLAYS
     from tests.helpers.nvrtc12 import nvrtc12_lib
 
     result = builder.build(SHIPPED_OVERLAYS, ["sm70-w4-gemm"], archs=["sm_70"], cache=tmp_path_factory.mktemp("kc"),
@@ -67,15 +74,22 @@ def sm70_cubin(tmp_path_factory) -> bytes:
 @pytest.mark.parametrize("entry", GEMV)
 def test_gemv_entry_compiles_for_sm_70_within_the_register_bound_without_spills(sm70_cubin, entry):
     res = cubin_resources(sm70_cubin)[entry]
-    assert 0 < res["regs"] <= MAX_REGS
-    assert res.get("frame", 0) == 0   # no local-memory frame: no spills, no register arrays indexed at run time
+    assert 0 < res["regs"] <= 65536 // (256 * MINB[entry])
+    # no local-memory frame (no spills, no register arrays indexed at run time) beyond the one measured allowance
+    assert res.get("frame", 0) == FRAME_ALLOWED.get(entry, 0)
+
+
+def test_every_gemv_entry_has_a_blocks_per_sm_bound_and_the_one_row_entries_take_four():
+    assert set(MINB) == set(GEMV)
+    assert {n for n, b in MINB.items() if b == 4} == {n for n in GEMV if n.endswith(("_q1", "_r1"))}
+    assert set(MINB.values()) == {2, 4}
 
 
 def test_decode_kernel_comes_from_the_argument_then_the_environment_then_auto(monkeypatch):
     mod = w4_launcher()
     monkeypatch.delenv(mod.DECODE_ENV, raising=False)
     assert mod.decode_kernel() == "auto" and mod.align_block("decode") == mod.TILES["decode"][0]   # no format
-    assert mod.align_block("decode", fmt="int4") == mod.GEMV_BLOCK_ROWS   # auto's int4 MoE kernel: GEMV c4
+    assert mod.align_block("decode", fmt="int4") == mod.GEMV_BLOCK_ROWS   # auto's int4 MoE kernel: a GEMV
     monkeypatch.setenv(mod.DECODE_ENV, "gemv")
     assert mod.decode_kernel() == "gemv" and mod.align_block("decode") == mod.GEMV_BLOCK_ROWS
     assert mod.align_block("prefill") == mod.TILES["prefill"][0]   # prefill keeps its 64-row tile
@@ -132,11 +146,13 @@ class _Recorder(dict):
 
 
 @pytest.mark.parametrize("decode, fmt, rows, moe, want", [
-    ("auto", "int4", 1, True, ("gemv", "c4")), ("auto", "int4", 64, True, ("gemv", "c4")),
-    ("auto", "fp4", 8, True, ("gemv", None)), ("auto", "int4zp", 1, True, ("wmma", None)),
+    ("auto", "int4", 1, True, ("gemv", "q1")), ("auto", "int4", 64, True, ("gemv", "q1")),
+    ("auto", "int4", 65, True, ("gemv", "c4")), ("auto", "int4", None, True, ("gemv", "c4")),
+    ("auto", "fp4", 8, True, ("gemv", "r1")), ("auto", "fp4", 65, True, ("gemv", None)),
+    ("auto", "int4zp", 1, True, ("wmma", None)),
     ("auto", "int4", 4, False, ("gemv", "c4")), ("auto", "int4", 5, False, ("wmma", None)),
     ("auto", "fp4", 1, False, ("wmma", None)), ("auto", "fp4", 8, False, ("wmma", None)),
-    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "c4")),
+    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "q1")),
     ("gemv", "int4", 8, False, ("gemv", None)), ("wmma", "fp4", 1, True, ("wmma", None)),
 ])
 def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(monkeypatch, decode, fmt,
@@ -175,20 +191,22 @@ def test_linear_under_auto_launches_the_measured_fastest_entry_for_its_rows(monk
     assert ks.launched == [entry]
 
 
-@pytest.mark.parametrize("env, entries", [
-    ("auto", ["w4_gemv_int4_act_c4", "w4_gemv_int4_c4"]),
-    ("wmma", ["w4_gemm_int4_decode", "w4_gemm_int4_decode"]),
+@pytest.mark.parametrize("env, tokens, entries", [
+    ("auto", 1, ["w4_gemv_int4_act_q1", "w4_gemv_int4_q1"]),
+    ("auto", 65, ["w4_gemv_int4_act_c4", "w4_gemv_int4_c4"]),   # 65 routed rows (top-1): above AUTO_FEW_ROWS
+    ("wmma", 1, ["w4_gemm_int4_decode", "w4_gemm_int4_decode"]),
 ])
-def test_fused_moe_decode_under_the_env_launches_one_kernel_family_for_both_projections(monkeypatch, env, entries):
+def test_fused_moe_decode_under_the_env_launches_one_kernel_family_for_both_projections(monkeypatch, env, tokens,
+                                                                                        entries):
     torch = pytest.importorskip("torch")
     mod = w4_launcher()
     monkeypatch.setenv(mod.DECODE_ENV, env)
     ks = _Recorder()
     k = mod.W4Kernels(ks, num_sms=132)
-    x = torch.zeros((1, 64), dtype=torch.float16)
+    x = torch.zeros((tokens, 64), dtype=torch.float16)
     w13, s13 = torch.zeros((2, 64, 8), dtype=torch.int32), torch.zeros((2, 64, 2), dtype=torch.float16)
     w2, s2 = torch.zeros((2, 64, 4), dtype=torch.int32), torch.zeros((2, 64, 1), dtype=torch.float16)
-    ids, wts = torch.zeros((1, 1), dtype=torch.int32), torch.ones((1, 1))
+    ids, wts = torch.zeros((tokens, 1), dtype=torch.int32), torch.ones((tokens, 1))
     k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", activation="silu")
     assert ks.launched == entries
 

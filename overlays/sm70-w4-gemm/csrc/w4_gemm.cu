@@ -618,12 +618,18 @@ __device__ __forceinline__ void w4_gemv(
   }
 }
 
-// 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), capped
-// at 128 registers.  Default: 2 rows per warp, 2048-wide chunks, 8 rows (32 KB); "_c4": 4 rows per warp (twice the
-// 16-byte loads in flight per lane where K is short, e.g. 704), 1024-wide chunks, 4 rows (8 KB), XR; int4 and fp4
-// only (int4zp spills at 128 registers).
-#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR)                                                      \
-  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                    \
+// 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), MINB
+// blocks per SM (registers capped at 65536 / (256 x MINB): 128 for 2, 64 for 4).  Default: 2 rows per warp,
+// 2048-wide chunks, 8 rows (32 KB), 2 blocks; "_c4": 4 rows per warp (twice the 16-byte loads in flight per lane
+// where K is short, e.g. 704), 1024-wide chunks, 4 rows (8 KB), XR, 2 blocks; int4 and fp4 only (int4zp spills at
+// 128 registers).  "_q1" / "_r1": 2 rows per warp, 1024- / 2048-wide chunks, ONE activation row per pass, XR, 4
+// blocks per SM (60-64 registers: twice the resident warps of the others) -- for blocks of one row, as every expert
+// block of a one-token MoE step is (a block of r rows streams its weights r times; the launcher's auto takes them
+// up to AUTO_FEW_ROWS routed rows).  Per output every GEMV entry runs the same operations in the same order (lane
+// segments lane, lane + 32, ... of each row, the same word_dot sequence), so outputs without atomics are bit-equal
+// across entries.
+#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR, MINB)                                                \
+  extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
@@ -632,16 +638,25 @@ __device__ __forceinline__ void w4_gemv(
                                       topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
   }
 
-W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false)
-W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true)
-W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true)
-W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true)
+W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true, 2)
+
+W4_GEMV_ENTRY(w4_gemv_int4_q1, 0, false, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_act_q1, 0, true, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_q1, 2, false, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_q1, 2, true, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_r1, 0, false, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_act_r1, 0, true, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_r1, 2, false, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_r1, 2, true, 2, 2048, 1, true, 4)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -19,10 +19,11 @@ Decode has two kernels: "wmma" (16-row WMMA tiles, split K) and "gemv" (one warp
 tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up). `decode=` on
 gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "auto" (the default since the
 H200 engine run of 2026-12-06): per call what the kernel benchmarks measured fastest among the choices the engine
-runs kept within the tolerance rule (AUTO_DECODE, AUTO_LINEAR; decode_choice): the GEMV `c4` candidate for int4
-(MoE and linears of up to AUTO_LINEAR_MAX_ROWS rows), the default GEMV for the fp4 MoE, WMMA for fp4 linears (their
-GEMV exceeded the rule in the engine), for linears above AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not
-measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
+runs kept within the tolerance rule, or that compute bit-equal outputs (AUTO_DECODE, AUTO_DECODE_FEW, AUTO_LINEAR;
+decode_choice): for MoE steps of up to AUTO_FEW_ROWS routed rows the one-row-per-pass GEMVs (`q1` for int4, `r1` for
+fp4), above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
+AUTO_LINEAR_MAX_ROWS rows, WMMA for fp4 linears (their GEMV exceeded the rule in the engine), for linears above
+AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
 align_block(path, decode, fmt).
 
 Prefill of a linear layer has two kernels too: "dequant" (the default from DEQUANT_MIN_ROWS rows: w4_dequant_<fmt>
@@ -64,13 +65,21 @@ GEMV_BLOCK_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 16
 GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
-# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks.
-GEMV_VARIANTS = {"c4": 32}
+# GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks;
+# "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers).
+GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16}
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
 # (linear M <= 4); linears at M = 8 are 0.63-0.76x on either GEMV, so they stay on WMMA; int4zp was not measured.
 AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma", None)}
+# MoE steps of up to AUTO_FEW_ROWS routed rows (tokens x top_k; 8 tokens of 26B-A4B's top-8): the one-row-per-pass
+# GEMVs, measured on an H100 on 2026-12-07 (docs/kernels.md, "Eleventh lease"; same run as c4 and the default GEMV,
+# MoE 1/4/8 tokens on 26B-A4B shapes): int4 q1 0.87/0.95/0.98x c4's time (g32), fp4 r1 0.85/0.82/0.80x the default
+# GEMV's. An expert block of r rows streams its weights r times (from L2 on the H100), so more routed rows keep
+# AUTO_DECODE. Their outputs are bit-equal to c4's and the default GEMV's, whose engine runs stayed within the rule.
+AUTO_DECODE_FEW = {"int4": ("gemv", "q1"), "fp4": ("gemv", "r1")}
+AUTO_FEW_ROWS = 64
 # Linears (no sorted_ids) of up to AUTO_LINEAR_MAX_ROWS rows. fp4 stays on WMMA: in the H200 engine run of 2026-12-06
 # (engine_gpu.py phase w, docs/kernels.md "Tenth lease") the ct-nvfp4-dense checkpoint with fp4 GEMV linears had a
 # teacher-forced max error of 0.309 against 0.278 allowed (WMMA: 0.230); its fp16 partial sums of 4 products are
@@ -128,7 +137,8 @@ def decode_kernel(decode: str | None = None) -> str:
 
 def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bool = True) -> tuple[str, str | None]:
     """(kernel, GEMV variant) a decode-path launch runs: decode_kernel(decode), with "auto" resolved by AUTO_DECODE
-    (MoE) or AUTO_LINEAR (a linear layer; more than AUTO_LINEAR_MAX_ROWS `rows` stay on WMMA) for `fmt`."""
+    (MoE; AUTO_DECODE_FEW for up to AUTO_FEW_ROWS routed `rows`) or AUTO_LINEAR (a linear layer; more than
+    AUTO_LINEAR_MAX_ROWS `rows` stay on WMMA) for `fmt`."""
     name = decode_kernel(decode)
     if name != "auto":
         return name, None
@@ -136,6 +146,8 @@ def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bo
         if rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
             return "wmma", None
         return AUTO_LINEAR.get(fmt, ("wmma", None))
+    if rows is not None and rows <= AUTO_FEW_ROWS and fmt in AUTO_DECODE_FEW:
+        return AUTO_DECODE_FEW[fmt]
     return AUTO_DECODE.get(fmt, ("wmma", None))
 
 
