@@ -302,11 +302,19 @@ def _stream_anchor(nbytes):
     return timed(lambda: buf.sum())
 
 
+# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV and the GEMV candidates.
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"))
+
+
+def _arm_label(dec, var):
+    return dec + (f"_{var}" if var else "")
+
+
 def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
     pct(row, "stream", row["bytes"])
-    for label in ("gemv", "gemv_c4", "gemv_q1", "gemv_r1"):
+    for label in [_arm_label(d, v) for d, v in DECODE_ARMS if d == "gemv"]:
         row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
         if "wmma_layer_us" in row:
             row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
@@ -337,8 +345,8 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1")):
-                label = dec + (f"_{var}" if var else "")
+            for dec, var in DECODE_ARMS:
+                label = _arm_label(dec, var)
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
                 if dec == "wmma":
@@ -376,8 +384,8 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1")):
-                label = dec + (f"_{var}" if var else "")
+            for dec, var in DECODE_ARMS:
+                label = _arm_label(dec, var)
 
                 def lin(dec=dec, var=var):
                     return k.gemm(x, wt.w[0], wt.scales[0], fmt, k=kk, group=group, gscale=wt.gscale, path="decode",

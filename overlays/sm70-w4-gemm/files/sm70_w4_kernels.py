@@ -23,8 +23,8 @@ runs kept within the tolerance rule, or that compute bit-equal outputs (AUTO_DEC
 decode_choice): for MoE steps of up to AUTO_FEW_ROWS routed rows the one-row-per-pass GEMVs (`q1` for int4, `r1` for
 fp4), above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
 AUTO_LINEAR_MAX_ROWS rows, WMMA for fp4 linears (their GEMV exceeded the rule in the engine), for linears above
-AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert block of moe_align_block_size) the chosen path wants:
-align_block(path, decode, fmt).
+AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert
+block of moe_align_block_size) the chosen path wants: align_block(path, decode, fmt).
 
 Prefill of a linear layer has two kernels too: "dequant" (the default from DEQUANT_MIN_ROWS rows: w4_dequant_<fmt>
 writes the layer's weight as fp16, N x K x 2 bytes held only for the call, and torch's fp16 GEMM — cuBLAS, tensor
