@@ -15,10 +15,10 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
+NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR, XS>", SRC).group(1))
 # entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines
 ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true")
-           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+), \d\)", SRC,
+           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+), \d+, \d\)", SRC,
                                flags=re.M)}
 GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
 
@@ -91,10 +91,15 @@ def _phys(seg: int, q: int) -> int:
 
 @pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks(cpw, kc):
-    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + seg * 32" in SRC
-    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2
+    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + (XS ? kc : 0) + seg * 32" in SRC
+    assert SRC.count("xseg + r * SW + 8 * (q ^ sw)") == 2
     slots = sorted(_phys(s, q) for s in range(kc // 32) for q in range(4))
     assert slots == list(range(0, kc, 8))
+    # a whole staged row (XS): segment s of chunk kc sits where chunk-local segment s of a chunk staged alone would,
+    # offset by kc (the swizzle of the row's segment kc / 32 + s equals that of s)
+    for kc0 in range(0, 4096, kc):
+        for seg in range(kc // 32):
+            assert all(_phys(kc0 // 32 + seg, q) == kc0 + _phys(seg, q) for q in range(4))
     for u in range(kc // 1024):
         for q in range(4):
             for phase in range(4):   # a warp's 128-bit shared loads run as 4 phases of 8 lanes
