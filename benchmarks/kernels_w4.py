@@ -303,7 +303,13 @@ def _stream_anchor(nbytes):
 
 
 # The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV and the GEMV candidates.
-DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"))
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q1s"),
+               ("gemv", "r1s"))
+
+
+def _arms(mod):
+    """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones)."""
+    return [(d, v) for d, v in DECODE_ARMS if v is None or v in mod.GEMV_VARIANTS]
 
 
 def _arm_label(dec, var):
@@ -314,13 +320,57 @@ def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
     pct(row, "stream", row["bytes"])
-    for label in [_arm_label(d, v) for d, v in DECODE_ARMS if d == "gemv"]:
+    for label in [lab for lab in outs if lab != "wmma"]:
         row[f"wmma_over_{label}"] = row["wmma_us"] / row[f"{label}_us"]
         if "wmma_layer_us" in row:
             row[f"wmma_over_{label}_layer"] = row["wmma_layer_us"] / row[f"{label}_layer_us"]
         row[f"err_{label}_vs_wmma"] = rel_err(outs[label], outs["wmma"])
     print(json.dumps({a: (round(b, 4) if isinstance(b, float) else b) for a, b in row.items()}), flush=True)
     return row
+
+
+# A decode step is one CUDA graph of every layer: the "seq" figures time SEQ_LAYERS MoE layers captured back to back
+# in one graph (per layer: the total / SEQ_LAYERS), each layer with its own routing and with weights cycling over
+# SEQ_SETS full sets of 128 experts (>= 3 other layers' bytes between two uses of a set, more than the 50 MB L2 of an
+# H100/H200 at one token), so no layer reads another's weights from L2 and no layer pays the graph's launch.
+SEQ_LAYERS, SEQ_SETS = 8, 4
+
+
+def _gemv_acc(mod, nv, n, var):
+    """The down projection's zeroed-by-gate_up accumulator, where the launcher has one (None for older launchers)."""
+    if not hasattr(mod, "gemv_acc_words"):
+        return None
+    return torch.empty(mod.gemv_acc_words(nv, TOPK, n, var), dtype=torch.float32, device="cuda")
+
+
+def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, peak):
+    """Per-layer µs of each decode arm's whole fused_moe layer and of a plain read, SEQ_LAYERS layers in one graph."""
+    layers = []
+    for i in range(SEQ_LAYERS):
+        tw, ti = route(tokens, E, TOPK, seed=1000 * tokens + i)
+        w13, w2 = sets[i % len(sets)]
+        used = int(ti.unique().numel())
+        layers.append((torch.randn((tokens, H), device="cuda").half(), tw, ti, w13, w2,
+                       used * (w13.bytes_per_expert() + w2.bytes_per_expert())))
+    total = sum(lay[-1] for lay in layers)
+    for dec, var in _arms(mod):
+        label = _arm_label(dec, var)
+        calls = []
+        for x, tw, ti, w13, w2, _b in layers:
+            align = mod.moe_align(ti, mod.align_block("decode", dec), E)
+
+            def one(x=x, tw=tw, ti=ti, w13=w13, w2=w2, align=align, dec=dec, var=var):
+                return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                   gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                   decode=dec, variant=var)
+            calls.append(one)
+        row[f"{label}_seq_us"] = timed(lambda calls=calls: [c() for c in calls]) / SEQ_LAYERS * 1e6
+        row[f"{label}_seq_pct_peak"] = 100 * total / (row[f"{label}_seq_us"] * 1e-6 * SEQ_LAYERS) / peak
+    bufs = [torch.empty((max(1, lay[-1] // 4),), device="cuda").normal_() for lay in layers]
+    row["stream_seq_us"] = timed(lambda: [b.sum() for b in bufs]) / SEQ_LAYERS * 1e6
+    row["stream_seq_pct_peak"] = 100 * total / (row["stream_seq_us"] * 1e-6 * SEQ_LAYERS) / peak
+    row["seq_bytes_per_layer"] = total // SEQ_LAYERS
+    del bufs
 
 
 def bench_decode(k, mod, peak, copy):
@@ -336,6 +386,9 @@ def bench_decode(k, mod, peak, copy):
         w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=61, with_deq=False)
         w2 = make_weights(fmt, E, H, INTER, group, seed=62, with_deq=False)
         per_expert = w13.bytes_per_expert() + w2.bytes_per_expert()
+        sets = [(w13, w2)] + [(make_weights(fmt, E, 2 * INTER, H, group, seed=61 + 2 * i, with_deq=False),
+                               make_weights(fmt, E, H, INTER, group, seed=62 + 2 * i, with_deq=False))
+                              for i in range(1, SEQ_SETS)]
         for tokens in (1, 4, 8):
             tw, ti = route(tokens, E, TOPK, seed=tokens)
             x = torch.randn((tokens, H), device="cuda").half()
@@ -345,7 +398,7 @@ def bench_decode(k, mod, peak, copy):
             nbytes = used * per_expert
             row = dict(kind="moe", fmt=fmt, group=group, tokens=tokens, experts_used=used, bytes=nbytes)
             outs = {}
-            for dec, var in DECODE_ARMS:
+            for dec, var in _arms(mod):
                 label = _arm_label(dec, var)
                 align = mod.moe_align(ti, mod.align_block("decode", dec), E)
                 sid, eid, npost = align
@@ -358,11 +411,14 @@ def bench_decode(k, mod, peak, copy):
                                out_div=TOPK, decode="wmma")
                 else:
                     def kernels(sid=sid, eid=eid, npost=npost, var=var):
+                        # as fused_moe launches them: down's sums and counters zeroed by the gate_up launch
+                        acc = _gemv_acc(mod, nv, H, var)
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
-                               variant=var)
+                               variant=var, **({} if acc is None else {"clear": acc}))
                         k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var,
+                               **({} if acc is None else {"acc": acc}))
 
                 def layer(dec=dec, align=align, var=var):
                     return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
@@ -373,8 +429,9 @@ def bench_decode(k, mod, peak, copy):
                 row[f"{label}_us"] = timed(kernels) * 1e6
                 row[f"{label}_layer_us"] = timed(layer) * 1e6
                 pct(row, label, nbytes)
+            _seq_decode_row(k, mod, row, fmt, group, tokens, sets, peak)
             rows.append(_finish_decode_row(row, outs, pct))
-        del w13, w2
+        del w13, w2, sets
         torch.cuda.empty_cache()
     kk, n = 3840, 15360
     for fmt, group in (("int4", 128), ("fp4", 16)):
@@ -384,7 +441,7 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in DECODE_ARMS:
+            for dec, var in _arms(mod):
                 label = _arm_label(dec, var)
 
                 def lin(dec=dec, var=var):

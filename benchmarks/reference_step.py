@@ -201,6 +201,7 @@ def measure(args) -> dict:
     ctx = dict(attn=d512_launcher().load(Path(args.cache), prefer=args.prefer), mod=w4_launcher(),
                w4=w4_launcher().load(Path(args.cache), prefer=args.prefer),
                w4_kw={"decode": args.w4_decode} if args.w4_decode else {}, prefill=args.w4_prefill,
+               moe_variant=args.w4_moe_variant,
                copies=args.layers,
                repeats=args.repeats, make_weights=make_weights, make_paged=make_paged, route=route)
     rows: list[Row] = []
@@ -274,9 +275,13 @@ def _moe(c: dict, add, phase: str, tokens: int) -> None:
     tw, ti = c["route"](tokens, EXPERTS, TOP_K, seed=tokens)
     path = mod.pick_path(tokens, TOP_K, EXPERTS)
     align = mod.moe_align(ti, mod.align_block(path, c["w4_kw"].get("decode"), "fp4"), EXPERTS)
+    kw = dict(c["w4_kw"])
+    if c["moe_variant"] and path == "decode":   # a GEMV variant for the decode step's MoE (--w4-moe-variant)
+        kw.update(decode="gemv", variant=c["moe_variant"])
+        align = mod.moe_align(ti, mod.align_block(path, "gemv", "fp4"), EXPERTS)
     calls = [lambda a=a, b=b: c["w4"].fused_moe(x, a.w, a.scales, b.w, b.scales, tw, ti, "fp4", group=16,
                                                 gscale13=a.gscale, gscale2=b.gscale, activation="gelu",
-                                                align=align, **c["w4_kw"])
+                                                align=align, **kw)
              for a, b in zip(w13, w2, strict=True)]
     us = _graph_us(calls, c["repeats"])
     hit = int(ti.unique().numel())
@@ -343,6 +348,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--w4-decode", default=None, help="the launcher's decode= keyword (when it has one)")
     ap.add_argument("--w4-prefill", default=None, help="the launcher's prefill= keyword for linears (dequant | wmma)")
+    ap.add_argument("--w4-moe-variant", default=None,
+                    help="a GEMV variant (GEMV_VARIANTS) for the decode step's MoE, e.g. r1s; default: --w4-decode's")
     args = ap.parse_args(argv)
     doc = measure(args)
     out = Path(args.out)
