@@ -5,7 +5,6 @@ launcher's CPU-side choices (decode kernel, alignment block)."""
 
 from __future__ import annotations
 
-import re
 import struct
 from pathlib import Path
 
@@ -13,14 +12,13 @@ import pytest
 
 from manager.errors import BuildError
 from tests.helpers import SHIPPED_OVERLAYS
-from tests.kernels.w4_launcher import w4_launcher
+from tests.kernels.w4_launcher import gemv_entries, w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
     f"w4_gemv_{f}{a}_{v}" for v in ("c4", "q1", "r1", "q1s", "r1s") for a in ("", "_act") for f in ("int4", "fp4")]
 # __launch_bounds__(256, MINB), MINB the last field of each W4_GEMV_ENTRY line: MINB 8-warp blocks per SM on Volta's
 # 64K registers (128 for 2, 64 for 4)
-_SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-MINB = {m[0]: int(m[1]) for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), [^\n]*, (\d)\)$", _SRC, flags=re.M)}
+MINB = {name: e["MINB"] for name, e in gemv_entries().items()}
 # Frames measured and kept (fp4 r1 held 8 bytes in local memory at 64 registers before the first K chunk's weights
 # were loaded ahead of the row compaction, docs/kernels.md "Eleventh lease"; none since).
 FRAME_ALLOWED = {"w4_gemv_int4_act_r1s": 8, "w4_gemv_fp4_act_r1s": 8}   # r1s gate_up: timed with them (twelfth lease)

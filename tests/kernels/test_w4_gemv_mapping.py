@@ -12,15 +12,12 @@ import pytest
 
 from testing.checkpoints import E2M1_VALUES
 from tests.helpers import SHIPPED_OVERLAYS
-from tests.kernels.w4_launcher import w4_launcher
+from tests.kernels.w4_launcher import gemv_entries, w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
 NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR, XS>", SRC).group(1))
-# entry -> (FMT, FUSE, CPW, KC, BMAX, XR) of the W4_GEMV_ENTRY lines
-ENTRIES = {m[0]: (int(m[1]), m[2] == "true", int(m[3]), int(m[4]), int(m[5]), m[6] == "true")
-           for m in re.findall(r"^W4_GEMV_ENTRY\((\w+), (\d), (\w+), (\d+), (\d+), (\d+), (\w+), \d+, \d\)", SRC,
-                               flags=re.M)}
-GEOMETRIES = sorted({(cpw, kc) for _f, _u, cpw, kc, _b, _x in ENTRIES.values()})
+ENTRIES = gemv_entries(SRC)   # entry -> its W4_GEMV_ENTRY fields
+GEOMETRIES = sorted({(e["CPW"], e["KC"]) for e in ENTRIES.values()})
 
 
 def _lane_segments(k: int, kc_width: int) -> dict[tuple[int, int], list[int]]:
@@ -42,11 +39,14 @@ def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
     assert re.search(r"__launch_bounds__\(256, MINB\) NAME", SRC) and NW * 32 == 256
     assert "__shared__ int s_rows[MAXBM]" in SRC and "constexpr int MAXBM = 64;" in SRC and mod.GEMV_MAX_BLOCK == 64
     fmts = {0: "int4", 1: "int4zp", 2: "fp4"}
-    for name, (fmt, fuse, cpw, kc, bmax, _xr) in ENTRIES.items():
+    for name, e in ENTRIES.items():
+        fmt, fuse, cpw, kc, bmax, xs = e["FMT"], e["FUSE"], e["CPW"], e["KC"], e["BMAX"], e["XS"]
         variant = name.rsplit("_", 1)[1] if name.endswith(tuple(f"_{v}" for v in mod.GEMV_VARIANTS)) else None
         assert name == f"w4_gemv_{fmts[fmt]}" + ("_act" if fuse else "") + (f"_{variant}" if variant else "")
         assert NW * cpw == (mod.GEMV_VARIANTS[variant] if variant else mod.GEMV_ROWS_PER_BLOCK)
-        assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
+        assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * max(kc, xs) <= 48 * 1024
+        # the staged-row entries ("s") stage the launcher's GEMV_STAGED_K columns, the others one chunk
+        assert xs == (mod.GEMV_STAGED_K if variant and variant.endswith("s") else 0) and xs % kc == 0
         if variant is None:
             assert bmax == mod.GEMV_BLOCK_ROWS
     assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
