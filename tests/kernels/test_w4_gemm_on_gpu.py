@@ -174,7 +174,7 @@ def test_gemv_entries_are_bit_equal_where_no_atomics_sum(w4, fmt, group):
     from tests.kernels.w4_reference import make_weights, route
 
     mod = w4_launcher()
-    variants = (None, "c4", "q1", "r1", "q1s", "r1s")
+    variants = (None, "c4", "q1", "r1")
     wt = make_weights(fmt, 1, 1536, 3840, group, seed=21, with_deq=False)
     x = torch.randn((3, 3840), device="cuda").half()
     outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=3840, group=group, gscale=wt.gscale, variant=v) for v in variants]
@@ -189,43 +189,7 @@ def test_gemv_entries_are_bit_equal_where_no_atomics_sum(w4, fmt, group):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("variant", [None, "q1", "r1s"])
-def test_gemv_moe_in_a_replayed_cuda_graph_sums_each_step_once(w4, variant):
-    """The down projection's sums are zeroed by the gate_up launch and cast by each column block's last block (its
-    counter): replayed from a CUDA graph, a step must give the eager result again, not the sums of every replay."""
-    from tests.kernels.w4_reference import make_weights, route
-
-    e, h, inter = 128, 2816, 704
-    w13 = make_weights("fp4", e, 2 * inter, h, 16, seed=31, with_deq=False)
-    w2 = make_weights("fp4", e, h, inter, 16, seed=32, with_deq=False)
-    from tests.kernels.w4_launcher import w4_launcher
-
-    mod = w4_launcher()
-    topk_w, topk_ids = route(4, e, 8, seed=6)
-    x = torch.randn((4, h), device="cuda").half()
-    align = mod.moe_align(topk_ids, mod.align_block("decode", "gemv", "fp4"), e)   # host sync: outside the graph
-
-    def step():
-        return w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, "fp4", group=16,
-                            gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant=variant,
-                            align=align)
-    eager = step()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        out = step()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    assert float((out.float() - eager.float()).abs().max()) <= 1e-3 * float(eager.float().abs().max())
-
-
-@pytest.mark.parametrize("variant", ["c4", "q1", "r1", "q1s", "r1s"])
+@pytest.mark.parametrize("variant", ["c4", "q1", "r1"])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
 def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant):
     """The GEMV candidates ("_c4": 4 weight rows per warp, 1024-wide K chunks, 4 rows per pass; "_q1"/"_r1": 2 rows

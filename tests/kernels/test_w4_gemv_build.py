@@ -15,13 +15,13 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import gemv_entries, w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
-    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "q1", "r1", "q1s", "r1s") for a in ("", "_act") for f in ("int4", "fp4")]
+    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "q1", "r1") for a in ("", "_act") for f in ("int4", "fp4")]
 # __launch_bounds__(256, MINB), MINB the last field of each W4_GEMV_ENTRY line: MINB 8-warp blocks per SM on Volta's
 # 64K registers (128 for 2, 64 for 4)
 MINB = {name: e["MINB"] for name, e in gemv_entries().items()}
-# Frames measured and kept (fp4 r1 held 8 bytes in local memory at 64 registers before the first K chunk's weights
-# were loaded ahead of the row compaction, docs/kernels.md "Eleventh lease"; none since).
-FRAME_ALLOWED = {"w4_gemv_int4_act_r1s": 8, "w4_gemv_fp4_act_r1s": 8}   # r1s gate_up: timed with them (twelfth lease)
+# Frames measured and kept: fp4 r1 (the fp4 MoE down projection under auto) holds 8 bytes in local memory at 64
+# registers; it was timed with them (docs/kernels.md, "Eleventh lease").
+FRAME_ALLOWED = {"w4_gemv_fp4_r1": 8}
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
 
@@ -79,7 +79,7 @@ def test_gemv_entry_compiles_for_sm_70_within_the_register_bound_without_spills(
 
 def test_every_gemv_entry_has_a_blocks_per_sm_bound_and_the_one_row_entries_take_four():
     assert set(MINB) == set(GEMV)
-    assert {n for n, b in MINB.items() if b == 4} == {n for n in GEMV if n.endswith(("_q1", "_r1", "_q1s", "_r1s"))}
+    assert {n for n, b in MINB.items() if b == 4} == {n for n in GEMV if n.endswith(("_q1", "_r1"))}
     assert set(MINB.values()) == {2, 4}
 
 
@@ -269,64 +269,3 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
     with pytest.raises(BuildError, match="K/2 = 512 bytes"):
         k.dequantize(w, s, "int4", k=1024, group=32)
 
-
-def _moe_int4(torch, tokens, top_k=2, experts=4, hidden=64, inter=64):
-    x = torch.zeros((tokens, hidden), dtype=torch.float16)
-    w13 = torch.zeros((experts, 2 * inter, hidden // 8), dtype=torch.int32)
-    s13 = torch.zeros((experts, 2 * inter, hidden // 32), dtype=torch.float16)
-    w2 = torch.zeros((experts, hidden, inter // 8), dtype=torch.int32)
-    s2 = torch.zeros((experts, hidden, inter // 32), dtype=torch.float16)
-    ids = (torch.arange(tokens * top_k, dtype=torch.int32) % experts).reshape(tokens, top_k)
-    return x, w13, s13, w2, s2, torch.ones((tokens, top_k)), ids
-
-
-@pytest.mark.parametrize("variant", [None, "c4", "q1", "r1s"])
-def test_fused_moe_gemv_gate_up_launch_zeroes_the_down_sums_and_counters_the_down_launch_casts(monkeypatch, variant):
-    torch = pytest.importorskip("torch")
-    mod = w4_launcher()
-    monkeypatch.setenv(mod.DECODE_ENV, "gemv")
-    ks = _Recorder()
-    k = mod.W4Kernels(ks, num_sms=132)
-    tokens, top_k, hidden = 3, 2, 64
-    y = k.fused_moe(*_moe_int4(torch, tokens, top_k, hidden=hidden), "int4", group=32, path="decode",
-                    activation="silu", variant=variant)
-    (up_name, up_grid, up), (down_name, down_grid, down) = ks.calls
-    assert up_name.startswith("w4_gemv_int4_act") and not down_name.startswith("w4_gemv_int4_act")
-    acc = up[20]
-    words = mod.gemv_acc_words(tokens * top_k, top_k, hidden, variant)
-    assert acc.dtype == torch.float32 and acc.numel() == words and up[21] == words and up[22] is None
-    # down: no clear of its own; sums in the first tokens x hidden words, one counter per column block after them
-    assert down[20] is None and down[21] == 0
-    assert down[16].data_ptr() == acc.data_ptr() and down[16].numel() == tokens * hidden
-    assert down[22].dtype == torch.int32 and down[22].data_ptr() == acc.data_ptr() + 4 * tokens * hidden
-    assert down[22].numel() == down_grid[1] == words - tokens * hidden
-    assert tuple(y.shape) == (tokens, hidden) and y.dtype == torch.float16 and y.data_ptr() == down[0].data_ptr()
-
-
-def test_gemv_down_alone_allocates_its_sums_zeroed_and_refuses_a_wrong_sized_accumulator():
-    torch = pytest.importorskip("torch")
-    mod = w4_launcher()
-    ks = _Recorder()
-    k = mod.W4Kernels(ks, num_sms=132)
-    a = torch.zeros((4, 64), dtype=torch.float16)
-    w2, s2 = torch.zeros((2, 96, 8), dtype=torch.int32), torch.zeros((2, 96, 2), dtype=torch.float16)
-    sid, eid, npost = mod.moe_align(torch.tensor([[0, 1], [1, 0]], dtype=torch.int32), 8, 2)
-    common = dict(k=64, group=32, sorted_ids=sid, expert_ids=eid, num_post=npost, topk_w=torch.ones(4), num_valid=4,
-                  out_div=2, block=8)
-    k.gemv(a, w2, s2, "int4", **common)
-    args = ks.calls[0][2]
-    assert not args[16].any() and not args[22].any() and args[16].numel() == 2 * 96
-    with pytest.raises(BuildError, match="acc .*expected gemv_acc"):
-        k.gemv(a, w2, s2, "int4", acc=torch.zeros(7), **common)
-
-
-def test_staged_gemv_variants_refuse_a_k_beyond_the_staged_row():
-    torch = pytest.importorskip("torch")
-    mod = w4_launcher()
-    k = mod.W4Kernels(_Recorder(), num_sms=132)
-    kk = mod.GEMV_STAGED_K + 32
-    x = torch.zeros((1, kk), dtype=torch.float16)
-    w, sc = torch.zeros((16, kk // 8), dtype=torch.int32), torch.zeros((16, kk // 32), dtype=torch.float16)
-    with pytest.raises(BuildError, match=f"K <= {mod.GEMV_STAGED_K}.*K={kk}"):
-        k.gemv(x, w, sc, "int4", k=kk, group=32, variant="q1s")
-    k.gemv(x, w, sc, "int4", k=kk, group=32, variant="q1")   # the chunked entry takes it

@@ -15,7 +15,7 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import gemv_entries, w4_launcher
 
 SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
-NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR, XS>", SRC).group(1))
+NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
 ENTRIES = gemv_entries(SRC)   # entry -> its W4_GEMV_ENTRY fields
 GEOMETRIES = sorted({(e["CPW"], e["KC"]) for e in ENTRIES.values()})
 
@@ -40,13 +40,11 @@ def test_source_constants_match_the_launchers_block_geometry_and_entry_names():
     assert "__shared__ int s_rows[MAXBM]" in SRC and "constexpr int MAXBM = 64;" in SRC and mod.GEMV_MAX_BLOCK == 64
     fmts = {0: "int4", 1: "int4zp", 2: "fp4"}
     for name, e in ENTRIES.items():
-        fmt, fuse, cpw, kc, bmax, xs = e["FMT"], e["FUSE"], e["CPW"], e["KC"], e["BMAX"], e["XS"]
+        fmt, fuse, cpw, kc, bmax = e["FMT"], e["FUSE"], e["CPW"], e["KC"], e["BMAX"]
         variant = name.rsplit("_", 1)[1] if name.endswith(tuple(f"_{v}" for v in mod.GEMV_VARIANTS)) else None
         assert name == f"w4_gemv_{fmts[fmt]}" + ("_act" if fuse else "") + (f"_{variant}" if variant else "")
         assert NW * cpw == (mod.GEMV_VARIANTS[variant] if variant else mod.GEMV_ROWS_PER_BLOCK)
-        assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * max(kc, xs) <= 48 * 1024
-        # the staged-row entries ("s") stage the launcher's GEMV_STAGED_K columns, the others one chunk
-        assert xs == (mod.GEMV_STAGED_K if variant and variant.endswith("s") else 0) and xs % kc == 0
+        assert kc % 1024 == 0 and bmax <= mod.GEMV_BLOCK_ROWS and 2 * bmax * kc <= 48 * 1024
         if variant is None:
             assert bmax == mod.GEMV_BLOCK_ROWS
     assert {n for n in ENTRIES if n.count("_") == 2 or n.endswith("_act")} == {
@@ -91,15 +89,10 @@ def _phys(seg: int, q: int) -> int:
 
 @pytest.mark.parametrize("cpw,kc", GEOMETRIES)
 def test_activation_swizzle_is_one_to_one_and_the_lanes_16_byte_reads_hit_distinct_banks(cpw, kc):
-    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + (XS ? kc : 0) + seg * 32" in SRC
-    assert SRC.count("xseg + r * SW + 8 * (q ^ sw)") == 2
+    assert "seg * 32 + 8 * (q ^ ((seg >> 1) & 3))" in SRC and "xseg = sx + seg * 32" in SRC
+    assert SRC.count("xseg + r * KC + 8 * (q ^ sw)") == 2
     slots = sorted(_phys(s, q) for s in range(kc // 32) for q in range(4))
     assert slots == list(range(0, kc, 8))
-    # a whole staged row (XS): segment s of chunk kc sits where chunk-local segment s of a chunk staged alone would,
-    # offset by kc (the swizzle of the row's segment kc / 32 + s equals that of s)
-    for kc0 in range(0, 4096, kc):
-        for seg in range(kc // 32):
-            assert all(_phys(kc0 // 32 + seg, q) == kc0 + _phys(seg, q) for q in range(4))
     for u in range(kc // 1024):
         for q in range(4):
             for phase in range(4):   # a warp's 128-bit shared loads run as 4 phases of 8 lanes

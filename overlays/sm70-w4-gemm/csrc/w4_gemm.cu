@@ -426,8 +426,8 @@ __device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, fl
 
 // XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
 // per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false, int XS = 0>
-__device__ __forceinline__ void w4_gemv_tile(
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
+__device__ __forceinline__ void w4_gemv(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
@@ -438,17 +438,11 @@ __device__ __forceinline__ void w4_gemv_tile(
   constexpr int U = KC / 1024;                 // segments per lane per chunk
   constexpr int OUTC = FUSE ? CPW / 2 : CPW;   // output columns per warp
   constexpr int MAXBM = 64;
-  constexpr int SW = XS ? XS : KC;         // activation columns staged per row: the chunk, or all of K (<= XS)
-  __shared__ __align__(16) half sx[BMAX * SW];
+  __shared__ __align__(16) half sx[BMAX * KC];
   __shared__ int s_rows[MAXBM];
   __shared__ int s_n;
 
   const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // Warp 0's first 32 row ids are loaded together with the block's expert (no load waits on another), and the first
-  // K chunk's weights right after it, before the rows are compacted: the loads a block waits on in a row are the
-  // expert/row ids, then the weights and activations together.
-  int t0 = num_valid;
-  if (warp == 0 && lane < bm) t0 = sorted_ids ? sorted_ids[mb * bm + lane] : mb * bm + lane;
   int e = 0;
   if (sorted_ids) {
     const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together (expert_ids has a grid's worth)
@@ -457,6 +451,22 @@ __device__ __forceinline__ void w4_gemv_tile(
   } else if (mb * bm >= num_valid) {
     return;
   }
+  // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
+  if (warp == 0) {
+    int n = 0;
+    for (int r0 = 0; r0 < bm && r0 < MAXBM; r0 += 32) {
+      const int r = r0 + lane;
+      int t = num_valid;
+      if (r < bm && r < MAXBM) t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
+      const bool valid = t < num_valid;
+      const unsigned m = __ballot_sync(0xffffffffu, valid);
+      if (valid) s_rows[n + __popc(m & ((1u << lane) - 1u))] = t;
+      n += __popc(m);
+    }
+    if (lane == 0) s_n = n;
+  }
+  __syncthreads();
+  const int nrows = s_n;
 
   const int n_out = FUSE ? N / 2 : N;
   const int G = (K + group - 1) / group;
@@ -473,69 +483,6 @@ __device__ __forceinline__ void w4_gemv_tile(
     col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
   }
 
-  // This lane's weights of a chunk: U segments x CPW rows, with their two half-segment scales (and zeros).
-  uint4 wv[U][CPW];
-  float sc[U][CPW][2];
-  __half2 sub[U][CPW][2];      // 1024 + zero point, for the 0x6400 trick
-  auto load_chunk = [&](int kc) {
-    const int nseg = min(KC, K - kc) >> 5;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int seg = lane + 32 * u;
-      const int k0 = kc + 32 * seg;
-      const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
-      const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
-#pragma unroll
-      for (int c = 0; c < CPW; ++c) {
-        wv[u][c] = make_uint4(0, 0, 0, 0);
-        sc[u][c][0] = sc[u][c][1] = 0.f;
-        sub[u][c][0] = sub[u][c][1] = __float2half2_rn(1032.f);
-        if (seg < nseg && ok[c]) {
-          const int n = col[c];
-          wv[u][c] = ldg_stream(we + n * row_bytes + k0 / 2);
-          if (FMT == 2) {
-            const unsigned short b2 = *reinterpret_cast<const unsigned short*>(
-                reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + n) * G + k0 / 16);
-            sc[u][c][0] = e4m3_to_float(b2 & 0xFFu) * gs;
-            sc[u][c][1] = e4m3_to_float(b2 >> 8) * gs;
-          } else {
-            const half* sh = reinterpret_cast<const half*>(scales) + ((i64)e * N + n) * G;
-            sc[u][c][0] = __half2float(sh[g0]);
-            sc[u][c][1] = __half2float(sh[g1]);
-            if (FMT == 1) {
-              const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
-              sub[u][c][0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
-              sub[u][c][1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
-            }
-          }
-        }
-      }
-    }
-  };
-  // int4 with zero points keeps its zero-point halves live too: loaded this early they spill at 128 registers.
-  constexpr bool EARLY = FMT != 1;
-  if (EARLY) load_chunk(0);
-
-  // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
-  if (warp == 0) {
-    int n = 0;
-    for (int r0 = 0; r0 < bm && r0 < MAXBM; r0 += 32) {
-      const int r = r0 + lane;
-      int t = t0;
-      if (r0 > 0) {
-        t = num_valid;
-        if (r < bm && r < MAXBM) t = sorted_ids ? sorted_ids[mb * bm + r] : mb * bm + r;
-      }
-      const bool valid = t < num_valid;
-      const unsigned m = __ballot_sync(0xffffffffu, valid);
-      if (valid) s_rows[n + __popc(m & ((1u << lane) - 1u))] = t;
-      n += __popc(m);
-    }
-    if (lane == 0) s_n = n;
-  }
-  __syncthreads();
-  const int nrows = s_n;
-
   for (int p = 0; p < nrows; p += BMAX) {
     const int nr = min(BMAX, nrows - p);
     float acc[CPW][BMAX];
@@ -546,29 +493,60 @@ __device__ __forceinline__ void w4_gemv_tile(
 
     for (int kc = 0; kc < K; kc += KC) {
       const int nseg = min(KC, K - kc) >> 5;
-      if (p > 0 || kc > 0 || !EARLY) load_chunk(kc);
-      // With XS the pass's rows are staged whole once (the chunks then run without barriers, so the block's warps
-      // drift apart and overlap one another's loads); else one chunk at a time.
-      if (!XS || kc == 0) {
-        __syncthreads();   // the previous chunk's (or row pass's) activations are read
-        for (int idx = tid; idx < nr * (SW / 8); idx += NW * 32) {
-          const int r = idx / (SW / 8), q8 = idx % (SW / 8);
-          const int k = (XS ? 0 : kc) + 8 * q8;
-          if (k < K) {
-            const int seg = q8 >> 2, q = q8 & 3;
-            const int t = s_rows[p + r];
-            const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
-            *reinterpret_cast<uint4*>(sx + r * SW + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
+      // This lane's weights of the chunk: U segments x CPW rows, with their two half-segment scales (and zeros).
+      uint4 wv[U][CPW];
+      float sc[U][CPW][2];
+      __half2 sub[U][CPW][2];      // 1024 + zero point, for the 0x6400 trick
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int seg = lane + 32 * u;
+        const int k0 = kc + 32 * seg;
+        const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
+        const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+#pragma unroll
+        for (int c = 0; c < CPW; ++c) {
+          wv[u][c] = make_uint4(0, 0, 0, 0);
+          sc[u][c][0] = sc[u][c][1] = 0.f;
+          sub[u][c][0] = sub[u][c][1] = __float2half2_rn(1032.f);
+          if (seg < nseg && ok[c]) {
+            const int n = col[c];
+            wv[u][c] = ldg_stream(we + n * row_bytes + k0 / 2);
+            if (FMT == 2) {
+              const unsigned short b2 = *reinterpret_cast<const unsigned short*>(
+                  reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + n) * G + k0 / 16);
+              sc[u][c][0] = e4m3_to_float(b2 & 0xFFu) * gs;
+              sc[u][c][1] = e4m3_to_float(b2 >> 8) * gs;
+            } else {
+              const half* sh = reinterpret_cast<const half*>(scales) + ((i64)e * N + n) * G;
+              sc[u][c][0] = __half2float(sh[g0]);
+              sc[u][c][1] = __half2float(sh[g1]);
+              if (FMT == 1) {
+                const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
+                sub[u][c][0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
+                sub[u][c][1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
+              }
+            }
           }
         }
-        __syncthreads();
       }
+      __syncthreads();   // the previous chunk's (or row pass's) activations are read
+      for (int idx = tid; idx < nr * (KC / 8); idx += NW * 32) {
+        const int r = idx / (KC / 8), q8 = idx % (KC / 8);
+        const int k = kc + 8 * q8;
+        if (k < K) {
+          const int seg = q8 >> 2, q = q8 & 3;
+          const int t = s_rows[p + r];
+          const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
+          *reinterpret_cast<uint4*>(sx + r * KC + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
+        }
+      }
+      __syncthreads();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int seg = lane + 32 * u;
         if (seg >= nseg) break;
         const int sw = (seg >> 1) & 3;
-        const half* xseg = sx + (XS ? kc : 0) + seg * 32;
+        const half* xseg = sx + seg * 32;
         if constexpr (XR) {
 #pragma unroll
           for (int c = 0; c < CPW; ++c) {
@@ -581,7 +559,7 @@ __device__ __forceinline__ void w4_gemv_tile(
               if (r >= nr) break;
 #pragma unroll
               for (int q = 0; q < 4; ++q)
-                acc[c][r] = word_dot(*reinterpret_cast<const uint4*>(xseg + r * SW + 8 * (q ^ sw)), dq + 4 * q,
+                acc[c][r] = word_dot(*reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw)), dq + 4 * q,
                                      sc[u][c][q >> 1], acc[c][r]);
             }
           }
@@ -598,7 +576,7 @@ __device__ __forceinline__ void w4_gemv_tile(
             if (r >= nr) break;
             uint4 xq[4];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xseg + r * SW + 8 * (q ^ sw));
+            for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xseg + r * KC + 8 * (q ^ sw));
 #pragma unroll
             for (int c = 0; c < CPW; ++c)
 #pragma unroll
@@ -640,44 +618,6 @@ __device__ __forceinline__ void w4_gemv_tile(
   }
 }
 
-// The MoE down projection's epilogue without launches of its own: `clear` (clear_n 32-bit words: the down's fp32
-// sums and its per-column-block counters, one buffer) is zeroed by the gate_up launch that precedes it, each block
-// taking a grid-stride share; with `counters` every block of column block y (early-exit blocks too) counts itself
-// after its atomics, and the last one converts that block's columns of the fp32 sums to fp16 `out` (rows
-// ceil(num_valid / out_div)).  The fences: each thread's atomics are visible device-wide before its block counts;
-// the last block reads the sums from L2 (ld.cg) after the counter says every block of its columns has added.
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false, int XS = 0>
-__device__ __forceinline__ void w4_gemv(
-    half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
-    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
-    const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
-    float* __restrict__ out32, int out_div, int act, int bm, int* __restrict__ clear, int clear_n,
-    int* __restrict__ counters) {
-  if (clear) {
-    const int nb = gridDim.x * gridDim.y, b = blockIdx.y * gridDim.x + blockIdx.x;
-    for (int i = b * blockDim.x + threadIdx.x; i < clear_n; i += nb * blockDim.x) clear[i] = 0;
-  }
-  w4_gemv_tile<FMT, NW, CPW, KC, BMAX, FUSE, XR, XS>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post,
-                                              topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);
-  if (!FUSE && counters && out32) {
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(counters + blockIdx.y, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (s_last) {
-      __threadfence();
-      const int rows = (num_valid + out_div - 1) / out_div;
-      const int c0 = blockIdx.y * NW * CPW, nc = min(NW * CPW, N - c0);
-      for (int i = threadIdx.x; i < rows * nc; i += blockDim.x) {
-        const i64 o = (i64)(i / nc) * N + c0 + i % nc;
-        out[o] = __float2half_rn(__ldcg(out32 + o));
-      }
-    }
-  }
-}
-
 // 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), MINB
 // blocks per SM (registers capped at 65536 / (256 x MINB): 128 for 2, 64 for 4).  Default: 2 rows per warp,
 // 2048-wide chunks, 8 rows (32 KB), 2 blocks; "_c4": 4 rows per warp (twice the 16-byte loads in flight per lane
@@ -685,49 +625,38 @@ __device__ __forceinline__ void w4_gemv(
 // 128 registers).  "_q1" / "_r1": 2 rows per warp, 1024- / 2048-wide chunks, ONE activation row per pass, XR, 4
 // blocks per SM (60-64 registers: twice the resident warps of the others) -- for blocks of one row, as every expert
 // block of a one-token MoE step is (a block of r rows streams its weights r times; the launcher's auto takes them
-// up to AUTO_FEW_ROWS routed rows).  "_q1s" / "_r1s": q1 / r1 with XS = 4096, the pass's activation row staged whole
-// (8 KB; K <= 4096, the launcher refuses more) so the K chunks run without a barrier each.  XS = 0 elsewhere: one
-// chunk of activations at a time.  Per output every GEMV entry runs the same operations in the same order (lane
+// up to AUTO_FEW_ROWS routed rows).  Per output every GEMV entry runs the same operations in the same order (lane
 // segments lane, lane + 32, ... of each row, the same word_dot sequence), so outputs without atomics are bit-equal
 // across entries.
-#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR, XS, MINB)                                                \
+#define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR, MINB)                                                \
   extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, const half* x, const unsigned char* w, const void* scales, const int* zeros,                 \
       const float* gscale, const int* sorted_ids, const int* expert_ids, const int* num_post,               \
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
-      int out_div, int act, int bm, int* clear, int clear_n, int* counters) {                                  \
-    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR, XS>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
-                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm,    \
-                                      clear, clear_n, counters);                                               \
+      int out_div, int act, int bm) {                                                                          \
+    w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
+                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
   }
 
-W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true, 0, 2)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true, 0, 2)
+W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4zp, 1, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4, 2, false, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_act, 0, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4zp_act, 1, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_act, 2, true, 2, 2048, 8, false, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_c4, 0, false, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_c4, 2, false, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_int4_act_c4, 0, true, 4, 1024, 4, true, 2)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_c4, 2, true, 4, 1024, 4, true, 2)
 
-W4_GEMV_ENTRY(w4_gemv_int4_q1, 0, false, 2, 1024, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_act_q1, 0, true, 2, 1024, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_q1, 2, false, 2, 1024, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_q1, 2, true, 2, 1024, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_r1, 0, false, 2, 2048, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_act_r1, 0, true, 2, 2048, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_r1, 2, false, 2, 2048, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_r1, 2, true, 2, 2048, 1, true, 0, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_q1s, 0, false, 2, 1024, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_act_q1s, 0, true, 2, 1024, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_q1s, 2, false, 2, 1024, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_q1s, 2, true, 2, 1024, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_r1s, 0, false, 2, 2048, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_int4_act_r1s, 0, true, 2, 2048, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_r1s, 2, false, 2, 2048, 1, true, 4096, 4)
-W4_GEMV_ENTRY(w4_gemv_fp4_act_r1s, 2, true, 2, 2048, 1, true, 4096, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_q1, 0, false, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_act_q1, 0, true, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_q1, 2, false, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_q1, 2, true, 2, 1024, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_r1, 0, false, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_act_r1, 0, true, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_r1, 2, false, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_r1, 2, true, 2, 2048, 1, true, 4)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -66,10 +66,8 @@ GEMV_ROWS_PER_BLOCK = 16
 GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
 # GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks;
-# "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers);
-# "q1s" / "r1s" = q1 / r1 with the pass's activation row staged whole (K <= GEMV_STAGED_K), no barrier per chunk.
-GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q1s": 16, "r1s": 16}
-GEMV_STAGED_K = 4096   # XS of the "s" entries: the activation columns one block stages
+# "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers).
+GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16}
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
@@ -201,13 +199,6 @@ def _row_blocks(x: Any, sorted_ids: Any, num_valid: int | None, bm: int) -> tupl
     return num_valid, sorted_ids.numel() // bm
 
 
-def gemv_acc_words(num_valid: int, out_div: int, n: int, variant: str | None = None) -> int:
-    """32-bit words of a GEMV down projection's accumulator: the fp32 sums [ceil(num_valid / out_div), n] and one
-    counter per column block of the variant (the kernel's last block of a column block casts its columns)."""
-    per_block = GEMV_VARIANTS[variant] if variant else GEMV_ROWS_PER_BLOCK
-    return (num_valid + out_div - 1) // out_div * n + (n + per_block - 1) // per_block
-
-
 def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int, zeros: Any = None,
            gscale: Any = None) -> tuple[int, int]:
     """(experts, N) of the packed weight, or BuildError naming the problem."""
@@ -309,16 +300,12 @@ class W4Kernels:
     def gemv(self, x: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
              gscale: Any = None, sorted_ids: Any = None, expert_ids: Any = None, num_post: Any = None,
              topk_w: Any = None, num_valid: int | None = None, a_div: int = 1, out_div: int | None = None,
-             activation: str | None = None, block: int | None = None, variant: str | None = None,
-             acc: Any = None, clear: Any = None) -> Any:
+             activation: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
         """The GEMV decode launch (w4_gemv_<fmt>[_act]): the rows of block b are sorted_ids[b*block, (b+1)*block)
         (or x's rows b*block.. without sorted_ids), `block` default GEMV_BLOCK_ROWS. With `activation` the weight
         holds 2I rows (gate then up) and the result is act(gate) * up, [rows, I] fp16; with out_div the fp32 sum over
-        t // out_div of (topk_w[t] times) the rows, returned fp16 (cast in the same launch by the last block of each
-        column block); else [rows, N] fp16. variant: a GEMV_VARIANTS candidate (int4, fp4).
-        acc (with out_div): the zeroed fp32 buffer of gemv_acc(...) for the sums and counters, zeroed by an earlier
-        launch's `clear` (fused_moe's gate_up); without it one is allocated zeroed. clear: a contiguous 32-bit tensor
-        this launch zeroes besides its own work."""
+        t // out_div of (topk_w[t] times) the rows, returned fp16; else [rows, N] fp16. variant: a GEMV_VARIANTS
+        candidate (int4, fp4)."""
         import torch
 
         _e, n = _check(x, w, scales, fmt, k, group, zeros, gscale)
@@ -331,37 +318,23 @@ class W4Kernels:
         if variant is not None and (variant not in GEMV_VARIANTS or fmt == "int4zp"):
             raise BuildError(f"GEMV variant {variant!r} for {fmt}: expected one of {', '.join(GEMV_VARIANTS)} "
                              "(int4, fp4)")
-        if variant is not None and variant.endswith("s") and k > GEMV_STAGED_K:
-            raise BuildError(f"GEMV variant {variant!r} stages K <= {GEMV_STAGED_K} activation columns, got K={k}")
         rows = GEMV_VARIANTS[variant] if variant else GEMV_ROWS_PER_BLOCK
         n_out = n // 2 if activation else n
         per_block = rows // 2 if activation else rows
-        out32 = counters = None
+        out = out32 = None
         if out_div is not None:
-            rows_out = (num_valid + out_div - 1) // out_div
-            if acc is None:
-                acc = torch.zeros(gemv_acc_words(num_valid, out_div, n, variant), dtype=torch.float32,
-                                  device=x.device)
-            elif acc.numel() != gemv_acc_words(num_valid, out_div, n, variant) or acc.dtype != torch.float32:
-                raise BuildError(f"acc {tuple(acc.shape)} {acc.dtype}: expected gemv_acc(...) of "
-                                 f"{gemv_acc_words(num_valid, out_div, n, variant)} float32 words")
-            out32, counters = acc[:rows_out * n], acc[rows_out * n:].view(torch.int32)
-            out = torch.empty((rows_out, n), dtype=torch.float16, device=x.device)
+            out32 = torch.zeros(((num_valid + out_div - 1) // out_div, n), dtype=torch.float32, device=x.device)
         else:
             out = torch.empty((num_valid, n_out), dtype=torch.float16, device=x.device)
-        if clear is not None and (not clear.is_contiguous() or clear.element_size() != 4):
-            raise BuildError(f"clear {tuple(clear.shape)} {clear.dtype}: expected a contiguous 32-bit tensor")
         name = f"w4_gemv_{fmt}" + ("_act" if activation else "") + (f"_{variant}" if variant else "")
         scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
         if m_blocks and n_out:
             self.k[name].launch((m_blocks, (n_out + per_block - 1) // per_block, 1), [
                 out, x, w, scales_arg, zeros, gscale, sorted_ids, expert_ids, num_post, topk_w,
                 num_valid, a_div, n, k, group, x.stride(0), out32, out_div or 1, GEMV_ACT.get(activation or "", 0),
-                bm, clear, 0 if clear is None else clear.numel(), counters])
+                bm])
             self.ran.add(name)
-        elif out32 is not None:
-            out.zero_()
-        return out
+        return out if out32 is None else out32.half()
 
     def dequantize(self, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
                    gscale: Any = None) -> Any:
@@ -425,15 +398,12 @@ class W4Kernels:
         if gemv:
             if activation not in GEMV_ACT:
                 raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
-            # down's fp32 sums and counters, zeroed by the gate_up launch (no zeroing launch, no cast launch)
-            acc = torch.empty(gemv_acc_words(nv, top_k, w2.shape[1], variant), dtype=torch.float32,
-                              device=x.device)
             a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                           expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k,
-                          activation=activation, block=bm, variant=variant, clear=acc)
+                          activation=activation, block=bm, variant=variant)
             return self.gemv(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
                              expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
-                             num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant, acc=acc)
+                             num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant)
         y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                        expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path, decode="wmma")
         gate, up = y1[:, :inter], y1[:, inter:]
