@@ -24,7 +24,10 @@
    gate_up + down kernels, and the whole fused_moe layer) and the 3840 -> 15360 linear at M = 1/4/8 (int4 g128,
    fp4 g16): µs, % of HBM peak and of the copy bandwidth (packed weights + scales of the activated experts), the ratio
    wmma / gemv, the GEMV result's error against the WMMA one, and a streaming-read anchor of the same byte count (a
-   torch sum over a buffer of that size: what a pure read of those bytes takes in this run).
+   torch sum over a buffer of that size: what a pure read of those bytes takes in this run). The MoE rows also time
+   each arm's whole fused_moe layer as SEQ_LAYERS layers in one CUDA graph (`<arm>_seq_us`, per layer; own routing
+   per layer, weights cycling over SEQ_SETS full sets) beside the read timed the same way (`stream_seq_us`): a decode
+   step's view, without the graph launch that a single-layer replay pays and without L2 reuse between layers.
    `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
 9. linear prefill kernels side by side (`prefill`): the WMMA prefill tile against "dequant" (w4_dequant_<fmt> to an
    fp16 weight, then torch's fp16 GEMM; the launcher's default from DEQUANT_MIN_ROWS rows) at M = 64 ... 8192 on
