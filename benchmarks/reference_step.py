@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     ap.add_argument("--w4-decode", default=None, help="the launcher's decode= keyword (when it has one)")
     ap.add_argument("--w4-prefill", default=None, help="the launcher's prefill= keyword for linears (dequant | wmma)")
     ap.add_argument("--w4-moe-variant", default=None,
-                    help="a GEMV variant (GEMV_VARIANTS) for the decode step's MoE, e.g. r1s; default: --w4-decode's")
+                    help="a GEMV variant (GEMV_VARIANTS) for the decode step's MoE, e.g. q1; default: --w4-decode's")
     args = ap.parse_args(argv)
     doc = measure(args)
     out = Path(args.out)

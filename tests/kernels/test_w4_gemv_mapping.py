@@ -162,3 +162,10 @@ def test_group_index_by_shift_equals_division(group):
     for k0 in range(0, 4096, 32):
         for k in (k0, k0 + 16):
             assert (k >> gshift if gshift is not False else k // group) == k // group
+
+
+def test_entry_parser_names_fields_by_the_macro_and_refuses_a_line_of_another_arity():
+    src = "#define W4_GEMV_ENTRY(NAME, FMT, FUSE, KC, MINB)  \\\nW4_GEMV_ENTRY(w4_gemv_a, 2, true, 1024, 4)\n"
+    assert gemv_entries(src) == {"w4_gemv_a": {"FMT": 2, "FUSE": 1, "KC": 1024, "MINB": 4}}
+    with pytest.raises(ValueError, match="w4_gemv_b, 2, 1024, 4.*3 values for 4 fields"):
+        gemv_entries(src + "W4_GEMV_ENTRY(w4_gemv_b, 2, 1024, 4)\n")

@@ -19,7 +19,7 @@ def w4_launcher(name: str = "sm70_w4_kernels"):
 
 def gemv_entries(src: str | None = None) -> dict[str, dict[str, int]]:
     """The W4_GEMV_ENTRY lines of csrc/w4_gemm.cu: entry name -> {field: value} named by the macro's own parameter
-    list (FMT, FUSE, CPW, KC, BMAX, XR, XS, MINB; true/false as 1/0), so a new field needs no second parser."""
+    list (FMT, FUSE, CPW, KC, BMAX, XR, MINB; true/false as 1/0), so a new field needs no second parser."""
     src = W4_SOURCE.read_text() if src is None else src
     fields = re.search(r"^#define W4_GEMV_ENTRY\(NAME, ([^)]*)\)", src, flags=re.M).group(1).split(", ")
     out = {}
