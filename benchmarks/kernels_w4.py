@@ -338,22 +338,15 @@ def _finish_decode_row(row, outs, pct):
 SEQ_LAYERS, SEQ_SETS = 8, 4
 
 
-def _gemv_acc(mod, nv, n, var):
-    """The down projection's zeroed-by-gate_up accumulator, where the launcher has one (None for older launchers)."""
-    if not hasattr(mod, "gemv_acc_words"):
-        return None
-    return torch.empty(mod.gemv_acc_words(nv, TOPK, n, var), dtype=torch.float32, device="cuda")
-
-
-def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, peak):
-    """Per-layer µs of each decode arm's whole fused_moe layer and of a plain read, SEQ_LAYERS layers in one graph."""
+def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, per_expert, peak):
+    """Per-layer µs of each decode arm's whole fused_moe layer and of a plain read, SEQ_LAYERS layers in one graph
+    (per_expert: packed bytes + scales of one expert, the same in every set)."""
     layers = []
     for i in range(SEQ_LAYERS):
         tw, ti = route(tokens, E, TOPK, seed=1000 * tokens + i)
         w13, w2 = sets[i % len(sets)]
-        used = int(ti.unique().numel())
         layers.append((torch.randn((tokens, H), device="cuda").half(), tw, ti, w13, w2,
-                       used * (w13.bytes_per_expert() + w2.bytes_per_expert())))
+                       int(ti.unique().numel()) * per_expert))
     total = sum(lay[-1] for lay in layers)
     for dec, var in _arms(mod):
         label = _arm_label(dec, var)
@@ -372,7 +365,6 @@ def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, peak):
     row["stream_seq_us"] = timed(lambda: [b.sum() for b in bufs]) / SEQ_LAYERS * 1e6
     row["stream_seq_pct_peak"] = 100 * total / (row["stream_seq_us"] * 1e-6 * SEQ_LAYERS) / peak
     row["seq_bytes_per_layer"] = total // SEQ_LAYERS
-    del bufs
 
 
 def bench_decode(k, mod, peak, copy):
@@ -413,14 +405,11 @@ def bench_decode(k, mod, peak, copy):
                                out_div=TOPK, decode="wmma")
                 else:
                     def kernels(sid=sid, eid=eid, npost=npost, var=var):
-                        # as fused_moe launches them: down's sums and counters zeroed by the gate_up launch
-                        acc = _gemv_acc(mod, nv, H, var)
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, num_valid=nv, a_div=TOPK, activation="gelu_tanh",
-                               variant=var, **({} if acc is None else {"clear": acc}))
+                               variant=var)
                         k.gemv(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
-                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var,
-                               **({} if acc is None else {"acc": acc}))
+                               expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, out_div=TOPK, variant=var)
 
                 def layer(dec=dec, align=align, var=var):
                     return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
@@ -432,7 +421,7 @@ def bench_decode(k, mod, peak, copy):
                 row[f"{label}_layer_us"] = timed(layer) * 1e6
                 pct(row, label, nbytes)
             try:   # not yet run on a GPU: a failure here must not cost the row its single-layer figures
-                _seq_decode_row(k, mod, row, fmt, group, tokens, sets, peak)
+                _seq_decode_row(k, mod, row, fmt, group, tokens, sets, per_expert, peak)
             except Exception:  # noqa: BLE001
                 row["seq_error"] = traceback.format_exc()[-1500:]
                 print(row["seq_error"], file=sys.stderr)

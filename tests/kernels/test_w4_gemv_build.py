@@ -268,4 +268,3 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
     assert tuple(out.shape) == (3, 40, 704) and ks.calls[0][1] == (-(-40 * 22 // 256), 3, 1)
     with pytest.raises(BuildError, match="K/2 = 512 bytes"):
         k.dequantize(w, s, "int4", k=1024, group=32)
-

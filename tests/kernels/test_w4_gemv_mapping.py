@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from testing.checkpoints import E2M1_VALUES
-from tests.helpers import SHIPPED_OVERLAYS
-from tests.kernels.w4_launcher import gemv_entries, w4_launcher
+from tests.kernels.w4_launcher import W4_SOURCE, gemv_entries, w4_launcher
 
-SRC = (SHIPPED_OVERLAYS / "sm70-w4-gemm" / "csrc" / "w4_gemm.cu").read_text()
+SRC = W4_SOURCE.read_text()
 NW = int(re.search(r"w4_gemv<FMT, (\d+), CPW, KC, BMAX, FUSE, XR>", SRC).group(1))
 ENTRIES = gemv_entries(SRC)   # entry -> its W4_GEMV_ENTRY fields
 GEOMETRIES = sorted({(e["CPW"], e["KC"]) for e in ENTRIES.values()})
