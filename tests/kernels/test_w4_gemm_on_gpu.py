@@ -21,6 +21,13 @@ TOL_LINEAR = 5e-3   # max |err| / max |ref|
 TOL_MOE = 1e-2      # the fp16 intermediate between the two GEMMs adds rounding
 
 
+def _gemv_variants() -> list[str]:
+    """The launcher's GEMV candidates (GEMV_VARIANTS), so a new entry is in every grid below without a second list."""
+    from tests.kernels.w4_launcher import w4_launcher
+
+    return list(w4_launcher().GEMV_VARIANTS)
+
+
 @pytest.fixture(scope="module")
 def w4(tmp_path_factory):
     from manager.kernels import builder
@@ -169,12 +176,12 @@ def test_gemv_entries_are_bit_equal_where_no_atomics_sum(w4, fmt, group):
     the same word_dot sequence), whatever its rows per warp, chunk width, activation rows per pass or blocks per SM,
     so outputs written without atomics are bit-equal: a linear layer over several chunks (K = 3840, 3 rows) and the
     fused gate_up (act(gate) * up) of the MoE on 26B-A4B shapes. This is what carries the engine runs of c4 (int4)
-    and of the default GEMV (fp4 MoE) over to auto's q1 / r1."""
+    and of the default GEMV (fp4 MoE) over to auto's q4 / r1."""
     from tests.kernels.w4_launcher import w4_launcher
     from tests.kernels.w4_reference import make_weights, route
 
     mod = w4_launcher()
-    variants = (None, "c4", "q1", "r1")
+    variants = (None, *_gemv_variants())
     wt = make_weights(fmt, 1, 1536, 3840, group, seed=21, with_deq=False)
     x = torch.randn((3, 3840), device="cuda").half()
     outs = [w4.gemv(x, wt.w[0], wt.scales[0], fmt, k=3840, group=group, gscale=wt.gscale, variant=v) for v in variants]
@@ -189,7 +196,7 @@ def test_gemv_entries_are_bit_equal_where_no_atomics_sum(w4, fmt, group):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("variant", ["c4", "q1", "r1"])
+@pytest.mark.parametrize("variant", _gemv_variants())
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
 def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant):
     """The GEMV candidates ("_c4": 4 weight rows per warp, 1024-wide K chunks, 4 rows per pass; "_q1"/"_r1": 2 rows

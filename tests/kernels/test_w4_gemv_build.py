@@ -15,13 +15,15 @@ from tests.helpers import SHIPPED_OVERLAYS
 from tests.kernels.w4_launcher import gemv_entries, w4_launcher
 
 GEMV = [f"w4_gemv_{f}{a}" for a in ("", "_act") for f in ("int4", "int4zp", "fp4")] + [
-    f"w4_gemv_{f}{a}_{v}" for v in ("c4", "q1", "r1") for a in ("", "_act") for f in ("int4", "fp4")]
+    f"w4_gemv_{f}{a}_{v}" for v in w4_launcher().GEMV_VARIANTS for a in ("", "_act") for f in ("int4", "fp4")]
 # __launch_bounds__(256, MINB), MINB the last field of each W4_GEMV_ENTRY line: MINB 8-warp blocks per SM on Volta's
-# 64K registers (128 for 2, 64 for 4)
+# 64K registers (128 for 2, 80 for 3, 64 for 4)
 MINB = {name: e["MINB"] for name, e in gemv_entries().items()}
 # Frames measured and kept: fp4 r1 (the fp4 MoE down projection under auto) holds 8 bytes in local memory at 64
-# registers; it was timed with them (docs/kernels.md, "Eleventh lease").
-FRAME_ALLOWED = {"w4_gemv_fp4_r1": 8}
+# registers (docs/kernels.md, "Eleventh lease"); q4 (auto's int4 MoE GEMV for few rows) 16-40 bytes at 80
+# ("Thirteenth lease"). Each was timed with its frame.
+FRAME_ALLOWED = {"w4_gemv_fp4_r1": 8, "w4_gemv_int4_q4": 32, "w4_gemv_int4_act_q4": 16, "w4_gemv_fp4_q4": 40,
+                 "w4_gemv_fp4_act_q4": 16}
 _ATTRS = {0x2F: "regs", 0x11: "frame"}
 
 
@@ -77,10 +79,11 @@ def test_gemv_entry_compiles_for_sm_70_within_the_register_bound_without_spills(
     assert res.get("frame", 0) == FRAME_ALLOWED.get(entry, 0)
 
 
-def test_every_gemv_entry_has_a_blocks_per_sm_bound_and_the_one_row_entries_take_four():
+def test_every_gemv_entry_has_a_blocks_per_sm_bound_and_the_one_row_entries_take_three_or_four():
     assert set(MINB) == set(GEMV)
     assert {n for n, b in MINB.items() if b == 4} == {n for n in GEMV if n.endswith(("_q1", "_r1"))}
-    assert set(MINB.values()) == {2, 4}
+    assert {n for n, b in MINB.items() if b == 3} == {n for n in GEMV if n.endswith("_q4")}
+    assert set(MINB.values()) == {2, 3, 4}
 
 
 def test_decode_kernel_comes_from_the_argument_then_the_environment_then_auto(monkeypatch):
@@ -144,13 +147,13 @@ class _Recorder(dict):
 
 
 @pytest.mark.parametrize("decode, fmt, rows, moe, want", [
-    ("auto", "int4", 1, True, ("gemv", "q1")), ("auto", "int4", 64, True, ("gemv", "q1")),
+    ("auto", "int4", 1, True, ("gemv", "q4")), ("auto", "int4", 64, True, ("gemv", "q4")),
     ("auto", "int4", 65, True, ("gemv", "c4")), ("auto", "int4", None, True, ("gemv", "c4")),
     ("auto", "fp4", 8, True, ("gemv", "r1")), ("auto", "fp4", 65, True, ("gemv", None)),
     ("auto", "int4zp", 1, True, ("wmma", None)),
     ("auto", "int4", 4, False, ("gemv", "c4")), ("auto", "int4", 5, False, ("wmma", None)),
     ("auto", "fp4", 1, False, ("wmma", None)), ("auto", "fp4", 8, False, ("wmma", None)),
-    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "q1")),
+    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "q4")),
     ("gemv", "int4", 8, False, ("gemv", None)), ("wmma", "fp4", 1, True, ("wmma", None)),
 ])
 def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(monkeypatch, decode, fmt,
@@ -190,7 +193,7 @@ def test_linear_under_auto_launches_the_measured_fastest_entry_for_its_rows(monk
 
 
 @pytest.mark.parametrize("env, tokens, entries", [
-    ("auto", 1, ["w4_gemv_int4_act_q1", "w4_gemv_int4_q1"]),
+    ("auto", 1, ["w4_gemv_int4_act_q4", "w4_gemv_int4_q4"]),
     ("auto", 65, ["w4_gemv_int4_act_c4", "w4_gemv_int4_c4"]),   # 65 routed rows (top-1): above AUTO_FEW_ROWS
     ("wmma", 1, ["w4_gemm_int4_decode", "w4_gemm_int4_decode"]),
 ])

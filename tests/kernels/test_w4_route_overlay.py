@@ -464,7 +464,7 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
     (call,) = rel.launches.calls
     assert call[:5] == ("fused_moe", "int4", 32, "gelu", "decode")
     assert call[5] is layer.w13_weight_packed and call[6] is layer.w13_weight_scale
-    # vLLM's moe_align_block_size with the block of the default decode kernel ("auto": int4 runs a GEMV, q1 or c4, 8 rows)
+    # vLLM's moe_align_block_size with the block of the default decode kernel ("auto": int4 runs a GEMV, q4 or c4, 8 rows)
     assert rel.aligned == [(8, 8)]
     assert len(_messages(caplog, "W4A16 MoE decode ran on sm70-w4-gemm kernels in pid")) == 1
     assert len(rel.loads) == 1
@@ -474,7 +474,7 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
 @pytest.mark.parametrize("decode, rows", [("wmma", 16), ("gemv", 8), ("auto", 8)])
 def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(release, monkeypatch, decode, rows):
     """$OVERLAY_W4_DECODE reaches vLLM's moe_align_block_size through the launcher's align_block(path, fmt=...):
-    "auto" on int4 runs a GEMV (q1 or c4), whose alignment block is GEMV_BLOCK_ROWS."""
+    "auto" on int4 runs a GEMV (q4 or c4), whose alignment block is GEMV_BLOCK_ROWS."""
     rel = release((7, 0))
     monkeypatch.setenv("OVERLAY_W4_DECODE", decode)
     layer = FusedMoE()

@@ -619,13 +619,15 @@ __device__ __forceinline__ void w4_gemv(
 }
 
 // 8 warps x CPW weight rows, KC-wide K chunks (BMAX rows of activations: 2 B x BMAX x KC of shared memory), MINB
-// blocks per SM (registers capped at 65536 / (256 x MINB): 128 for 2, 64 for 4).  Default: 2 rows per warp,
+// blocks per SM (registers capped at 65536 / (256 x MINB): 128 for 2, 80 for 3, 64 for 4).  Default: 2 rows per warp,
 // 2048-wide chunks, 8 rows (32 KB), 2 blocks; "_c4": 4 rows per warp (twice the 16-byte loads in flight per lane
 // where K is short, e.g. 704), 1024-wide chunks, 4 rows (8 KB), XR, 2 blocks; int4 and fp4 only (int4zp spills at
 // 128 registers).  "_q1" / "_r1": 2 rows per warp, 1024- / 2048-wide chunks, ONE activation row per pass, XR, 4
 // blocks per SM (60-64 registers: twice the resident warps of the others) -- for blocks of one row, as every expert
 // block of a one-token MoE step is (a block of r rows streams its weights r times; the launcher's auto takes them
-// up to AUTO_FEW_ROWS routed rows).  Per output every GEMV entry runs the same operations in the same order (lane
+// up to AUTO_FEW_ROWS routed rows).  "_q4": 4 rows per warp, 1024-wide chunks, one row per pass, XR, 3 blocks per SM
+// (80 registers and a 16-40 byte local frame, measured with it): 96 weight rows per SM against q1's 64, so half as
+// many 16-byte loads again in flight -- auto's int4 MoE GEMV for few rows.  Per output every GEMV entry runs the same operations in the same order (lane
 // segments lane, lane + 32, ... of each row, the same word_dot sequence), so outputs without atomics are bit-equal
 // across entries.
 #define W4_GEMV_ENTRY(NAME, FMT, FUSE, CPW, KC, BMAX, XR, MINB)                                                \
@@ -657,6 +659,10 @@ W4_GEMV_ENTRY(w4_gemv_int4_r1, 0, false, 2, 2048, 1, true, 4)
 W4_GEMV_ENTRY(w4_gemv_int4_act_r1, 0, true, 2, 2048, 1, true, 4)
 W4_GEMV_ENTRY(w4_gemv_fp4_r1, 2, false, 2, 2048, 1, true, 4)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_r1, 2, true, 2, 2048, 1, true, 4)
+W4_GEMV_ENTRY(w4_gemv_int4_q4, 0, false, 4, 1024, 1, true, 3)
+W4_GEMV_ENTRY(w4_gemv_int4_act_q4, 0, true, 4, 1024, 1, true, 3)
+W4_GEMV_ENTRY(w4_gemv_fp4_q4, 2, false, 4, 1024, 1, true, 3)
+W4_GEMV_ENTRY(w4_gemv_fp4_act_q4, 2, true, 4, 1024, 1, true, 3)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

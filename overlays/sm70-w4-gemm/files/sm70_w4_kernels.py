@@ -20,7 +20,7 @@ tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused
 gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "auto" (the default since the
 H200 engine run of 2026-12-06): per call what the kernel benchmarks measured fastest among the choices the engine
 runs kept within the tolerance rule, or that compute bit-equal outputs (AUTO_DECODE, AUTO_DECODE_FEW, AUTO_LINEAR;
-decode_choice): for MoE steps of up to AUTO_FEW_ROWS routed rows the one-row-per-pass GEMVs (`q1` for int4, `r1` for
+decode_choice): for MoE steps of up to AUTO_FEW_ROWS routed rows the one-row-per-pass GEMVs (`q4` for int4, `r1` for
 fp4), above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
 AUTO_LINEAR_MAX_ROWS rows, WMMA for fp4 linears (their GEMV exceeded the rule in the engine), for linears above
 AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert
@@ -66,8 +66,9 @@ GEMV_ROWS_PER_BLOCK = 16
 GEMV_MAX_BLOCK = 64   # s_rows in the kernel: the largest alignment block it takes
 GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
 # GEMV candidates (entry suffix -> weight rows per block), int4 and fp4: "c4" = 4 rows per warp, 1024-wide K chunks;
-# "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers).
-GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16}
+# "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers);
+# "q4" = 4 rows per warp, 1024-wide chunks, one row per pass, 3 blocks per SM (80 registers).
+GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
@@ -77,8 +78,10 @@ AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma",
 # GEMVs, measured on an H100 on 2026-12-07 (docs/kernels.md, "Eleventh lease"; same run as c4 and the default GEMV,
 # MoE 1/4/8 tokens on 26B-A4B shapes): int4 q1 0.87/0.95/0.98x c4's time (g32), fp4 r1 0.85/0.82/0.80x the default
 # GEMV's. An expert block of r rows streams its weights r times (from L2 on the H100), so more routed rows keep
-# AUTO_DECODE. Their outputs are bit-equal to c4's and the default GEMV's, whose engine runs stayed within the rule.
-AUTO_DECODE_FEW = {"int4": ("gemv", "q1"), "fp4": ("gemv", "r1")}
+# AUTO_DECODE. int4 then moved to q4 (docs/kernels.md, "Thirteenth lease", H100, 8 MoE layers in one CUDA graph):
+# 0.94/0.97/0.95x q1's time at 1/4/8 tokens (g32; g128 0.96/0.97/0.94x); fp4 q4 loses to r1, so fp4 keeps r1.
+# Their outputs are bit-equal to c4's and the default GEMV's (GPU test), whose engine runs stayed within the rule.
+AUTO_DECODE_FEW = {"int4": ("gemv", "q4"), "fp4": ("gemv", "r1")}
 AUTO_FEW_ROWS = 64
 # Linears (no sorted_ids) of up to AUTO_LINEAR_MAX_ROWS rows. fp4 stays on WMMA: in the H200 engine run of 2026-12-06
 # (engine_gpu.py phase w, docs/kernels.md "Tenth lease") the ct-nvfp4-dense checkpoint with fp4 GEMV linears had a
