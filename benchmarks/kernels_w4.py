@@ -305,13 +305,23 @@ def _stream_anchor(nbytes):
     return timed(lambda: buf.sum())
 
 
-# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV and the GEMV candidates.
-DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"))
+# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV, the GEMV candidates and
+# the one-launch MoE decode entries (MOE_ONE_LAUNCH; MoE rows only). --decode-arms keeps a subset (labels).
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"),
+               ("gemv", "o4"), ("gemv", "o2"), ("gemv", "p4"), ("gemv", "p2"))
+ARM_FILTER: set[str] | None = None
 
 
-def _arms(mod):
-    """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones)."""
-    return [(d, v) for d, v in DECODE_ARMS if v is None or v in mod.GEMV_VARIANTS]
+def _one_launch(mod, var):
+    return var in getattr(mod, "MOE_ONE_LAUNCH", {})
+
+
+def _arms(mod, moe=True):
+    """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones);
+    the one-launch MoE entries only for MoE rows; WMMA is always kept (the ratios' denominator)."""
+    return [(d, v) for d, v in DECODE_ARMS
+            if (v is None or v in mod.GEMV_VARIANTS or (moe and _one_launch(mod, v)))
+            and (ARM_FILTER is None or d == "wmma" or _arm_label(d, v) in ARM_FILTER)]
 
 
 def _arm_label(dec, var):
@@ -365,6 +375,79 @@ def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, per_expert, peak):
     row["stream_seq_us"] = timed(lambda: [b.sum() for b in bufs]) / SEQ_LAYERS * 1e6
     row["stream_seq_pct_peak"] = 100 * total / (row["stream_seq_us"] * 1e-6 * SEQ_LAYERS) / peak
     row["seq_bytes_per_layer"] = total // SEQ_LAYERS
+    del bufs
+    _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak)
+    _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak)
+
+
+def _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak):
+    """The seq layers on vLLM's own moe_align_block_size (what the engine runs: sorted_ids with room for every
+    expert's padding past num_post, ~113 row blocks at one token of which 8 hold a row) for the GEMV arms: `_valign`
+    with the launcher's grid as it is, and `_valign_uncapped` with moe_blocks_bound lifted (every row block of
+    sorted_ids launched, as before the bound) where the launcher has it."""
+    try:
+        from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+    except Exception as exc:  # noqa: BLE001
+        row["seq_valign_error"] = f"vLLM not importable: {exc}"[:300]
+        return
+    bound = getattr(mod, "moe_blocks_bound", None)
+    for dec, var in [(d, v) for d, v in _arms(mod) if d == "gemv"]:
+        label = _arm_label(dec, var)
+        calls = []
+        for x, tw, ti, w13, w2, _b in layers:
+            align = moe_align_block_size(ti, mod.align_block("decode", dec), E)
+
+            def one(x=x, tw=tw, ti=ti, w13=w13, w2=w2, align=align, var=var):
+                return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                   gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                   decode="gemv", variant=var)
+            calls.append(one)
+        modes = [("", None)] + ([("_uncapped", lambda rows, experts, bm: 1 << 30)]
+                                if bound is not None and not _one_launch(mod, var) else [])
+        for suffix, patch in modes:
+            if patch is not None:
+                mod.moe_blocks_bound = patch
+            try:
+                t = timed(lambda calls=calls: [c() for c in calls]) / SEQ_LAYERS
+            finally:
+                if patch is not None:
+                    mod.moe_blocks_bound = bound
+            row[f"{label}_seq_valign{suffix}_us"] = t * 1e6
+            row[f"{label}_seq_valign{suffix}_pct_peak"] = 100 * total / SEQ_LAYERS / t / peak
+
+
+def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
+    """Each two-launch GEMV arm's gate_up and down launches timed apart (SEQ_LAYERS of one projection in one graph,
+    per layer) beside plain reads of each projection's bytes and a read of gate_up's bytes followed by a read of
+    down's (the two dependent launches a two-launch layer needs at least): which projection loses the time."""
+    nv = tokens * TOPK
+    w13_0, w2_0 = layers[0][3], layers[0][4]
+    up_e, down_e = w13_0.bytes_per_expert(), w2_0.bytes_per_expert()
+    used = [int(lay[2].unique().numel()) for lay in layers]
+    up_b, down_b = sum(u * up_e for u in used), sum(u * down_e for u in used)
+    acts = [torch.randn((nv, INTER), device="cuda").half() for _ in layers]
+    gemv = [(d, v) for d, v in _arms(mod) if d == "gemv" and not _one_launch(mod, v)]
+    for dec, var in gemv:
+        label = _arm_label(dec, var)
+        ups, downs = [], []
+        for (x, tw, ti, w13, w2, _b), a in zip(layers, acts, strict=True):
+            sid, eid, npost = mod.moe_align(ti, mod.align_block("decode", dec), E)
+            common = dict(group=group, sorted_ids=sid, expert_ids=eid, num_post=npost, num_valid=nv, variant=var)
+            ups.append(lambda x=x, w13=w13, c=common: k.gemv(
+                x, w13.w, w13.scales, fmt, k=H, gscale=w13.gscale, a_div=TOPK, activation="gelu_tanh", **c))
+            downs.append(lambda a=a, w2=w2, tw=tw, c=common: k.gemv(
+                a, w2.w, w2.scales, fmt, k=INTER, gscale=w2.gscale, topk_w=tw, out_div=TOPK, **c))
+        for proj, calls, nbytes in (("up", ups, up_b), ("down", downs, down_b)):
+            t = timed(lambda calls=calls: [c() for c in calls]) / SEQ_LAYERS
+            row[f"{label}_seq_{proj}_us"] = t * 1e6
+            row[f"{label}_seq_{proj}_pct_peak"] = 100 * nbytes / SEQ_LAYERS / t / peak
+    ub = [torch.empty((max(1, u * up_e // 4),), device="cuda").normal_() for u in used]
+    db = [torch.empty((max(1, u * down_e // 4),), device="cuda").normal_() for u in used]
+    row["stream_seq_up_us"] = timed(lambda: [b.sum() for b in ub]) / SEQ_LAYERS * 1e6
+    row["stream_seq_down_us"] = timed(lambda: [b.sum() for b in db]) / SEQ_LAYERS * 1e6
+    pairs = list(zip(ub, db, strict=True))
+    row["stream_seq_two_us"] = timed(lambda: [(u.sum(), d.sum()) for u, d in pairs]) / SEQ_LAYERS * 1e6
+    row["stream_seq_two_pct_peak"] = 100 * (up_b + down_b) / SEQ_LAYERS / (row["stream_seq_two_us"] * 1e-6) / peak
 
 
 def bench_decode(k, mod, peak, copy):
@@ -403,6 +486,11 @@ def bench_decode(k, mod, peak, copy):
                         k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
+                elif _one_launch(mod, var):
+                    def kernels(var=var, align=align):   # the whole layer is one launch
+                        k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                    gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
+                                    decode="gemv", variant=var)
                 else:
                     def kernels(sid=sid, eid=eid, npost=npost, var=var):
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
@@ -436,7 +524,7 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in _arms(mod):
+            for dec, var in _arms(mod, moe=False):
                 label = _arm_label(dec, var)
 
                 def lin(dec=dec, var=var):
@@ -534,7 +622,11 @@ def main():
                     help="copy bandwidth and the WMMA-vs-GEMV decode comparison only")
     ap.add_argument("--only-prefill", action="store_true",
                     help="copy bandwidth and the WMMA-vs-dequant linear prefill comparison only")
+    ap.add_argument("--decode-arms", default=None,
+                    help="comma-separated decode arm labels to keep (e.g. gemv_q4,gemv_o4); WMMA always runs")
     args = ap.parse_args()
+    global ARM_FILTER
+    ARM_FILTER = set(args.decode_arms.split(",")) if args.decode_arms else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     mod = w4_launcher()
