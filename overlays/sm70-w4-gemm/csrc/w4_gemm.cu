@@ -774,7 +774,8 @@ __device__ __forceinline__ void w4_moe_decode(
   }
 }
 
-// CPW weight rows per warp, KC-wide K chunks, MINB blocks per SM: "o4" the q4 GEMV's shape, "o2" the r1 GEMV's.
+// CPW weight rows per warp, KC-wide K chunks, MINB blocks per SM: "o4" / "p4" the q4 GEMV's items at 3 / 2 blocks
+// per SM, "o2" / "p2" the q1 GEMV's at 4 / 3 (the tighter bounds spill: frames in tests/kernels/test_w4_gemv_build.py).
 #define W4_MOE_ENTRY(NAME, FMT, CPW, KC, MINB)                                                                 \
   extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, half* act_buf, float* out32, int* ws, const half* x, const unsigned char* w13, const void* s13, \
