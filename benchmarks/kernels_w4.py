@@ -308,7 +308,7 @@ def _stream_anchor(nbytes):
 # The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV, the GEMV candidates and
 # the one-launch MoE decode entries (MOE_ONE_LAUNCH; MoE rows only). --decode-arms keeps a subset (labels).
 DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"),
-               ("gemv", "o4"), ("gemv", "o2"), ("gemv", "p4"), ("gemv", "p2"))
+               ("gemv", "o4"), ("gemv", "o2"), ("gemv", "n4"), ("gemv", "n2"))
 ARM_FILTER: set[str] | None = None
 
 
@@ -387,9 +387,14 @@ def _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak):
     sorted_ids launched, as before the bound) where the launcher has it."""
     try:
         from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
-    except Exception as exc:  # noqa: BLE001
-        row["seq_valign_error"] = f"vLLM not importable: {exc}"[:300]
-        return
+        row["seq_valign_source"] = "vllm moe_align_block_size"
+    except Exception:  # noqa: BLE001
+        def moe_align_block_size(ti, bm, experts):   # the same layout, padded to the room vLLM's op allocates
+            sid, eid, npost = mod.moe_align(ti, bm, experts)
+            room = ti.numel() + experts * (bm - 1)
+            return (torch.cat([sid, sid.new_full((room - sid.numel(),), ti.numel())]),
+                    torch.cat([eid, eid.new_zeros((room // bm - eid.numel(),))]), npost)
+        row["seq_valign_source"] = "torch alignment padded to vLLM's room (vLLM not importable)"
     bound = getattr(mod, "moe_blocks_bound", None)
     for dec, var in [(d, v) for d, v in _arms(mod) if d == "gemv"]:
         label = _arm_label(dec, var)

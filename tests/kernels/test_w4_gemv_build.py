@@ -276,8 +276,8 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
 # The one-launch MoE decode entries (W4_MOE_ENTRY): name -> fields, and the local-memory frames each compiled with
 # when it was added (spills under the tighter register bounds; the benchmarks time every entry with its frame).
 MOE = {name: e for name, e in gemv_entries(macro="W4_MOE_ENTRY").items()}
-MOE_FRAME_ALLOWED = {"w4_moe_int4_o4": 128, "w4_moe_fp4_o4": 144, "w4_moe_int4_o2": 40, "w4_moe_fp4_o2": 80,
-                     "w4_moe_fp4_p2": 32}
+MOE_FRAME_ALLOWED = {f"w4_moe_{f}_{v}": b for v in ("o4", "n4", "o2", "n2")
+                     for f, b in zip(("int4", "fp4"), (128, 144) if v.endswith("4") else (40, 80), strict=True)}
 
 
 @pytest.mark.parametrize("entry", sorted(MOE))

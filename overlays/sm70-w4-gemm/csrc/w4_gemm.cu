@@ -718,7 +718,8 @@ W4_GEMV_ENTRY(w4_gemv_fp4_act_q4, 2, true, 4, 1024, 1, true, 3)
 // ws (int32, zero before the first launch, left zero by each launch): [0] ticket, [1] blocks finished, [2, 2 + MBX)
 // done per expert block, then cnt: ceil(H / CPW) counters per token. out32 [tokens, H] fp32: zero before, left zero.
 // act_buf [num_valid, I] fp16: scratch. out [tokens, H] fp16: the layer's output.
-template <int FMT, int CPW, int KC>
+// PERSIST false: one item per block (a grid of at least every item), the blocks still ordered by ticket.
+template <int FMT, int CPW, int KC, bool PERSIST = true>
 __device__ __forceinline__ void w4_moe_decode(
     half* __restrict__ out, half* __restrict__ act_buf, float* __restrict__ out32, int* __restrict__ ws,
     const half* __restrict__ x, const unsigned char* __restrict__ w13, const void* __restrict__ s13,
@@ -746,7 +747,8 @@ __device__ __forceinline__ void w4_moe_decode(
   for (int i = 0;; ++i) {
     const int t = s_item[i & 1];
     if (t >= total) break;
-    if (tid == 0) s_item[(i + 1) & 1] = atomicAdd(ticket, 1);   // the next ticket, taken while this item runs
+    if (PERSIST && tid == 0) s_item[(i + 1) & 1] = atomicAdd(ticket, 1);   // the next ticket, taken meanwhile
+    else if (!PERSIST && tid == 0) s_item[(i + 1) & 1] = total;              // one item per block
     if (t < na) {
       const int mb = t / ta;
       w4_gemv<FMT, NW, CPW, KC, 1, true, true, 1>(act_buf, x, w13, s13, nullptr, g13, sorted_ids, expert_ids,
@@ -776,24 +778,24 @@ __device__ __forceinline__ void w4_moe_decode(
 
 // CPW weight rows per warp, KC-wide K chunks, MINB blocks per SM: "o4" / "p4" the q4 GEMV's items at 3 / 2 blocks
 // per SM, "o2" / "p2" the q1 GEMV's at 4 / 3 (the tighter bounds spill: frames in tests/kernels/test_w4_gemv_build.py).
-#define W4_MOE_ENTRY(NAME, FMT, CPW, KC, MINB)                                                                 \
+#define W4_MOE_ENTRY(NAME, FMT, CPW, KC, MINB, PERSIST)                                                        \
   extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, half* act_buf, float* out32, int* ws, const half* x, const unsigned char* w13, const void* s13, \
       const float* g13, const unsigned char* w2, const void* s2, const float* g2, const int* sorted_ids,      \
       const int* expert_ids, const int* num_post, const float* topk_w, int num_valid, int top_k, int H, int I, \
       int group, int act, int bm, int mbx) {                                                                   \
-    w4_moe_decode<FMT, CPW, KC>(out, act_buf, out32, ws, x, w13, s13, g13, w2, s2, g2, sorted_ids, expert_ids, \
+    w4_moe_decode<FMT, CPW, KC, PERSIST>(out, act_buf, out32, ws, x, w13, s13, g13, w2, s2, g2, sorted_ids, expert_ids, \
                                 num_post, topk_w, num_valid, top_k, H, I, group, act, bm, mbx);                \
   }
 
-W4_MOE_ENTRY(w4_moe_int4_o4, 0, 4, 1024, 3)
-W4_MOE_ENTRY(w4_moe_fp4_o4, 2, 4, 1024, 3)
-W4_MOE_ENTRY(w4_moe_int4_o2, 0, 2, 1024, 4)
-W4_MOE_ENTRY(w4_moe_fp4_o2, 2, 2, 1024, 4)
-W4_MOE_ENTRY(w4_moe_int4_p4, 0, 4, 1024, 2)
-W4_MOE_ENTRY(w4_moe_fp4_p4, 2, 4, 1024, 2)
-W4_MOE_ENTRY(w4_moe_int4_p2, 0, 2, 1024, 3)
-W4_MOE_ENTRY(w4_moe_fp4_p2, 2, 2, 1024, 3)
+W4_MOE_ENTRY(w4_moe_int4_o4, 0, 4, 1024, 3, true)
+W4_MOE_ENTRY(w4_moe_fp4_o4, 2, 4, 1024, 3, true)
+W4_MOE_ENTRY(w4_moe_int4_o2, 0, 2, 1024, 4, true)
+W4_MOE_ENTRY(w4_moe_fp4_o2, 2, 2, 1024, 4, true)
+W4_MOE_ENTRY(w4_moe_int4_n4, 0, 4, 1024, 3, false)
+W4_MOE_ENTRY(w4_moe_fp4_n4, 2, 4, 1024, 3, false)
+W4_MOE_ENTRY(w4_moe_int4_n2, 0, 2, 1024, 4, false)
+W4_MOE_ENTRY(w4_moe_fp4_n2, 2, 2, 1024, 4, false)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

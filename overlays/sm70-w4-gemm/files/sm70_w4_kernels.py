@@ -73,7 +73,9 @@ GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
 # (weight rows per warp, blocks per SM it is bounded for, the GEMV variant computing the same per-item outputs in two
 # launches). gate_up, act(gate) * up and down with the top-k sum in one persistent launch whose fp32 sums and counters
 # stay in a per-device workspace the kernel leaves zero; for steps of up to MOE_ONE_LAUNCH_MAX_ROWS routed rows.
-MOE_ONE_LAUNCH = {"o4": (4, 3, "q4"), "o2": (2, 4, "q1"), "p4": (4, 2, "q4"), "p2": (2, 3, "q1")}
+MOE_ONE_LAUNCH = {"o4": (4, 3, "q4"), "o2": (2, 4, "q1"), "n4": (4, 3, "q4"), "n2": (2, 4, "q1")}
+# ... of which these launch one block per item (a grid of every item the routing can make) instead of a persistent grid
+MOE_ONE_ITEM_PER_BLOCK = ("n4", "n2")
 MOE_ONE_LAUNCH_MAX_ROWS = 64
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
@@ -405,8 +407,15 @@ class W4Kernels:
         tw = topk_weights.float().contiguous()
         name = f"w4_moe_{fmt}_{variant}"
         s13a, s2a = (s13.view(torch.uint8), s2.view(torch.uint8)) if fmt == "fp4" else (s13, s2)
+        if variant in MOE_ONE_ITEM_PER_BLOCK:
+            cpw = MOE_ONE_LAUNCH[variant][0]
+            items = (-(-inter // (4 * cpw)) + -(-h // (8 * cpw))) * min(moe_blocks_bound(nv, e, block),
+                                                                         sorted_ids.numel() // block)
+            grid = max(1, items)
+        else:
+            grid = self.num_sms * minb
         if m:
-            self.k[name].launch((self.num_sms * minb, 1, 1), [
+            self.k[name].launch((grid, 1, 1), [
                 out, act, out32, ws, x, w13, s13a, gscale13, w2, s2a, gscale2, sorted_ids, expert_ids, num_post, tw,
                 nv, top_k, h, inter, group, GEMV_ACT[activation], block, MOE_ONE_LAUNCH_MAX_ROWS])
             self.ran.add(name)
