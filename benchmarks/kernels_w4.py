@@ -28,6 +28,11 @@
    each arm's whole fused_moe layer as SEQ_LAYERS layers in one CUDA graph (`<arm>_seq_us`, per layer; own routing
    per layer, weights cycling over SEQ_SETS full sets) beside the read timed the same way (`stream_seq_us`): a decode
    step's view, without the graph launch that a single-layer replay pays and without L2 reuse between layers.
+   The same layers again on vLLM's moe_align_block_size layout (`<arm>_seq_valign_us`; where vLLM is not importable
+   the torch alignment padded to the room vLLM's op allocates), with the launcher's row grid and with it uncapped
+   (`_valign_uncapped`: every row block of sorted_ids, as before moe_blocks_bound), and each two-launch GEMV's
+   gate_up and down timed apart (`<arm>_seq_up_us` / `_seq_down_us`) beside reads of each projection's bytes.
+   `--decode-arms` keeps a subset of the arms.
    `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
 9. linear prefill kernels side by side (`prefill`): the WMMA prefill tile against "dequant" (w4_dequant_<fmt> to an
    fp16 weight, then torch's fp16 GEMM; the launcher's default from DEQUANT_MIN_ROWS rows) at M = 64 ... 8192 on
@@ -305,22 +310,16 @@ def _stream_anchor(nbytes):
     return timed(lambda: buf.sum())
 
 
-# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV, the GEMV candidates and
-# the one-launch MoE decode entries (MOE_ONE_LAUNCH; MoE rows only). --decode-arms keeps a subset (labels).
-DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"),
-               ("gemv", "o4"), ("gemv", "o2"), ("gemv", "n4"), ("gemv", "n2"))
+# The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV and the GEMV candidates.
+# --decode-arms keeps a subset (labels).
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"))
 ARM_FILTER: set[str] | None = None
 
 
-def _one_launch(mod, var):
-    return var in getattr(mod, "MOE_ONE_LAUNCH", {})
-
-
-def _arms(mod, moe=True):
-    """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones);
-    the one-launch MoE entries only for MoE rows; WMMA is always kept (the ratios' denominator)."""
-    return [(d, v) for d, v in DECODE_ARMS
-            if (v is None or v in mod.GEMV_VARIANTS or (moe and _one_launch(mod, v)))
+def _arms(mod):
+    """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones)
+    and --decode-arms keeps; WMMA is always kept (the ratios' denominator)."""
+    return [(d, v) for d, v in DECODE_ARMS if (v is None or v in mod.GEMV_VARIANTS)
             and (ARM_FILTER is None or d == "wmma" or _arm_label(d, v) in ARM_FILTER)]
 
 
@@ -407,8 +406,7 @@ def _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak):
                                    gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
                                    decode="gemv", variant=var)
             calls.append(one)
-        modes = [("", None)] + ([("_uncapped", lambda rows, experts, bm: 1 << 30)]
-                                if bound is not None and not _one_launch(mod, var) else [])
+        modes = [("", None)] + ([("_uncapped", lambda rows, experts, bm: 1 << 30)] if bound is not None else [])
         for suffix, patch in modes:
             if patch is not None:
                 mod.moe_blocks_bound = patch
@@ -431,7 +429,7 @@ def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
     used = [int(lay[2].unique().numel()) for lay in layers]
     up_b, down_b = sum(u * up_e for u in used), sum(u * down_e for u in used)
     acts = [torch.randn((nv, INTER), device="cuda").half() for _ in layers]
-    gemv = [(d, v) for d, v in _arms(mod) if d == "gemv" and not _one_launch(mod, v)]
+    gemv = [(d, v) for d, v in _arms(mod) if d == "gemv"]
     for dec, var in gemv:
         label = _arm_label(dec, var)
         ups, downs = [], []
@@ -491,11 +489,6 @@ def bench_decode(k, mod, peak, copy):
                         k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
-                elif _one_launch(mod, var):
-                    def kernels(var=var, align=align):   # the whole layer is one launch
-                        k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
-                                    gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
-                                    decode="gemv", variant=var)
                 else:
                     def kernels(sid=sid, eid=eid, npost=npost, var=var):
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
@@ -529,7 +522,7 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in _arms(mod, moe=False):
+            for dec, var in _arms(mod):
                 label = _arm_label(dec, var)
 
                 def lin(dec=dec, var=var):
@@ -628,7 +621,7 @@ def main():
     ap.add_argument("--only-prefill", action="store_true",
                     help="copy bandwidth and the WMMA-vs-dequant linear prefill comparison only")
     ap.add_argument("--decode-arms", default=None,
-                    help="comma-separated decode arm labels to keep (e.g. gemv_q4,gemv_o4); WMMA always runs")
+                    help="comma-separated decode arm labels to keep (e.g. gemv_q4,gemv_r1); WMMA always runs")
     args = ap.parse_args()
     global ARM_FILTER
     ARM_FILTER = set(args.decode_arms.split(",")) if args.decode_arms else None

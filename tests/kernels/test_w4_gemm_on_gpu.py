@@ -221,94 +221,42 @@ def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant):
     assert {f"w4_gemv_{fmt}_{variant}", f"w4_gemv_{fmt}_act_{variant}"} <= w4.ran
 
 
-def _one_launch_variants() -> list[str]:
-    from tests.kernels.w4_launcher import w4_launcher
-
-    return list(w4_launcher().MOE_ONE_LAUNCH)
-
-
-def _near(a, b) -> bool:
-    """Equal up to the fp16 rounding of an fp32 sum whose top-k atomics ran in another order."""
+def _near(a, b) -> str:
+    """'' when a equals b up to the fp16 rounding of an fp32 sum whose top-k atomics ran in another order, else what
+    differs (for the assertion message)."""
     a, b = a.float(), b.float()
-    return bool(((a - b).abs() <= b.abs() * 2.0 ** -10 + 2.0 ** -24).all())
+    bad = (a - b).abs() > b.abs() * 2.0 ** -10 + 2.0 ** -24
+    if not bool(bad.any()):
+        return ""
+    return (f"{int(bad.sum())} of {bad.numel()} differ, max |a - b| {float((a - b).abs().max()):.3g} at |b| max "
+            f"{float(b.abs().max()):.3g}")
 
 
-def _workspace_is_zero(w4, device, h) -> bool:
-    ws, out32 = w4._moe_ws[(str(device), h)]
-    return int(ws.abs().sum()) == 0 and float(out32.abs().sum()) == 0.0
-
-
-@pytest.mark.parametrize("variant", _one_launch_variants())
-@pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("fp4", 16)])
-def test_one_launch_moe_matches_fp32_and_its_two_launch_twin_and_leaves_its_workspace_zero(w4, fmt, group, variant):
-    """gate_up, act(gate) * up and down with the top-k sum in one persistent launch: against fp32 (hidden 256,
-    intermediate 704) for 1/4/8 tokens and 8 rows in each of 8 experts; against its two-launch GEMV twin (same per-item
-    sums) on 26B-A4B shapes, also with vLLM's padded alignment (room for every expert's padding past num_post); the
-    fp32 sums and counters are zero after every launch, so the next layer starts clean."""
+@pytest.mark.parametrize("decode,variant", [("wmma", None), ("gemv", None), ("gemv", "q4"), ("gemv", "r1"),
+                                            ("gemv", "c4")])
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+def test_moe_decode_on_vllms_padded_alignment_equals_the_exact_one(w4, fmt, group, decode, variant):
+    """vLLM's moe_align_block_size leaves room in sorted_ids for every expert's padding (numel + E x (bm - 1)); the
+    launcher launches only the row blocks a routing can fill (moe_blocks_bound), so the result on that padded layout
+    (padding ids past num_post, expert 0 in the spare expert_ids) is the result on the exact one, on 26B-A4B shapes
+    at 1 / 4 / 8 tokens; a second launch on the exact layout bounds what the atomics' order alone changes."""
     from tests.kernels.w4_launcher import w4_launcher
-    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+    from tests.kernels.w4_reference import make_weights, route
 
     mod = w4_launcher()
-    twin = mod.MOE_ONE_LAUNCH[variant][2]
-    e, h, inter = 128, 256, 704
-    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=31)
-    w2 = make_weights(fmt, e, h, inter, group, seed=32)
-    for tokens, only in ((1, None), (4, None), (8, None), (8, 8)):
-        topk_w, topk_ids = route(tokens, e, 8, seed=tokens, only=only)
-        x = torch.randn((tokens, h), device="cuda").half()
-        for act in ("gelu_tanh", "silu"):
-            out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
-                               gscale13=w13.gscale, gscale2=w2.gscale, activation=act, path="decode", decode="gemv",
-                               variant=variant)
-            assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids, activation=act)) <= TOL_MOE
-            assert _workspace_is_zero(w4, x.device, h)
-    assert f"w4_moe_{fmt}_{variant}" in w4.ran
-    h = 2816
+    e, h, inter = 128, 2816, 704
     w13 = make_weights(fmt, e, 2 * inter, h, group, seed=33, with_deq=False)
     w2 = make_weights(fmt, e, h, inter, group, seed=34, with_deq=False)
-    bm = mod.GEMV_BLOCK_ROWS
+    bm = mod.align_block("decode", decode)
     for tokens in (1, 4, 8):
         topk_w, topk_ids = route(tokens, e, 8, seed=40 + tokens)
         x = torch.randn((tokens, h), device="cuda").half()
         sid, eid, npost = mod.moe_align(topk_ids, bm, e)
         room = tokens * 8 + e * (bm - 1)
-        padded = (torch.cat([sid, torch.full((room - sid.numel(),), tokens * 8, dtype=sid.dtype, device=sid.device)]),
-                  torch.cat([eid, torch.zeros((room // bm - eid.numel(),), dtype=eid.dtype, device=eid.device)]),
-                  npost)
+        padded = (torch.cat([sid, sid.new_full((room - sid.numel(),), tokens * 8)]),
+                  torch.cat([eid, eid.new_zeros((room // bm - eid.numel(),))]), npost)
         outs = [w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
-                             gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant=v, align=a)
-                for v in (twin, variant, variant) for a in ((sid, eid, npost), padded)]
-        assert all(_near(o, outs[0]) for o in outs[1:])
-        assert _workspace_is_zero(w4, x.device, h)
-
-
-def test_one_launch_moe_replays_in_a_cuda_graph_with_new_activations(w4):
-    """What vLLM's decode graphs do: the launch captured once (its workspace made by an eager call before), replayed
-    with new inputs copied into the captured buffers; each replay equals an eager launch on the same inputs."""
-    from tests.kernels.w4_launcher import w4_launcher
-    from tests.kernels.w4_reference import make_weights, route
-
-    mod = w4_launcher()
-    e, h, inter, tokens = 128, 2816, 704, 4
-    w13 = make_weights("int4", e, 2 * inter, h, 32, seed=35, with_deq=False)
-    w2 = make_weights("int4", e, h, inter, 32, seed=36, with_deq=False)
-    topk_w, topk_ids = route(tokens, e, 8, seed=7)
-    align = mod.moe_align(topk_ids, mod.GEMV_BLOCK_ROWS, e)
-    x = torch.randn((tokens, h), device="cuda").half()
-
-    def layer(inp):
-        return w4.fused_moe(inp, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, "int4", group=32,
-                            path="decode", decode="gemv", variant="o4", align=align)
-
-    layer(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = layer(x)
-    for seed in range(3):
-        torch.manual_seed(seed)
-        x.copy_(torch.randn((tokens, h), device="cuda").half())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _near(y.clone(), layer(x.clone()))
-        assert _workspace_is_zero(w4, x.device, h)
+                             gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode=decode, variant=variant,
+                             align=a) for a in ((sid, eid, npost), (sid, eid, npost), padded)]
+        assert not _near(outs[1], outs[0]), f"{tokens} tokens, exact twice: {_near(outs[1], outs[0])}"
+        assert not _near(outs[2], outs[0]), f"{tokens} tokens, padded: {_near(outs[2], outs[0])}"

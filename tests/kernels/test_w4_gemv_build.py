@@ -273,30 +273,6 @@ def test_dequantize_takes_experts_on_the_grids_second_axis_and_refuses_a_k_off_t
         k.dequantize(w, s, "int4", k=1024, group=32)
 
 
-# The one-launch MoE decode entries (W4_MOE_ENTRY): name -> fields, and the local-memory frames each compiled with
-# when it was added (spills under the tighter register bounds; the benchmarks time every entry with its frame).
-MOE = {name: e for name, e in gemv_entries(macro="W4_MOE_ENTRY").items()}
-MOE_FRAME_ALLOWED = {f"w4_moe_{f}_{v}": b for v in ("o4", "n4", "o2", "n2")
-                     for f, b in zip(("int4", "fp4"), (128, 144) if v.endswith("4") else (40, 80), strict=True)}
-
-
-@pytest.mark.parametrize("entry", sorted(MOE))
-def test_one_launch_moe_entry_compiles_for_sm_70_within_its_register_bound_and_frame(sm70_cubin, entry):
-    res = cubin_resources(sm70_cubin)[entry]
-    assert 0 < res["regs"] <= 65536 // (256 * MOE[entry]["MINB"])
-    assert res.get("frame", 0) == MOE_FRAME_ALLOWED.get(entry, 0)
-
-
-def test_one_launch_entries_are_the_launchers_table_for_both_formats():
-    mod = w4_launcher()
-    fmts = {0: "int4", 2: "fp4"}
-    got = {(fmts[e["FMT"]], name.rsplit("_", 1)[1]): (e["CPW"], e["MINB"]) for name, e in MOE.items()}
-    want = {(f, v): (cpw, minb) for v, (cpw, minb, _twin) in mod.MOE_ONE_LAUNCH.items() for f in ("int4", "fp4")}
-    assert got == want
-    # each names the two-launch GEMV of the same weight rows per warp, which it falls back to inside a capture
-    assert all(mod.GEMV_VARIANTS[twin] == 8 * cpw for cpw, _m, twin in mod.MOE_ONE_LAUNCH.values())
-
-
 @pytest.mark.parametrize("tokens, experts, bm", [(1, 128, 8), (4, 128, 8), (8, 128, 8), (8, 4, 8), (3, 128, 16),
                                                  (64, 128, 1), (200, 128, 64)])
 def test_moe_blocks_bound_holds_every_filled_block_of_the_alignment(tokens, experts, bm):
@@ -333,29 +309,3 @@ def test_gemv_moe_launches_only_the_blocks_the_routing_can_fill_of_a_padded_alig
     k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="gemv", activation="silu",
                 align=padded)
     assert [grid[0] for _n, grid, _a in ks.calls] == [1, 1]
-
-
-def test_one_launch_moe_runs_one_persistent_launch_and_refuses_what_it_cannot_take():
-    torch = pytest.importorskip("torch")
-    mod = w4_launcher()
-    ks = _Recorder()
-    k = mod.W4Kernels(ks, num_sms=132)
-    x, w13, s13, w2, s2, wts, ids = _moe_args(torch, 2)
-    y = k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="gemv", activation="silu",
-                    variant="o4")
-    (name, grid, args), = ks.calls
-    assert name == "w4_moe_int4_o4" and grid == (132 * 3, 1, 1) and tuple(y.shape) == (2, 64)
-    assert args[-8:] == [2, 1, 64, 32, 32, mod.GEMV_ACT["silu"], mod.GEMV_BLOCK_ROWS, mod.MOE_ONE_LAUNCH_MAX_ROWS]
-    ws, out32 = args[3], args[2]
-    assert int(ws.abs().sum()) == 0 and float(out32.abs().sum()) == 0 and tuple(out32.shape) == (64, 64)
-    # the workspace is made once per device and hidden size: a second layer's launch passes the same buffers
-    k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4", group=32, path="decode", decode="gemv", activation="silu",
-                variant="o4")
-    assert ks.calls[1][2][3] is ws and ks.calls[1][2][2] is out32
-    x65, *rest = _moe_args(torch, 65)
-    with pytest.raises(BuildError, match="up to 64 routed rows"):
-        k.fused_moe(x65, *rest, "int4", group=32, path="decode", decode="gemv", variant="o4")
-    with pytest.raises(BuildError, match="int4zp"):
-        k.fused_moe(x, w13, s13, w2, s2, wts, ids, "int4zp", group=32, z13=torch.zeros((2, 8, 2), dtype=torch.int32),
-                    z2=torch.zeros((2, 8, 1), dtype=torch.int32), path="decode", decode="gemv", variant="o4")
-    assert len(ks.calls) == 2

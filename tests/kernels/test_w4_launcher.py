@@ -58,10 +58,6 @@ def test_decode_splits_k_in_whole_chunks_until_the_grid_fills_the_gpu_and_prefil
     assert k.pick_split("prefill", 704, 8) >= 704
 
 
-def mod_variants() -> list[str]:
-    return list(w4_launcher().MOE_ONE_LAUNCH)
-
-
 def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_parameter_list():
     import re
 
@@ -70,7 +66,7 @@ def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_paramete
 
     spec = load_kernels_spec(W4_DIR)
     src = (W4_DIR / "csrc" / "w4_gemm.cu").read_text()
-    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT|_MOE)?_ENTRY\((\w+),", src, flags=re.M)
+    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT)?_ENTRY\((\w+),", src, flags=re.M)
     declared = [e.name for s in spec.sources for e in s.entries]
     assert sorted(in_source) == sorted(declared)
     params = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries}
@@ -82,13 +78,7 @@ def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_paramete
     assert [n for _t, n in next(iter(deq))] == ["out", "w", "scales", "zeros", "gscale", "n", "k", "group"]
     assert sorted(e for e in declared if e.startswith("w4_dequant_")) == [f"w4_dequant_{f}" for f in
                                                                           ("fp4", "int4", "int4zp")]
-    moe = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries
-           if e.name.startswith("w4_moe_")}
-    assert len(moe) == 1 and [n for _t, n in next(iter(moe))][:4] == ["out", "act_buf", "out32", "ws"]
-    assert [n for _t, n in next(iter(moe))][-3:] == ["act", "bm", "mbx"]
-    assert sorted(e for e in declared if e.startswith("w4_moe_")) == sorted(
-        f"w4_moe_{f}_{v}" for v in mod_variants() for f in ("int4", "fp4"))
-    gemv = params - wmma - deq - moe   # the GEMV decode entries: k_split replaced by (act, bm)
+    gemv = params - wmma - deq   # the GEMV decode entries: k_split replaced by (act, bm)
     assert len(gemv) == 1 and next(iter(gemv))[:18] == next(iter(wmma))[:18]
     assert [n for _t, n in next(iter(gemv))[18:]] == ["act", "bm"]
     mod = w4_launcher()

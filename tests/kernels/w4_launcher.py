@@ -17,17 +17,16 @@ def w4_launcher(name: str = "sm70_w4_kernels"):
     return load_by_path(name, W4_LAUNCHER)
 
 
-def gemv_entries(src: str | None = None, macro: str = "W4_GEMV_ENTRY") -> dict[str, dict[str, int]]:
-    """The `macro` lines of csrc/w4_gemm.cu (W4_GEMV_ENTRY, or W4_MOE_ENTRY for the one-launch MoE decode): entry
-    name -> {field: value} named by the macro's own parameter list (FMT, FUSE, CPW, KC, BMAX, XR, MINB; true/false
-    as 1/0), so a new field needs no second parser."""
+def gemv_entries(src: str | None = None) -> dict[str, dict[str, int]]:
+    """The W4_GEMV_ENTRY lines of csrc/w4_gemm.cu: entry name -> {field: value} named by the macro's own parameter
+    list (FMT, FUSE, CPW, KC, BMAX, XR, MINB; true/false as 1/0), so a new field needs no second parser."""
     src = W4_SOURCE.read_text() if src is None else src
-    fields = re.search(rf"^#define {macro}\(NAME, ([^)]*)\)", src, flags=re.M).group(1).split(", ")
+    fields = re.search(r"^#define W4_GEMV_ENTRY\(NAME, ([^)]*)\)", src, flags=re.M).group(1).split(", ")
     out = {}
-    for line in re.findall(rf"^{macro}\((.*)\)$", src, flags=re.M):
+    for line in re.findall(r"^W4_GEMV_ENTRY\((.*)\)$", src, flags=re.M):
         name, *vals = line.split(", ")
         if len(vals) != len(fields):
-            raise ValueError(f"{macro}({line}): {len(vals)} values for {len(fields)} fields {fields}")
+            raise ValueError(f"W4_GEMV_ENTRY({line}): {len(vals)} values for {len(fields)} fields {fields}")
         out[name] = {f: 1 if v == "true" else 0 if v == "false" else int(v)
                      for f, v in zip(fields, vals, strict=True)}
     return out

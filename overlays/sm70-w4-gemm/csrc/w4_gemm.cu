@@ -424,28 +424,15 @@ __device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, fl
   return fmaf(f.x + f.y, s, acc);
 }
 
-// The one-launch MoE decode's hooks into a GEMV item (MODE 1, w4_moe_decode below): a down item waits until `wait`
-// reaches `target` (its expert block's gate_up items, all written) with its first weights already in flight, reads the
-// activations through L2 (they were written in the same launch), and the last of a token's top_k contributions to a
-// warp's output columns (counted in cnt, cnt_cols column groups per token) writes them as fp16 and leaves their fp32
-// sums and its counter zero.
-struct MoeSync {
-  const int* wait;
-  int target;
-  int* cnt;
-  int cnt_cols;
-};
-
 // XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
 // per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
-// (mb, yb): the row block and column tile (the grid's x and y for a launch per item).
-template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false, int MODE = 0>
+template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
 __device__ __forceinline__ void w4_gemv(
     half* __restrict__ out, const half* __restrict__ x, const unsigned char* __restrict__ w,
     const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ num_post,
     const float* __restrict__ topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x,
-    float* __restrict__ out32, int out_div, int act, int bm, int mb, int yb, MoeSync ms) {
+    float* __restrict__ out32, int out_div, int act, int bm) {
   static_assert(KC % 1024 == 0, "a chunk is a whole number of 32-lane x 32-value passes");
   static_assert(!FUSE || CPW % 2 == 0, "gate_up fusion pairs gate and up rows in one warp");
   constexpr int U = KC / 1024;                 // segments per lane per chunk
@@ -455,7 +442,7 @@ __device__ __forceinline__ void w4_gemv(
   __shared__ int s_rows[MAXBM];
   __shared__ int s_n;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int mb = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int e = 0;
   if (sorted_ids) {
     const int np = *num_post, eb = expert_ids[mb];   // both loads in flight together (expert_ids has a grid's worth)
@@ -491,7 +478,7 @@ __device__ __forceinline__ void w4_gemv(
   bool ok[CPW];
 #pragma unroll
   for (int c = 0; c < CPW; ++c) {
-    const int oc = (yb * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
+    const int oc = (blockIdx.y * NW + warp) * OUTC + (FUSE ? c % OUTC : c);
     ok[c] = oc < n_out;
     col[c] = FUSE && c >= OUTC ? oc + n_out : oc;
   }
@@ -542,12 +529,6 @@ __device__ __forceinline__ void w4_gemv(
           }
         }
       }
-      if constexpr (MODE == 1) {
-        if (ms.wait && p == 0 && kc == 0 && tid == 0) {
-          while (*reinterpret_cast<const volatile int*>(ms.wait) < ms.target) __nanosleep(32);
-          __threadfence();
-        }
-      }
       __syncthreads();   // the previous chunk's (or row pass's) activations are read
       for (int idx = tid; idx < nr * (KC / 8); idx += NW * 32) {
         const int r = idx / (KC / 8), q8 = idx % (KC / 8);
@@ -555,10 +536,7 @@ __device__ __forceinline__ void w4_gemv(
         if (k < K) {
           const int seg = q8 >> 2, q = q8 & 3;
           const int t = s_rows[p + r];
-          const uint4* src = reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
-          uint4 v;
-          if constexpr (MODE == 1) v = __ldcg(src);
-          else v = *src;
+          const uint4 v = *reinterpret_cast<const uint4*>(x + (i64)(t / a_div) * ld_x + k);
           *reinterpret_cast<uint4*>(sx + r * KC + seg * 32 + 8 * (q ^ ((seg >> 1) & 3))) = stage_x8(v);
         }
       }
@@ -635,23 +613,6 @@ __device__ __forceinline__ void w4_gemv(
             else out[(i64)t * N + col[c]] = __float2half_rn(v);
           }
         }
-        if constexpr (MODE == 1 && !FUSE) {
-          if (ms.cnt && ok[0]) {
-            const int tok = t / out_div;
-            int* cp = ms.cnt + (i64)tok * ms.cnt_cols + (yb * NW + warp);
-            __threadfence();
-            if (atomicAdd(cp, 1) == out_div - 1) {
-              __threadfence();
-#pragma unroll
-              for (int c = 0; c < OUTC; ++c) {
-                if (!ok[c]) continue;
-                float* o32 = out32 + (i64)tok * N + col[c];
-                out[(i64)tok * N + col[c]] = __float2half_rn(atomicExch(o32, 0.f));
-              }
-              *cp = 0;
-            }
-          }
-        }
       }
     }
   }
@@ -676,8 +637,7 @@ __device__ __forceinline__ void w4_gemv(
       const float* topk_w, int num_valid, int a_div, int N, int K, int group, int ld_x, float* out32,        \
       int out_div, int act, int bm) {                                                                          \
     w4_gemv<FMT, 8, CPW, KC, BMAX, FUSE, XR>(out, x, w, scales, zeros, gscale, sorted_ids, expert_ids, num_post, \
-                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm,    \
-                                      blockIdx.x, blockIdx.y, MoeSync{});                                     \
+                                      topk_w, num_valid, a_div, N, K, group, ld_x, out32, out_div, act, bm);   \
   }
 
 W4_GEMV_ENTRY(w4_gemv_int4, 0, false, 2, 2048, 8, false, 2)
@@ -703,99 +663,6 @@ W4_GEMV_ENTRY(w4_gemv_int4_q4, 0, false, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_int4_act_q4, 0, true, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_fp4_q4, 2, false, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_q4, 2, true, 4, 1024, 1, true, 3)
-
-// ---- One-launch MoE decode (w4_moe_<fmt>_<variant>) --------------------------------------------------------------
-// gate_up, act(gate) * up and down with the top-k weighted sum in ONE launch, for steps of few routed rows: the
-// two-launch GEMV decode pays a second launch, a zeroing of the fp32 sums, their fp16 conversion and the grid of
-// every padding block of vLLM's alignment (num_post is on the device), and down's weight reads wait for gate_up's
-// tail. Here a persistent grid takes work items by ticket (an atomic counter): tickets [0, nblk*ta) are gate_up items
-// (expert block mb = t / ta, tile t % ta of CPW/2 x 8 activation columns), then nblk*tb down items (tiles of CPW x 8
-// output columns), nblk = num_post / bm from the device. A down item issues its first weight loads, then waits until
-// its expert block's ta gate_up items are counted done (done[mb]); every item it waits on holds a lower ticket, taken
-// by a block already running whose current item waits on nothing lower still, so the wait always ends. Each item
-// computes exactly what the GEMV entry of the same shape computes for that block and tile (w4_gemv, MODE 1), so
-// act rows are bit-equal to the two-launch GEMV's and the fp32 sums differ only in the order of their top_k atomics.
-// ws (int32, zero before the first launch, left zero by each launch): [0] ticket, [1] blocks finished, [2, 2 + MBX)
-// done per expert block, then cnt: ceil(H / CPW) counters per token. out32 [tokens, H] fp32: zero before, left zero.
-// act_buf [num_valid, I] fp16: scratch. out [tokens, H] fp16: the layer's output.
-// PERSIST false: one item per block (a grid of at least every item), the blocks still ordered by ticket.
-template <int FMT, int CPW, int KC, bool PERSIST = true>
-__device__ __forceinline__ void w4_moe_decode(
-    half* __restrict__ out, half* __restrict__ act_buf, float* __restrict__ out32, int* __restrict__ ws,
-    const half* __restrict__ x, const unsigned char* __restrict__ w13, const void* __restrict__ s13,
-    const float* __restrict__ g13, const unsigned char* __restrict__ w2, const void* __restrict__ s2,
-    const float* __restrict__ g2, const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ num_post, const float* __restrict__ topk_w, int num_valid, int top_k, int H, int I,
-    int group, int act, int bm, int mbx) {
-  constexpr int NW = 8;
-  const int ta = (I + NW * (CPW / 2) - 1) / (NW * (CPW / 2)), tb = (H + NW * CPW - 1) / (NW * CPW);
-  const int cnt_cols = (H + CPW - 1) / CPW;
-  int* ticket = ws;
-  int* finished = ws + 1;
-  int* done = ws + 2;
-  int* cnt = ws + 2 + mbx;
-  __shared__ int s_item[2];
-  __shared__ int s_np;
-  const int tid = threadIdx.x;
-  if (tid == 0) {
-    s_item[0] = atomicAdd(ticket, 1);
-    s_np = *num_post;
-  }
-  __syncthreads();
-  const int nblk = min(s_np / bm, mbx);
-  const int na = nblk * ta, total = na + nblk * tb;
-  for (int i = 0;; ++i) {
-    const int t = s_item[i & 1];
-    if (t >= total) break;
-    if (PERSIST && tid == 0) s_item[(i + 1) & 1] = atomicAdd(ticket, 1);   // the next ticket, taken meanwhile
-    else if (!PERSIST && tid == 0) s_item[(i + 1) & 1] = total;              // one item per block
-    if (t < na) {
-      const int mb = t / ta;
-      w4_gemv<FMT, NW, CPW, KC, 1, true, true, 1>(act_buf, x, w13, s13, nullptr, g13, sorted_ids, expert_ids,
-                                                  num_post, nullptr, num_valid, top_k, 2 * I, H, group, H, nullptr,
-                                                  1, act, bm, mb, t % ta, MoeSync{});
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) atomicAdd(done + mb, 1);
-    } else {
-      const int u = t - na, mb = u / tb;
-      w4_gemv<FMT, NW, CPW, KC, 1, false, true, 1>(out, act_buf, w2, s2, nullptr, g2, sorted_ids, expert_ids,
-                                                   num_post, topk_w, num_valid, 1, H, I, group, I, out32, top_k, 0,
-                                                   bm, mb, u % tb, MoeSync{done + mb, ta, cnt, cnt_cols});
-    }
-    __syncthreads();   // this item's shared memory is read; the next ticket is visible
-  }
-  if (tid == 0) {
-    __threadfence();
-    if (atomicAdd(finished, 1) == (int)gridDim.x - 1) {   // every block is past its last ticket: reset for the next
-      for (int b = 0; b < nblk; ++b) done[b] = 0;
-      *finished = 0;
-      *ticket = 0;
-      __threadfence();
-    }
-  }
-}
-
-// CPW weight rows per warp, KC-wide K chunks, MINB blocks per SM: "o4" / "p4" the q4 GEMV's items at 3 / 2 blocks
-// per SM, "o2" / "p2" the q1 GEMV's at 4 / 3 (the tighter bounds spill: frames in tests/kernels/test_w4_gemv_build.py).
-#define W4_MOE_ENTRY(NAME, FMT, CPW, KC, MINB, PERSIST)                                                        \
-  extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
-      half* out, half* act_buf, float* out32, int* ws, const half* x, const unsigned char* w13, const void* s13, \
-      const float* g13, const unsigned char* w2, const void* s2, const float* g2, const int* sorted_ids,      \
-      const int* expert_ids, const int* num_post, const float* topk_w, int num_valid, int top_k, int H, int I, \
-      int group, int act, int bm, int mbx) {                                                                   \
-    w4_moe_decode<FMT, CPW, KC, PERSIST>(out, act_buf, out32, ws, x, w13, s13, g13, w2, s2, g2, sorted_ids, expert_ids, \
-                                num_post, topk_w, num_valid, top_k, H, I, group, act, bm, mbx);                \
-  }
-
-W4_MOE_ENTRY(w4_moe_int4_o4, 0, 4, 1024, 3, true)
-W4_MOE_ENTRY(w4_moe_fp4_o4, 2, 4, 1024, 3, true)
-W4_MOE_ENTRY(w4_moe_int4_o2, 0, 2, 1024, 4, true)
-W4_MOE_ENTRY(w4_moe_fp4_o2, 2, 2, 1024, 4, true)
-W4_MOE_ENTRY(w4_moe_int4_n4, 0, 4, 1024, 3, false)
-W4_MOE_ENTRY(w4_moe_fp4_n4, 2, 4, 1024, 3, false)
-W4_MOE_ENTRY(w4_moe_int4_n2, 0, 2, 1024, 4, false)
-W4_MOE_ENTRY(w4_moe_fp4_n2, 2, 2, 1024, 4, false)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -69,14 +69,6 @@ GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
 # "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers);
 # "q4" = 4 rows per warp, 1024-wide chunks, one row per pass, 3 blocks per SM (80 registers).
 GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
-# One-launch MoE decode entries (w4_moe_<fmt>_<variant>, W4_MOE_ENTRY in csrc/w4_gemm.cu; int4 and fp4): variant ->
-# (weight rows per warp, blocks per SM it is bounded for, the GEMV variant computing the same per-item outputs in two
-# launches). gate_up, act(gate) * up and down with the top-k sum in one persistent launch whose fp32 sums and counters
-# stay in a per-device workspace the kernel leaves zero; for steps of up to MOE_ONE_LAUNCH_MAX_ROWS routed rows.
-MOE_ONE_LAUNCH = {"o4": (4, 3, "q4"), "o2": (2, 4, "q1"), "n4": (4, 3, "q4"), "n2": (2, 4, "q1")}
-# ... of which these launch one block per item (a grid of every item the routing can make) instead of a persistent grid
-MOE_ONE_ITEM_PER_BLOCK = ("n4", "n2")
-MOE_ONE_LAUNCH_MAX_ROWS = 64
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
@@ -258,7 +250,6 @@ class W4Kernels:
         self.k = kernels
         self.num_sms = num_sms
         self.ran: set[str] = set()
-        self._moe_ws: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def pick_split(self, path: str, k: int, blocks: int, bk: int | None = None) -> int:
         """K columns per block: all of K on the prefill path; on the decode path split K (in BK chunks) until the
@@ -358,69 +349,6 @@ class W4Kernels:
             self.ran.add(name)
         return out if out32 is None else out32.half()
 
-    def _moe_workspace(self, device: Any, h: int) -> tuple[Any, Any] | None:
-        """(ws int32, out32 fp32 [MOE_ONE_LAUNCH_MAX_ROWS, h]) of the one-launch MoE decode on `device`, allocated
-        zero once per (device, hidden size) and left zero by every launch (so the pointers a CUDA graph captured stay
-        valid); None when none exists yet and a graph is being captured (a zeroing inside the capture would be
-        replayed with it)."""
-        import torch
-
-        key = (str(device), h)
-        if key not in self._moe_ws:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                return None
-            rows = MOE_ONE_LAUNCH_MAX_ROWS
-            words = 2 + rows + rows * ((h + 1) // 2)   # header, done per expert block, counters (2 rows per warp)
-            self._moe_ws[key] = (torch.zeros((words,), dtype=torch.int32, device=device),
-                                 torch.zeros((rows, h), dtype=torch.float32, device=device))
-        return self._moe_ws[key]
-
-    def moe_one_launch(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, sorted_ids: Any,
-                       expert_ids: Any, num_post: Any, fmt: str, *, group: int, gscale13: Any = None,
-                       gscale2: Any = None, activation: str = "gelu_tanh", block: int = GEMV_BLOCK_ROWS,
-                       variant: str = "o4") -> Any:
-        """The MoE decode layer in one launch (w4_moe_<fmt>_<variant>): [M, H] fp16 from x [M, H] and the alignment
-        of topk ids with `block` rows per expert block; None when its workspace cannot be made (see _moe_workspace).
-        One stream at a time per device: the workspace is shared."""
-        import torch
-
-        m, h = x.shape
-        top_k = topk_weights.shape[1]
-        e, n13 = w13.shape[0], w13.shape[1]
-        inter = n13 // 2
-        nv = m * top_k
-        _check(x, w13, s13, fmt, h, group, None, gscale13)
-        _check(x.new_empty((1, inter)), w2, s2, fmt, inter, group, None, gscale2)
-        if variant not in MOE_ONE_LAUNCH or fmt == "int4zp" or nv > MOE_ONE_LAUNCH_MAX_ROWS:
-            raise BuildError(f"variant {variant!r} (one-launch MoE decode): one of {', '.join(MOE_ONE_LAUNCH)}, "
-                             f"int4 or fp4, up to {MOE_ONE_LAUNCH_MAX_ROWS} routed rows")
-        if not 0 < block <= GEMV_MAX_BLOCK:
-            raise BuildError(f"block {block}: the GEMV kernels take 1..{GEMV_MAX_BLOCK} rows per block")
-        wsp = self._moe_workspace(x.device, h)
-        if wsp is None:
-            return None
-        ws, out32 = wsp
-        _cpw, minb, _twin = MOE_ONE_LAUNCH[variant]
-        x = x.contiguous()
-        out = torch.empty((m, h), dtype=torch.float16, device=x.device)
-        act = torch.empty((nv, inter), dtype=torch.float16, device=x.device)
-        tw = topk_weights.float().contiguous()
-        name = f"w4_moe_{fmt}_{variant}"
-        s13a, s2a = (s13.view(torch.uint8), s2.view(torch.uint8)) if fmt == "fp4" else (s13, s2)
-        if variant in MOE_ONE_ITEM_PER_BLOCK:
-            cpw = MOE_ONE_LAUNCH[variant][0]
-            items = (-(-inter // (4 * cpw)) + -(-h // (8 * cpw))) * min(moe_blocks_bound(nv, e, block),
-                                                                         sorted_ids.numel() // block)
-            grid = max(1, items)
-        else:
-            grid = self.num_sms * minb
-        if m:
-            self.k[name].launch((grid, 1, 1), [
-                out, act, out32, ws, x, w13, s13a, gscale13, w2, s2a, gscale2, sorted_ids, expert_ids, num_post, tw,
-                nv, top_k, h, inter, group, GEMV_ACT[activation], block, MOE_ONE_LAUNCH_MAX_ROWS])
-            self.ran.add(name)
-        return out
-
     def dequantize(self, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
                    gscale: Any = None) -> Any:
         """The weight as fp16, w's leading shape + [K]: [N, K] for a linear layer, [E, N, K] for experts (each value
@@ -476,9 +404,6 @@ class W4Kernels:
         bm = block or align_block(path, decode, fmt)
         if not gemv and variant is not None:
             raise BuildError(f"variant {variant!r}: fused_moe takes GEMV variants only (decode=\"gemv\")")
-        if variant in MOE_ONE_LAUNCH and (fmt == "int4zp" or m * top_k > MOE_ONE_LAUNCH_MAX_ROWS):
-            raise BuildError(f"variant {variant!r} (one-launch MoE decode): int4 and fp4 steps of up to "
-                             f"{MOE_ONE_LAUNCH_MAX_ROWS} routed rows, not {fmt} with {m * top_k}")
         if not gemv and bm != TILES[path][0]:
             raise BuildError(f"block {bm}: the {path} WMMA tile takes {TILES[path][0]} rows per expert block")
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
@@ -486,13 +411,6 @@ class W4Kernels:
         if gemv:
             if activation not in GEMV_ACT:
                 raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
-            if variant in MOE_ONE_LAUNCH:
-                y = self.moe_one_launch(x, w13, s13, w2, s2, topk_weights, sorted_ids, expert_ids, num_post, fmt,
-                                        group=group, gscale13=gscale13, gscale2=gscale2, activation=activation,
-                                        block=bm, variant=variant)
-                if y is not None:
-                    return y
-                variant = MOE_ONE_LAUNCH[variant][2]   # no workspace yet inside a graph capture: two launches
             a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                           expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k,
                           activation=activation, block=bm, variant=variant)
