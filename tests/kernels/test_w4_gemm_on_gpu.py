@@ -239,7 +239,8 @@ def test_moe_decode_on_vllms_padded_alignment_equals_the_exact_one(w4, fmt, grou
     """vLLM's moe_align_block_size leaves room in sorted_ids for every expert's padding (numel + E x (bm - 1)); the
     launcher launches only the row blocks a routing can fill (moe_blocks_bound), so the result on that padded layout
     (padding ids past num_post, expert 0 in the spare expert_ids) is the result on the exact one, on 26B-A4B shapes
-    at 1 / 4 / 8 tokens; a second launch on the exact layout bounds what the atomics' order alone changes."""
+    at 1 / 4 / 8 tokens (the GEMVs up to the order of their top-k fp32 atomics; the WMMA decode up to its K split);
+    a second launch on the exact layout bounds what the atomics' order alone changes."""
     from tests.kernels.w4_launcher import w4_launcher
     from tests.kernels.w4_reference import make_weights, route
 
@@ -259,4 +260,11 @@ def test_moe_decode_on_vllms_padded_alignment_equals_the_exact_one(w4, fmt, grou
                              gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode=decode, variant=variant,
                              align=a) for a in ((sid, eid, npost), (sid, eid, npost), padded)]
         assert not _near(outs[1], outs[0]), f"{tokens} tokens, exact twice: {_near(outs[1], outs[0])}"
-        assert not _near(outs[2], outs[0]), f"{tokens} tokens, padded: {_near(outs[2], outs[0])}"
+        if decode == "wmma":
+            # the WMMA decode splits K by the launched row blocks (pick_split), which the exact layout has fewer of,
+            # so its fp32 partial sums group differently: within half an fp16 unit of the largest output
+            # (H100, 2026-12-07 13:25 UTC: one of 11264 outputs off by 2^-10 at a largest |output| of 8.2)
+            diff, top = (outs[2].float() - outs[0].float()).abs().max(), outs[0].float().abs().max()
+            assert float(diff) <= 2.0 ** -11 * float(top), f"{tokens} tokens, padded: {float(diff):.3g} at {float(top):.3g}"
+        else:
+            assert not _near(outs[2], outs[0]), f"{tokens} tokens, padded: {_near(outs[2], outs[0])}"
