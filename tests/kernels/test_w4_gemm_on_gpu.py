@@ -223,10 +223,12 @@ def test_gemv_candidate_matches_fp32_linear_and_moe(w4, fmt, group, variant):
 
 def _near(a, b) -> str:
     """'' when a equals b up to the fp16 rounding of an fp32 sum whose top-k atomics ran in another order, else what
-    differs (for the assertion message)."""
+    differs (for the assertion message). One fp16 unit of the larger of the two (the sum can round across a power of
+    two), plus 2^-16 of the largest output: where the top-k partials cancel, their reordered fp32 sum differs by
+    that much before rounding (the H100 runs of 13:26-13:29 UTC: the same launch twice, 1 output in 11264 off by up
+    to 2^-9 at |b| in [2, 4), and by 1.5e-5 near zero with a largest output of 11)."""
     a, b = a.float(), b.float()
-    # one fp16 unit of the larger of the two (a reordered fp32 sum can round across a power of two)
-    bad = (a - b).abs() > torch.maximum(a.abs(), b.abs()) * 2.0 ** -10 + 2.0 ** -24
+    bad = (a - b).abs() > torch.maximum(a.abs(), b.abs()) * 2.0 ** -10 + 2.0 ** -16 * float(b.abs().max())
     if not bool(bad.any()):
         return ""
     return (f"{int(bad.sum())} of {bad.numel()} differ, max |a - b| {float((a - b).abs().max()):.3g} at |b| max "
