@@ -28,10 +28,8 @@
    each arm's whole fused_moe layer as SEQ_LAYERS layers in one CUDA graph (`<arm>_seq_us`, per layer; own routing
    per layer, weights cycling over SEQ_SETS full sets) beside the read timed the same way (`stream_seq_us`): a decode
    step's view, without the graph launch that a single-layer replay pays and without L2 reuse between layers.
-   The same layers again on vLLM's moe_align_block_size layout (`<arm>_seq_valign_us`; where vLLM is not importable
-   the torch alignment padded to the room vLLM's op allocates), with the launcher's row grid and with it uncapped
-   (`_valign_uncapped`: every row block of sorted_ids, as before moe_blocks_bound), and each two-launch GEMV's
-   gate_up and down timed apart (`<arm>_seq_up_us` / `_seq_down_us`) beside reads of each projection's bytes.
+   Each GEMV's gate_up and down are also timed apart (`<arm>_seq_up_us` / `_seq_down_us`) beside reads of each
+   projection's bytes and of both one after the other (`stream_seq_two_us`).
    `--decode-arms` keeps a subset of the arms.
    `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
 9. linear prefill kernels side by side (`prefill`): the WMMA prefill tile against "dequant" (w4_dequant_<fmt> to an
@@ -375,48 +373,7 @@ def _seq_decode_row(k, mod, row, fmt, group, tokens, sets, per_expert, peak):
     row["stream_seq_pct_peak"] = 100 * total / (row["stream_seq_us"] * 1e-6 * SEQ_LAYERS) / peak
     row["seq_bytes_per_layer"] = total // SEQ_LAYERS
     del bufs
-    _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak)
     _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak)
-
-
-def _seq_vllm_align_rows(k, mod, row, fmt, group, layers, total, peak):
-    """The seq layers on vLLM's own moe_align_block_size (what the engine runs: sorted_ids with room for every
-    expert's padding past num_post, ~113 row blocks at one token of which 8 hold a row) for the GEMV arms: `_valign`
-    with the launcher's grid as it is, and `_valign_uncapped` with moe_blocks_bound lifted (every row block of
-    sorted_ids launched, as before the bound) where the launcher has it."""
-    try:
-        from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
-        row["seq_valign_source"] = "vllm moe_align_block_size"
-    except Exception:  # noqa: BLE001
-        def moe_align_block_size(ti, bm, experts):   # the same layout, padded to the room vLLM's op allocates
-            sid, eid, npost = mod.moe_align(ti, bm, experts)
-            room = ti.numel() + experts * (bm - 1)
-            return (torch.cat([sid, sid.new_full((room - sid.numel(),), ti.numel())]),
-                    torch.cat([eid, eid.new_zeros((room // bm - eid.numel(),))]), npost)
-        row["seq_valign_source"] = "torch alignment padded to vLLM's room (vLLM not importable)"
-    bound = getattr(mod, "moe_blocks_bound", None)
-    for dec, var in [(d, v) for d, v in _arms(mod) if d == "gemv"]:
-        label = _arm_label(dec, var)
-        calls = []
-        for x, tw, ti, w13, w2, _b in layers:
-            align = moe_align_block_size(ti, mod.align_block("decode", dec), E)
-
-            def one(x=x, tw=tw, ti=ti, w13=w13, w2=w2, align=align, var=var):
-                return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
-                                   gscale13=w13.gscale, gscale2=w2.gscale, path="decode", align=align,
-                                   decode="gemv", variant=var)
-            calls.append(one)
-        modes = [("", None)] + ([("_uncapped", lambda rows, experts, bm: 1 << 30)] if bound is not None else [])
-        for suffix, patch in modes:
-            if patch is not None:
-                mod.moe_blocks_bound = patch
-            try:
-                t = timed(lambda calls=calls: [c() for c in calls]) / SEQ_LAYERS
-            finally:
-                if patch is not None:
-                    mod.moe_blocks_bound = bound
-            row[f"{label}_seq_valign{suffix}_us"] = t * 1e6
-            row[f"{label}_seq_valign{suffix}_pct_peak"] = 100 * total / SEQ_LAYERS / t / peak
 
 
 def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):

@@ -238,12 +238,13 @@ def _near(a, b) -> str:
 @pytest.mark.parametrize("decode,variant", [("wmma", None), ("gemv", None), ("gemv", "q4"), ("gemv", "r1"),
                                             ("gemv", "c4")])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
-def test_moe_decode_on_vllms_padded_alignment_equals_the_exact_one(w4, fmt, group, decode, variant):
-    """vLLM's moe_align_block_size leaves room in sorted_ids for every expert's padding (numel + E x (bm - 1)); the
-    launcher launches only the row blocks a routing can fill (moe_blocks_bound), so the result on that padded layout
-    (padding ids past num_post, expert 0 in the spare expert_ids) is the result on the exact one, on 26B-A4B shapes
-    at 1 / 4 / 8 tokens (the GEMVs up to the order of their top-k fp32 atomics; the WMMA decode up to its K split);
-    a second launch on the exact layout bounds what the atomics' order alone changes."""
+def test_moe_decode_with_spare_row_blocks_past_num_post_equals_the_exact_alignment(w4, fmt, group, decode, variant):
+    """sorted_ids with room for every expert's padding past num_post (numel + E x (bm - 1) ids, what vLLM's
+    moe_align_block_size allocates from num_experts routed rows up; the spare ids out of range, expert 0 in the spare
+    expert_ids): the kernels skip the spare row blocks, so the result is the exact alignment's, on 26B-A4B shapes at
+    1 / 4 / 8 tokens (the GEMVs up to the order of their top-k fp32 atomics; the WMMA decode up to its K split, which
+    follows the launched row blocks); a second launch on the exact layout bounds what the atomics' order alone
+    changes."""
     from tests.kernels.w4_launcher import w4_launcher
     from tests.kernels.w4_reference import make_weights, route
 

@@ -192,24 +192,14 @@ def pick_path(tokens: int, top_k: int, experts: int) -> str:
     return "decode" if tokens * top_k <= DECODE_MAX_ROWS_PER_EXPERT * experts // 8 else "prefill"
 
 
-def _row_blocks(x: Any, sorted_ids: Any, num_valid: int | None, bm: int,
-                experts: int | None = None) -> tuple[int, int]:
-    """(num_valid, row blocks of bm rows to launch): x's rows without sorted_ids, else sorted_ids' blocks, at most
-    moe_blocks_bound(num_valid, experts, bm) of them (the valid blocks come first; vLLM's alignment pads sorted_ids
-    for every expert, so a one-token step would otherwise launch ~113 row blocks of which 8 hold a row)."""
+def _row_blocks(x: Any, sorted_ids: Any, num_valid: int | None, bm: int) -> tuple[int, int]:
+    """(num_valid, row blocks of bm rows): x's rows without sorted_ids, else sorted_ids' blocks."""
     if sorted_ids is None:
         num_valid = x.shape[0] if num_valid is None else num_valid
         return num_valid, (num_valid + bm - 1) // bm
     if num_valid is None:
         raise BuildError("num_valid (tokens x top_k) is required with sorted_ids")
-    blocks = sorted_ids.numel() // bm
-    return num_valid, blocks if experts is None else min(blocks, moe_blocks_bound(num_valid, experts, bm))
-
-
-def moe_blocks_bound(rows: int, experts: int, bm: int) -> int:
-    """The most expert blocks of bm rows that `rows` routed rows over `experts` experts can fill: sum over the used
-    experts of ceil(count / bm) <= (rows + used x (bm - 1)) / bm, used <= min(rows, experts)."""
-    return (rows + min(rows, experts) * (bm - 1)) // bm
+    return num_valid, sorted_ids.numel() // bm
 
 
 def _check(x: Any, w: Any, scales: Any, fmt: str, k: int, group: int, zeros: Any = None,
@@ -289,7 +279,7 @@ class W4Kernels:
         bk = CHUNK_K[path]
         if variant:
             path, (bm, bn), bk = VARIANTS[variant]
-        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm, _e)
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
         n_tiles = (n + bn - 1) // bn
         if active_blocks is None:
             active_blocks = m_blocks if sorted_ids is None else min(m_blocks, num_valid, _e)
@@ -327,7 +317,7 @@ class W4Kernels:
             raise BuildError(f"block {bm}: the GEMV kernels take 1..{GEMV_MAX_BLOCK} rows per block")
         if activation is not None and (activation not in GEMV_ACT or n % 2 or out_div is not None):
             raise BuildError(f"activation {activation!r}: expected one of {', '.join(GEMV_ACT)} on an even row count")
-        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm, _e)
+        num_valid, m_blocks = _row_blocks(x, sorted_ids, num_valid, bm)
         if variant is not None and (variant not in GEMV_VARIANTS or fmt == "int4zp"):
             raise BuildError(f"GEMV variant {variant!r} for {fmt}: expected one of {', '.join(GEMV_VARIANTS)} "
                              "(int4, fp4)")
