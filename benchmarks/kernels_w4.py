@@ -386,12 +386,13 @@ def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
     used = [int(lay[2].unique().numel()) for lay in layers]
     up_b, down_b = sum(u * up_e for u in used), sum(u * down_e for u in used)
     acts = [torch.randn((nv, INTER), device="cuda").half() for _ in layers]
+    # one alignment per layer: every GEMV arm takes the same block (align_block("decode", "gemv"))
+    aligns = [mod.moe_align(lay[2], mod.align_block("decode", "gemv"), E) for lay in layers]
     gemv = [(d, v) for d, v in _arms(mod) if d == "gemv"]
     for dec, var in gemv:
         label = _arm_label(dec, var)
         ups, downs = [], []
-        for (x, tw, ti, w13, w2, _b), a in zip(layers, acts, strict=True):
-            sid, eid, npost = mod.moe_align(ti, mod.align_block("decode", dec), E)
+        for (x, tw, _ti, w13, w2, _b), a, (sid, eid, npost) in zip(layers, acts, aligns, strict=True):
             common = dict(group=group, sorted_ids=sid, expert_ids=eid, num_post=npost, num_valid=nv, variant=var)
             ups.append(lambda x=x, w13=w13, c=common: k.gemv(
                 x, w13.w, w13.scales, fmt, k=H, gscale=w13.gscale, a_div=TOPK, activation="gelu_tanh", **c))

@@ -257,8 +257,9 @@ def test_moe_decode_with_spare_row_blocks_past_num_post_equals_the_exact_alignme
         topk_w, topk_ids = route(tokens, e, 8, seed=40 + tokens)
         x = torch.randn((tokens, h), device="cuda").half()
         sid, eid, npost = mod.moe_align(topk_ids, bm, e)
-        room = tokens * 8 + e * (bm - 1)
-        padded = (torch.cat([sid, sid.new_full((room - sid.numel(),), tokens * 8)]),
+        nv = topk_ids.numel()
+        room = nv + e * (bm - 1)
+        padded = (torch.cat([sid, sid.new_full((room - sid.numel(),), nv)]),
                   torch.cat([eid, eid.new_zeros((room // bm - eid.numel(),))]), npost)
         outs = [w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
                              gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode=decode, variant=variant,
