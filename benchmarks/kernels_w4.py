@@ -30,6 +30,9 @@
    step's view, without the graph launch that a single-layer replay pays and without L2 reuse between layers.
    Each GEMV's gate_up and down are also timed apart (`<arm>_seq_up_us` / `_seq_down_us`) beside reads of each
    projection's bytes and of both one after the other (`stream_seq_two_us`).
+   The router-direct arms (`gemv_<variant>+<tile>`, the launcher's DIRECT_VARIANTS) take no alignment: gate_up one
+   routed row per block straight from topk_ids, down `w4_moe_down` with the top-k sum inside the block (their seq
+   down figure is that one launch; the aligned GEMVs' carries the zeroing and the fp16 conversion).
    `--decode-arms` keeps a subset of the arms.
    `--only-decode` runs the copy bandwidth and step 8 alone (well under a minute of GPU time).
 9. linear prefill kernels side by side (`prefill`): the WMMA prefill tile against "dequant" (w4_dequant_<fmt> to an
@@ -310,14 +313,17 @@ def _stream_anchor(nbytes):
 
 # The decode arms of bench_decode, (decode kernel, GEMV variant): WMMA, the default GEMV and the GEMV candidates.
 # --decode-arms keeps a subset (labels).
-DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"))
+DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"),
+               ("gemv", "q4+d8"), ("gemv", "q4+d16"), ("gemv", "q4+n16"), ("gemv", "r1+d8"), ("gemv", "r1+d16"),
+               ("gemv", "r1+n16"))
 ARM_FILTER: set[str] | None = None
 
 
 def _arms(mod):
     """DECODE_ARMS that this launcher has (an older tree's launcher, run as the same run's baseline, lacks new ones)
     and --decode-arms keeps; WMMA is always kept (the ratios' denominator)."""
-    return [(d, v) for d, v in DECODE_ARMS if (v is None or v in mod.GEMV_VARIANTS)
+    return [(d, v) for d, v in DECODE_ARMS if (v is None or v in mod.GEMV_VARIANTS
+                                               or v in getattr(mod, "DIRECT_VARIANTS", ()))
             and (ARM_FILTER is None or d == "wmma" or _arm_label(d, v) in ARM_FILTER)]
 
 
@@ -392,7 +398,16 @@ def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
     for dec, var in gemv:
         label = _arm_label(dec, var)
         ups, downs = [], []
-        for (x, tw, _ti, w13, w2, _b), a, (sid, eid, npost) in zip(layers, acts, aligns, strict=True):
+        for (x, tw, ti, w13, w2, _b), a, (sid, eid, npost) in zip(layers, acts, aligns, strict=True):
+            if "+" in var:   # router-direct: gate_up one routed row per block from topk_ids, down w4_moe_down
+                up_var, tile = var.split("+")
+                ids = ti.to(torch.int32).contiguous()
+                ups.append(lambda x=x, w13=w13, ids=ids, v=up_var: k.gemv(
+                    x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, expert_ids=ids.view(-1),
+                    num_valid=nv, a_div=TOPK, activation="gelu_tanh", block=1, variant=v))
+                downs.append(lambda a=a, w2=w2, tw=tw, ids=ids, t=tile: k.moe_down(
+                    a, w2.w, w2.scales, fmt, k=INTER, group=group, topk_ids=ids, topk_w=tw, gscale=w2.gscale, tile=t))
+                continue
             common = dict(group=group, sorted_ids=sid, expert_ids=eid, num_post=npost, num_valid=nv, variant=var)
             ups.append(lambda x=x, w13=w13, c=common: k.gemv(
                 x, w13.w, w13.scales, fmt, k=H, gscale=w13.gscale, a_div=TOPK, activation="gelu_tanh", **c))
@@ -447,6 +462,10 @@ def bench_decode(k, mod, peak, copy):
                         k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
+                elif "+" in (var or ""):   # router-direct: no alignment at all
+                    def kernels(var=var):
+                        k.moe_direct(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                     variant=var, gscale13=w13.gscale, gscale2=w2.gscale)
                 else:
                     def kernels(sid=sid, eid=eid, npost=npost, var=var):
                         k.gemv(x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, sorted_ids=sid,
@@ -480,7 +499,7 @@ def bench_decode(k, mod, peak, copy):
             x = torch.randn((m, kk), device="cuda").half()
             row = dict(kind="linear", fmt=fmt, group=group, m=m, n=n, k=kk, bytes=nbytes)
             outs = {}
-            for dec, var in _arms(mod):
+            for dec, var in [(d, v) for d, v in _arms(mod) if "+" not in (v or "")]:   # router-direct: MoE only
                 label = _arm_label(dec, var)
 
                 def lin(dec=dec, var=var):

@@ -273,3 +273,90 @@ def test_moe_decode_with_spare_row_blocks_past_num_post_equals_the_exact_alignme
             assert float(diff) <= 2.0 ** -11 * float(top), f"{tokens} tokens, padded: {float(diff):.3g} at {float(top):.3g}"
         else:
             assert not _near(outs[2], outs[0]), f"{tokens} tokens, padded: {_near(outs[2], outs[0])}"
+
+
+def _direct_variants() -> list[str]:
+    from tests.kernels.w4_launcher import w4_launcher
+
+    return list(w4_launcher().DIRECT_VARIANTS)
+
+
+@pytest.mark.parametrize("variant", _direct_variants())
+@pytest.mark.parametrize("fmt,group", [("int4", 16), ("int4", 32), ("int4", 128), ("fp4", 16)])
+def test_router_direct_moe_matches_fp32(w4, fmt, group, variant):
+    """The router-direct MoE decode (gate_up one routed row per block from topk_ids, down with the top-k sum inside
+    the block): hidden 256, intermediate 704 (K of down: lanes 22-31 idle) and 1056 (lane 0 takes two segments),
+    top-8 / top-2 / top-10 of 128 experts (fewer rows than the block's 8 warps, and more), empty experts, every
+    token on the same 8 experts, against float32 over the dequantized weights."""
+    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+
+    e, h = 128, 256
+    for inter in (704, 1056):
+        w13 = make_weights(fmt, e, 2 * inter, h, group, seed=51)
+        w2 = make_weights(fmt, e, h, inter, group, seed=52)
+        for tokens, top_k, only in ((1, 8, None), (4, 8, None), (8, 8, None), (3, 2, None), (5, 10, None),
+                                    (12, 8, 8)):
+            topk_w, topk_ids = route(tokens, e, top_k, seed=60 + tokens, only=only)
+            x = torch.randn((tokens, h), device="cuda").half()
+            out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                               gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv", variant=variant,
+                               activation="gelu")
+            assert out.shape == (tokens, h)
+            err = rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids, activation="gelu"))
+            assert err <= TOL_MOE, f"K={inter}, {tokens} tokens, top-{top_k}: {err:.3g}"
+    up_variant, tile = variant.split("+")
+    assert {f"w4_gemv_{fmt}_act_{up_variant}", f"w4_moe_down_{fmt}_{tile}"} <= w4.ran
+
+
+@pytest.mark.parametrize("tile", ["d8", "d16", "n16"])
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+def test_moe_down_covers_columns_past_the_last_whole_tile(w4, fmt, group, tile):
+    """w4_moe_down on its own: N = 200 (not a multiple of 16 or 32: the last tile masks its columns) and K = 2080
+    (three 1024-wide passes, the last of one segment), against float32 of sum_j topk_w[t, j] a[t, j] W[e]^T."""
+    from tests.kernels.w4_reference import make_weights, rel_err, route
+
+    e, n, k, tokens = 16, 200, 2080, 3
+    w2 = make_weights(fmt, e, n, k, group, seed=53)
+    topk_w, topk_ids = route(tokens, e, 4, seed=54)
+    a = torch.randn((tokens * 4, k), device="cuda").half()
+    out = w4.moe_down(a, w2.w, w2.scales, fmt, k=k, group=group, topk_ids=topk_ids, topk_w=topk_w, gscale=w2.gscale,
+                      tile=tile)
+    ref = torch.zeros((tokens, n), device="cuda")
+    for t in range(tokens):
+        for j in range(4):
+            ref[t] += float(topk_w[t, j]) * (a[t * 4 + j].float() @ w2.deq[int(topk_ids[t, j])].float().T)
+    assert rel_err(out, ref) <= TOL_GEMV_LINEAR
+
+
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
+def test_router_direct_gate_up_is_bit_equal_to_the_aligned_gemv_and_its_down_is_deterministic(w4, fmt, group):
+    """On 26B-A4B shapes at 1 / 4 / 8 tokens: the router-direct gate_up runs the same entry per output as the aligned
+    one (only the expert's source differs), so act(gate) * up is bit-equal; its down sums in a fixed order, so two
+    launches are bit-equal; and the whole layer equals the aligned q4 / r1 layer up to the fp16 rounding of a
+    reordered fp32 sum (_near)."""
+    from tests.kernels.w4_launcher import w4_launcher
+    from tests.kernels.w4_reference import make_weights, route
+
+    mod = w4_launcher()
+    e, h, inter = 128, 2816, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=55, with_deq=False)
+    w2 = make_weights(fmt, e, h, inter, group, seed=56, with_deq=False)
+    up_variant = "q4" if fmt == "int4" else "r1"
+    for tokens in (1, 4, 8):
+        topk_w, topk_ids = route(tokens, e, 8, seed=70 + tokens)
+        x = torch.randn((tokens, h), device="cuda").half()
+        nv = topk_ids.numel()
+        sid, eid, npost = mod.moe_align(topk_ids, mod.GEMV_BLOCK_ROWS, e)
+        aligned = w4.gemv(x, w13.w, w13.scales, fmt, k=h, group=group, gscale=w13.gscale, sorted_ids=sid,
+                          expert_ids=eid, num_post=npost, num_valid=nv, a_div=8, activation="gelu", variant=up_variant)
+        direct = w4.gemv(x, w13.w, w13.scales, fmt, k=h, group=group, gscale=w13.gscale,
+                         expert_ids=topk_ids.to(torch.int32).flatten(), num_valid=nv, a_div=8, activation="gelu",
+                         block=1, variant=up_variant)
+        assert torch.equal(aligned, direct), f"{tokens} tokens"
+        for tile in mod.MOE_DOWN_TILES:
+            variant = f"{up_variant}+{tile}"
+            outs = [w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                                 gscale13=w13.gscale, gscale2=w2.gscale, path="decode", decode="gemv",
+                                 variant=v, activation="gelu") for v in (variant, variant, up_variant)]
+            assert torch.equal(outs[0], outs[1]), f"{tokens} tokens, {variant}: two launches differ"
+            assert not _near(outs[0], outs[2]), f"{tokens} tokens, {variant}: {_near(outs[0], outs[2])}"

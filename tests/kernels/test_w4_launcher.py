@@ -66,7 +66,7 @@ def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_paramete
 
     spec = load_kernels_spec(W4_DIR)
     src = (W4_DIR / "csrc" / "w4_gemm.cu").read_text()
-    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT)?_ENTRY\((\w+),", src, flags=re.M)
+    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT|_MOE_DOWN)?_ENTRY\((\w+),", src, flags=re.M)
     declared = [e.name for s in spec.sources for e in s.entries]
     assert sorted(in_source) == sorted(declared)
     params = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries}
@@ -78,7 +78,10 @@ def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_paramete
     assert [n for _t, n in next(iter(deq))] == ["out", "w", "scales", "zeros", "gscale", "n", "k", "group"]
     assert sorted(e for e in declared if e.startswith("w4_dequant_")) == [f"w4_dequant_{f}" for f in
                                                                           ("fp4", "int4", "int4zp")]
-    gemv = params - wmma - deq   # the GEMV decode entries: k_split replaced by (act, bm)
+    down = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries
+            if e.name.startswith("w4_moe_down_")}   # test_w4_moe_down.py checks its parameter names
+    assert len(down) == 1
+    gemv = params - wmma - deq - down   # the GEMV decode entries: k_split replaced by (act, bm)
     assert len(gemv) == 1 and next(iter(gemv))[:18] == next(iter(wmma))[:18]
     assert [n for _t, n in next(iter(gemv))[18:]] == ["act", "bm"]
     mod = w4_launcher()

@@ -464,17 +464,18 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
     (call,) = rel.launches.calls
     assert call[:5] == ("fused_moe", "int4", 32, "gelu", "decode")
     assert call[5] is layer.w13_weight_packed and call[6] is layer.w13_weight_scale
-    # vLLM's moe_align_block_size with the block of the default decode kernel ("auto": int4 runs a GEMV, q4 or c4, 8 rows)
-    assert rel.aligned == [(8, 8)]
+    # no moe_align_block_size: "auto" runs the router-direct decode for its 6 routed rows (q4+d8, topk_ids as they are)
+    assert rel.aligned == [] and call[9] is None
     assert len(_messages(caplog, "W4A16 MoE decode ran on sm70-w4-gemm kernels in pid")) == 1
     assert len(rel.loads) == 1
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("decode, rows", [("wmma", 16), ("gemv", 8), ("auto", 8)])
+@pytest.mark.parametrize("decode, rows", [("wmma", 16), ("gemv", 8), ("auto", None)])
 def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(release, monkeypatch, decode, rows):
     """$OVERLAY_W4_DECODE reaches vLLM's moe_align_block_size through the launcher's align_block(path, fmt=...):
-    "auto" on int4 runs a GEMV (q4 or c4), whose alignment block is GEMV_BLOCK_ROWS."""
+    the WMMA decode's 16-row blocks, the aligned GEMV's GEMV_BLOCK_ROWS; "auto" on int4 runs the router-direct decode
+    for few routed rows, which takes topk_ids without any alignment (the launcher's needs_align)."""
     rel = release((7, 0))
     monkeypatch.setenv("OVERLAY_W4_DECODE", decode)
     layer = FusedMoE()
@@ -482,7 +483,7 @@ def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(r
     _load_wna16(rel, method, layer, dtype=torch.bfloat16)
     method.apply(layer, torch.zeros((3, 2816), dtype=torch.bfloat16), torch.full((3, 2), 0.5),
                  torch.tensor([[0, 1], [1, 2], [7, 0]]), None)
-    assert rel.aligned == [(rows, 8)]
+    assert rel.aligned == ([] if rows is None else [(rows, 8)])
 
 
 @pytest.mark.network

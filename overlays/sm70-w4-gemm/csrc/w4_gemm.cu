@@ -424,6 +424,30 @@ __device__ __forceinline__ float word_dot(const uint4& xw, const unsigned* d, fl
   return fmaf(f.x + f.y, s, acc);
 }
 
+// The group scales (fp32) and int4 subtrahends (1024 + zero point, as fp16x2; untouched for FMT 0 and 2) of the two
+// 16-value halves of the 32-value segment at k0 of weight row n of expert e (groups g0, g1).  fp4 scales are times
+// `mul` (the global scale, and the routing weight where the caller folds it in); int4 ones only with MUL_INT4.
+template <int FMT, bool MUL_INT4>
+__device__ __forceinline__ void seg_scales(const void* __restrict__ scales, const int* __restrict__ zeros, int e,
+                                           int N, int n, int G, int k0, int g0, int g1, float mul, float sc[2],
+                                           __half2 sub[2]) {
+  if (FMT == 2) {
+    const unsigned short b2 = *reinterpret_cast<const unsigned short*>(
+        reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + n) * G + k0 / 16);
+    sc[0] = e4m3_to_float(b2 & 0xFFu) * mul;
+    sc[1] = e4m3_to_float(b2 >> 8) * mul;
+  } else {
+    const half* sh = reinterpret_cast<const half*>(scales) + ((i64)e * N + n) * G;
+    sc[0] = MUL_INT4 ? __half2float(sh[g0]) * mul : __half2float(sh[g0]);
+    sc[1] = MUL_INT4 ? __half2float(sh[g1]) * mul : __half2float(sh[g1]);
+    if (FMT == 1) {
+      const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
+      sub[0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
+      sub[1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
+    }
+  }
+}
+
 // XR: dequantize one weight row at a time and re-read the activations per row (fewer live registers, so more rows
 // per warp fit: the "_c4" entries); otherwise all CPW rows are dequantized first and each activation row read once.
 template <int FMT, int NW, int CPW, int KC, int BMAX, bool FUSE, bool XR = false>
@@ -450,6 +474,8 @@ __device__ __forceinline__ void w4_gemv(
     e = eb;
   } else if (mb * bm >= num_valid) {
     return;
+  } else if (expert_ids) {
+    e = expert_ids[mb];   // routed rows straight from the router (bm = 1): expert_ids is topk_ids, one per block
   }
   // The block's valid rows, compacted in order by warp 0: one load per lane and a ballot (not one load after another).
   if (warp == 0) {
@@ -511,21 +537,7 @@ __device__ __forceinline__ void w4_gemv(
           if (seg < nseg && ok[c]) {
             const int n = col[c];
             wv[u][c] = ldg_stream(we + n * row_bytes + k0 / 2);
-            if (FMT == 2) {
-              const unsigned short b2 = *reinterpret_cast<const unsigned short*>(
-                  reinterpret_cast<const unsigned char*>(scales) + ((i64)e * N + n) * G + k0 / 16);
-              sc[u][c][0] = e4m3_to_float(b2 & 0xFFu) * gs;
-              sc[u][c][1] = e4m3_to_float(b2 >> 8) * gs;
-            } else {
-              const half* sh = reinterpret_cast<const half*>(scales) + ((i64)e * N + n) * G;
-              sc[u][c][0] = __half2float(sh[g0]);
-              sc[u][c][1] = __half2float(sh[g1]);
-              if (FMT == 1) {
-                const unsigned* zr = reinterpret_cast<const unsigned*>(zeros) + ((i64)e * ((N + 7) / 8) + n / 8) * G;
-                sub[u][c][0] = __float2half2_rn(1024.f + (float)((zr[g0] >> (4 * (n % 8))) & 0xFu));
-                sub[u][c][1] = __float2half2_rn(1024.f + (float)((zr[g1] >> (4 * (n % 8))) & 0xFu));
-              }
-            }
+            seg_scales<FMT, false>(scales, zeros, e, N, n, G, k0, g0, g1, gs, sc[u][c], sub[u][c]);
           }
         }
       }
@@ -663,6 +675,122 @@ W4_GEMV_ENTRY(w4_gemv_int4_q4, 0, false, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_int4_act_q4, 0, true, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_fp4_q4, 2, false, 4, 1024, 1, true, 3)
 W4_GEMV_ENTRY(w4_gemv_fp4_act_q4, 2, true, 4, 1024, 1, true, 3)
+
+// ---- The MoE decode's down projection with the top-k sum, straight from the router (w4_moe_down_<fmt>_d<DT>) ----
+// out[t, n] = sum over kk < topk of topk_w[t, kk] x sum_k a[t * topk + kk, k] x W[topk_ids[t, kk]][n, k], fp16, in
+// one launch: no moe_align_block_size layout, no fp32 buffer to zero, no atomics and no conversion launch, and one
+// fixed order of summation (the result does not depend on scheduling).  Block (token t = blockIdx.x, DT output
+// columns from blockIdx.y * DT); warp w takes the routed rows kk = w, w + 8, ... of token t; lane l the 32-value K
+// segments l, l + 32, ... of each row, keeping for each of the DT columns one fp32 partial (topk_w and the group
+// scale folded into each word's scale), the weights of CG columns in flight at a time; a transpose-reduce over the
+// warp (DT - 1 shuffles, plus one per halving of 32 / DT) leaves lane c with column c's warp sum; warp 0 adds the
+// 8 warps' sums in warp order and writes fp16.  Rows per token up to any top_k (8 warps loop); any K multiple of 32.
+// The gate_up of the same decode runs w4_gemv_*_act_* with bm = 1 and expert_ids = topk_ids (no sorted_ids).
+// Transpose-reduce over a warp: at offset O each lane keeps the half of its 2 O live partials that its lane bit O
+// selects and adds the partner's copy of that half; after offset 1 lane l holds entry l mod (2 O) of the first call.
+template <int O>
+__device__ __forceinline__ void warp_transpose_reduce(float* p, int lane) {
+  if constexpr (O >= 1) {
+    const bool hi = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < O; ++i) {
+      const float send = hi ? p[i] : p[i + O];
+      const float keep = hi ? p[i + O] : p[i];
+      p[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    warp_transpose_reduce<O / 2>(p, lane);
+  }
+}
+
+template <int FMT, int DT, int CG>
+__device__ __forceinline__ void w4_moe_down(
+    half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
+    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
+    const int* __restrict__ topk_ids, const float* __restrict__ topk_w, int topk, int N, int K, int group, int ld_a) {
+  static_assert(CG == 2 || CG == 4 || CG == 8 || CG == 16 || CG == 32, "one column per lane after the reduce");
+  static_assert(DT % CG == 0, "whole column groups");
+  __shared__ float red[8][DT];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.y * DT;
+  const int G = (K + group - 1) / group;
+  const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
+  const i64 row_bytes = (i64)K / 2;
+
+#pragma unroll 1
+  for (int c0 = 0; c0 < DT; c0 += CG) {
+    float p[CG];
+#pragma unroll
+    for (int c = 0; c < CG; ++c) p[c] = 0.f;
+    for (int kk = warp; kk < topk; kk += 8) {
+      const i64 j = (i64)t * topk + kk;
+      const int e = topk_ids[j];
+      float tw = topk_w[j];
+      if (FMT == 2) tw *= gscale[e];
+      const unsigned char* we = w + (i64)e * N * row_bytes;
+      for (int k0 = 32 * lane; k0 < K; k0 += 1024) {
+        uint4 wv[CG];
+        float sc[CG][2];
+        __half2 sub[CG][2];
+#pragma unroll
+        for (int c = 0; c < CG; ++c) {
+          const int n = n0 + c0 + c;
+          wv[c] = make_uint4(0, 0, 0, 0);
+          sc[c][0] = sc[c][1] = 0.f;
+          sub[c][0] = sub[c][1] = __float2half2_rn(1032.f);
+          if (n < N) {
+            wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
+            const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
+            const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+            seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, sc[c], sub[c]);
+          }
+        }
+        uint4 xq[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xq[q] = stage_x8(*reinterpret_cast<const uint4*>(a + j * ld_a + k0 + 8 * q));
+#pragma unroll
+        for (int c = 0; c < CG; ++c) {
+          const unsigned words[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            unsigned dq[4];
+            gemv_deq_word<FMT>(words[q], sub[c][q >> 1], dq);
+            p[c] = word_dot(xq[q], dq, sc[c][q >> 1], p[c]);
+          }
+        }
+      }
+    }
+    warp_transpose_reduce<CG / 2>(p, lane);
+#pragma unroll
+    for (int o = CG; o < 32; o <<= 1) p[0] += __shfl_xor_sync(0xffffffffu, p[0], o);
+    if (lane < CG) red[warp][c0 + lane] = p[0];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < DT; c += 256) {
+    if (n0 + c >= N) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v += red[i][c];
+    out[(i64)t * N + n0 + c] = __float2half_rn(v);
+  }
+}
+
+// Entries: DT columns per block, CG of them in flight per warp, MINB blocks per SM.  d8 / d16: four columns at three
+// blocks (80 registers; fp4 d8: eight at two, 128); n16: two columns at four blocks (64 registers).  The router-direct
+// decode of the launcher's auto runs d8 for one token of a top-8 router and n16 above it (docs/kernels.md).
+#define W4_MOE_DOWN_ENTRY(NAME, FMT, DT, CG, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
+      half* out, const half* a, const unsigned char* w, const void* scales, const int* zeros,                 \
+      const float* gscale, const int* topk_ids, const float* topk_w, int topk, int N, int K, int group,       \
+      int ld_a) {                                                                                              \
+    w4_moe_down<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a);    \
+  }
+
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d8, 0, 8, 4, 3)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d8, 2, 8, 8, 2)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d16, 0, 16, 4, 3)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d16, 2, 16, 4, 3)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_n16, 0, 16, 2, 4)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_n16, 2, 16, 2, 4)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -19,9 +19,11 @@ Decode has two kernels: "wmma" (16-row WMMA tiles, split K) and "gemv" (one warp
 tensor cores, activations of up to GEMV_BLOCK_ROWS rows per block; gate_up fused with act(gate) * up). `decode=` on
 gemm/linear/fused_moe picks one, else $OVERLAY_W4_DECODE (wmma | gemv | auto), else "auto" (the default since the
 H200 engine run of 2026-12-06): per call what the kernel benchmarks measured fastest among the choices the engine
-runs kept within the tolerance rule, or that compute bit-equal outputs (AUTO_DECODE, AUTO_DECODE_FEW, AUTO_LINEAR;
-decode_choice): for MoE steps of up to AUTO_FEW_ROWS routed rows the one-row-per-pass GEMVs (`q4` for int4, `r1` for
-fp4), above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
+runs kept within the tolerance rule, or that compute bit-equal outputs or the same sums in another fp32 order
+(AUTO_DECODE, AUTO_DECODE_ONE, AUTO_DECODE_FEW, AUTO_LINEAR; decode_choice): for MoE steps of up to AUTO_FEW_ROWS
+routed rows the router-direct decode (gate_up on the one-row-per-pass GEMV `q4` for int4, `r1` for fp4, straight
+from topk_ids; down `w4_moe_down` with the top-k sum in the block: tile `d8` up to AUTO_ONE_ROWS rows, `n16` above),
+above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
 AUTO_LINEAR_MAX_ROWS rows, WMMA for fp4 linears (their GEMV exceeded the rule in the engine), for linears above
 AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert
 block of moe_align_block_size) the chosen path wants: align_block(path, decode, fmt).
@@ -69,6 +71,14 @@ GEMV_ACT = {"silu": 1, "gelu": 2, "gelu_tanh": 3}
 # "q1" / "r1" = 2 rows per warp, 1024- / 2048-wide chunks, one activation row per pass, 4 blocks per SM (64 registers);
 # "q4" = 4 rows per warp, 1024-wide chunks, one row per pass, 3 blocks per SM (80 registers).
 GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
+# The router-direct MoE decode, fused_moe(variant="<GEMV variant>+<down tile>", e.g. "q4+d16"): gate_up runs the GEMV
+# variant with one routed row per block, its expert read from topk_ids (no moe_align_block_size layout at all); down
+# runs w4_moe_down_<fmt>_<tile>: block (token, tile columns), the token's top-k rows summed inside the block in a
+# fixed order, fp16 out (no fp32 buffer, no atomics, no conversion launch). int4 and fp4.
+# Tiles (output columns per block; the kernel's columns in flight per warp and blocks per SM are in the entry lines):
+# d8 / d16 four columns in flight at three blocks per SM (fp4 d8: eight at two), n16 two at four.
+MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16}
+DIRECT_VARIANTS = tuple(f"{v}+{d}" for v in GEMV_VARIANTS for d in MOE_DOWN_TILES)
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
 # 1.30-1.48x the WMMA decode (MoE), 1.25-2.16x (linear M <= 4); fp4: the default GEMV 1.00-1.30x (MoE), 1.10-1.78x
@@ -81,8 +91,14 @@ AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma",
 # AUTO_DECODE. int4 then moved to q4 (docs/kernels.md, "Thirteenth lease", H100, 8 MoE layers in one CUDA graph):
 # 0.94/0.97/0.95x q1's time at 1/4/8 tokens (g32; g128 0.96/0.97/0.94x); fp4 q4 loses to r1, so fp4 keeps r1.
 # Their outputs are bit-equal to c4's and the default GEMV's (GPU test), whose engine runs stayed within the rule.
-AUTO_DECODE_FEW = {"int4": ("gemv", "q4"), "fp4": ("gemv", "r1")}
+# Then the router-direct decode (docs/kernels.md, "Fifteenth lease", H100, 8 MoE layers in one CUDA graph, g32):
+# int4 q4+d8 0.87x q4's time at 1 token, q4+n16 0.88 / 0.87x at 4 / 8; fp4 r1+d8 0.92x r1's at 1 token, r1+n16
+# 0.82 / 0.80x at 4 / 8. Its gate_up is bit-equal to the aligned one, its down the same sums in one fixed fp32 order
+# (GPU tests: equal to the aligned layer up to the fp16 rounding of a reordered fp32 sum, and deterministic).
+AUTO_DECODE_FEW = {"int4": ("gemv", "q4+n16"), "fp4": ("gemv", "r1+n16")}
 AUTO_FEW_ROWS = 64
+AUTO_DECODE_ONE = {"int4": ("gemv", "q4+d8"), "fp4": ("gemv", "r1+d8")}
+AUTO_ONE_ROWS = 8   # one token of a top-8 router
 # Linears (no sorted_ids) of up to AUTO_LINEAR_MAX_ROWS rows. fp4 stays on WMMA: in the H200 engine run of 2026-12-06
 # (engine_gpu.py phase w, docs/kernels.md "Tenth lease") the ct-nvfp4-dense checkpoint with fp4 GEMV linears had a
 # teacher-forced max error of 0.309 against 0.278 allowed (WMMA: 0.230); its fp16 partial sums of 4 products are
@@ -140,8 +156,8 @@ def decode_kernel(decode: str | None = None) -> str:
 
 def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bool = True) -> tuple[str, str | None]:
     """(kernel, GEMV variant) a decode-path launch runs: decode_kernel(decode), with "auto" resolved by AUTO_DECODE
-    (MoE; AUTO_DECODE_FEW for up to AUTO_FEW_ROWS routed `rows`) or AUTO_LINEAR (a linear layer; more than
-    AUTO_LINEAR_MAX_ROWS `rows` stay on WMMA) for `fmt`."""
+    (MoE; AUTO_DECODE_ONE / AUTO_DECODE_FEW for up to AUTO_ONE_ROWS / AUTO_FEW_ROWS routed `rows`) or AUTO_LINEAR
+    (a linear layer; more than AUTO_LINEAR_MAX_ROWS `rows` stay on WMMA) for `fmt`."""
     name = decode_kernel(decode)
     if name != "auto":
         return name, None
@@ -149,9 +165,20 @@ def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bo
         if rows is not None and rows > AUTO_LINEAR_MAX_ROWS:
             return "wmma", None
         return AUTO_LINEAR.get(fmt, ("wmma", None))
+    if rows is not None and rows <= AUTO_ONE_ROWS and fmt in AUTO_DECODE_ONE:
+        return AUTO_DECODE_ONE[fmt]
     if rows is not None and rows <= AUTO_FEW_ROWS and fmt in AUTO_DECODE_FEW:
         return AUTO_DECODE_FEW[fmt]
     return AUTO_DECODE.get(fmt, ("wmma", None))
+
+
+def needs_align(path: str, fmt: str, rows: int, decode: str | None = None) -> bool:
+    """Whether a MoE launch of `rows` routed rows on `path` reads moe_align_block_size's layout: every choice but a
+    router-direct decode (a DIRECT_VARIANTS GEMV), which takes topk_ids as they come from the router."""
+    if path != "decode":
+        return True
+    kernel, variant = decode_choice(decode, fmt, rows)
+    return not (kernel == "gemv" and variant in DIRECT_VARIANTS)
 
 
 def prefill_kernel(prefill: str | None = None) -> str:
@@ -339,6 +366,49 @@ class W4Kernels:
             self.ran.add(name)
         return out if out32 is None else out32.half()
 
+    def moe_down(self, a: Any, w: Any, scales: Any, fmt: str, *, k: int, group: int, topk_ids: Any, topk_w: Any,
+                 gscale: Any = None, tile: str = "d16") -> Any:
+        """The MoE decode's down projection with the top-k sum in one launch (w4_moe_down_<fmt>_<tile>):
+        out[t, n] = sum over j < top_k of topk_w[t, j] x (a[t * top_k + j] . W[topk_ids[t, j]][n]), [tokens, N] fp16.
+        a: [tokens x top_k, K] fp16 (gate_up's output rows in routed order); int4 and fp4."""
+        import torch
+
+        if tile not in MOE_DOWN_TILES or fmt not in ("int4", "fp4"):
+            raise BuildError(f"down tile {tile!r} for {fmt}: expected one of {', '.join(MOE_DOWN_TILES)} (int4, fp4)")
+        _e, n = _check(a, w, scales, fmt, k, group, None, gscale)
+        if topk_ids.dim() != 2 or topk_w.shape != topk_ids.shape or a.shape[0] != topk_ids.numel():
+            raise BuildError(f"topk_ids {tuple(topk_ids.shape)}, topk_w {tuple(topk_w.shape)}, rows {a.shape[0]}: "
+                             "expected [tokens, top_k] both, and tokens x top_k rows")
+        m, top_k = topk_ids.shape
+        ids = topk_ids.to(torch.int32).contiguous()
+        tw = topk_w.float().contiguous()
+        out = torch.empty((m, n), dtype=torch.float16, device=a.device)
+        name = f"w4_moe_down_{fmt}_{tile}"
+        scales_arg = scales.view(torch.uint8) if fmt == "fp4" else scales
+        dt = MOE_DOWN_TILES[tile]
+        if m and n:
+            self.k[name].launch((m, (n + dt - 1) // dt, 1), [
+                out, a, w, scales_arg, None, gscale, ids, tw, top_k, n, k, group, a.stride(0)])
+            self.ran.add(name)
+        return out
+
+    def moe_direct(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,
+                   *, group: int, variant: str, gscale13: Any = None, gscale2: Any = None,
+                   activation: str = "gelu_tanh") -> Any:
+        """The router-direct MoE decode (DIRECT_VARIANTS): gate_up as GEMV `variant`'s first half with one routed row
+        per block and expert_ids = topk_ids, then moe_down with the second half's tile. Two launches."""
+        import torch
+
+        if variant not in DIRECT_VARIANTS:
+            raise BuildError(f"router-direct variant {variant!r}: expected one of {', '.join(DIRECT_VARIANTS)}")
+        up_variant, tile = variant.split("+")
+        m, top_k = topk_ids.shape
+        ids = topk_ids.to(torch.int32).contiguous()
+        a = self.gemv(x, w13, s13, fmt, k=x.shape[1], group=group, gscale=gscale13, expert_ids=ids.view(-1),
+                      num_valid=m * top_k, a_div=top_k, activation=activation, block=1, variant=up_variant)
+        return self.moe_down(a, w2, s2, fmt, k=a.shape[1], group=group, topk_ids=ids, topk_w=topk_weights,
+                             gscale=gscale2, tile=tile)
+
     def dequantize(self, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
                    gscale: Any = None) -> Any:
         """The weight as fp16, w's leading shape + [K]: [N, K] for a linear layer, [E, N, K] for experts (each value
@@ -391,6 +461,11 @@ class W4Kernels:
         kernel, auto_variant = decode_choice(decode, fmt, m * top_k)
         gemv = path == "decode" and kernel == "gemv"
         variant = variant or (auto_variant if gemv else None)
+        if gemv and variant in DIRECT_VARIANTS:
+            if activation not in GEMV_ACT:
+                raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
+            return self.moe_direct(x, w13, s13, w2, s2, topk_weights, topk_ids, fmt, group=group, variant=variant,
+                                   gscale13=gscale13, gscale2=gscale2, activation=activation)
         bm = block or align_block(path, decode, fmt)
         if not gemv and variant is not None:
             raise BuildError(f"variant {variant!r}: fused_moe takes GEMV variants only (decode=\"gemv\")")

@@ -4,10 +4,11 @@ CompressedTensorsConfig (compressed_tensors.py, the same path in vLLM 0.19.1 and
 * `moe_method(config, layer, prefix)` for a FusedMoE layer: a compressed-tensors W4A16 (pack-quantized int4,
   symmetric, group strategy) MoE gets `SM70CompressedTensorsWNA16MoEMethod` (its __qualname__; a subclass of
   vLLM's CompressedTensorsWNA16MoEMethod under that __name__, which vLLM's FusedMoE loader keys on: its weights,
-  loader and repack, then the launcher's fused_moe after vLLM's moe_align_block_size; the router's topk_softmax
-  ran before apply). On compute capability 7.0 this also keeps vLLM from picking
-  CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks Marlin on shape alone, and Marlin has no sm_70 code): where
-  the kernels cannot run there, the layer gets vLLM's own CompressedTensorsWNA16MoEMethod (Triton fused_moe). An
+  loader and repack, then the launcher's fused_moe after vLLM's moe_align_block_size (none before a router-direct
+  decode, which reads topk_ids as they are); the router's topk_softmax ran before apply). On compute capability
+  7.0 this also keeps vLLM from picking CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks Marlin on shape alone,
+  and Marlin has no sm_70 code): where the kernels cannot run there, the layer gets vLLM's own
+  CompressedTensorsWNA16MoEMethod (Triton fused_moe). An
   NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed /
   weight_scale kept as the checkpoint has them: the kernels read that layout).
 * `linear_scheme(config, weight_quant, input_quant)`: an NVFP4 Linear layer (W4A4 or W4A16 NVFP4) gets a subclass of
@@ -222,9 +223,11 @@ def _moe_apply(method, base_apply, fmt: str, layer, x, topk_weights, topk_ids, s
     e = w13.shape[0]
     m, top_k = topk_ids.shape
     path = lm.pick_path(m, top_k, e)
-    from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+    align = None   # a router-direct decode (the launcher's DIRECT_VARIANTS) takes topk_ids without the layout
+    if lm.needs_align(path, fmt, m * top_k):
+        from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
 
-    align = moe_align_block_size(topk_ids, lm.align_block(path, fmt=fmt), e)
+        align = moe_align_block_size(topk_ids, lm.align_block(path, fmt=fmt), e)
     act = getattr(layer.activation, "value", layer.activation)
     xin = x if x.dtype == torch.float16 else x.to(torch.float16)
     extra = {"gscale13": layer.sm70_w4_gscale13, "gscale2": layer.sm70_w4_gscale2} if fmt == "fp4" else {}
