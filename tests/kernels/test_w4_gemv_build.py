@@ -147,15 +147,15 @@ class _Recorder(dict):
 
 
 @pytest.mark.parametrize("decode, fmt, rows, moe, want", [
-    ("auto", "int4", 1, True, ("gemv", "q4+d8")), ("auto", "int4", 8, True, ("gemv", "q4+d8")),
-    ("auto", "int4", 9, True, ("gemv", "q4+n16")), ("auto", "int4", 64, True, ("gemv", "q4+n16")),
+    ("auto", "int4", 1, True, ("gemv", "q4+p8")), ("auto", "int4", 8, True, ("gemv", "q4+p8")),
+    ("auto", "int4", 9, True, ("gemv", "q4+p16")), ("auto", "int4", 64, True, ("gemv", "q4+p16")),
     ("auto", "int4", 65, True, ("gemv", "c4")), ("auto", "int4", None, True, ("gemv", "c4")),
-    ("auto", "fp4", 8, True, ("gemv", "r1+d8")), ("auto", "fp4", 32, True, ("gemv", "r1+n16")),
+    ("auto", "fp4", 8, True, ("gemv", "r1+p8")), ("auto", "fp4", 32, True, ("gemv", "r1+p16")),
     ("auto", "fp4", 65, True, ("gemv", None)),
     ("auto", "int4zp", 1, True, ("wmma", None)),
     ("auto", "int4", 4, False, ("gemv", "c4")), ("auto", "int4", 5, False, ("wmma", None)),
     ("auto", "fp4", 1, False, ("wmma", None)), ("auto", "fp4", 8, False, ("wmma", None)),
-    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "q4+d8")),
+    ("auto", "int4zp", 1, False, ("wmma", None)), (None, "int4", 1, True, ("gemv", "q4+p8")),
     ("gemv", "int4", 8, False, ("gemv", None)), ("wmma", "fp4", 1, True, ("wmma", None)),
 ])
 def test_decode_choice_resolves_auto_per_format_and_row_count_and_leaves_named_kernels_alone(monkeypatch, decode, fmt,
@@ -195,8 +195,8 @@ def test_linear_under_auto_launches_the_measured_fastest_entry_for_its_rows(monk
 
 
 @pytest.mark.parametrize("env, tokens, entries", [
-    ("auto", 1, ["w4_gemv_int4_act_q4", "w4_moe_down_int4_d8"]),    # router-direct: no alignment, no atomics
-    ("auto", 12, ["w4_gemv_int4_act_q4", "w4_moe_down_int4_n16"]),
+    ("auto", 1, ["w4_gemv_int4_act_q4", "w4_moe_down_int4_p8"]),    # router-direct: no alignment, no atomics
+    ("auto", 12, ["w4_gemv_int4_act_q4", "w4_moe_down_int4_p16"]),
     ("auto", 65, ["w4_gemv_int4_act_c4", "w4_gemv_int4_c4"]),   # 65 routed rows (top-1): above AUTO_FEW_ROWS
     ("wmma", 1, ["w4_gemm_int4_decode", "w4_gemm_int4_decode"]),
 ])

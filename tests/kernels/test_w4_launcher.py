@@ -66,7 +66,7 @@ def test_manifest_entries_are_exactly_the_sources_entry_points_with_one_paramete
 
     spec = load_kernels_spec(W4_DIR)
     src = (W4_DIR / "csrc" / "w4_gemm.cu").read_text()
-    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT|_MOE_DOWN)?_ENTRY\((\w+),", src, flags=re.M)
+    in_source = re.findall(r"^W4(?:_GEMV|_DEQUANT|_MOE_DOWN|_MOE_DOWN_PIPE)?_ENTRY\((\w+),", src, flags=re.M)
     declared = [e.name for s in spec.sources for e in s.entries]
     assert sorted(in_source) == sorted(declared)
     params = {tuple((p.type, p.name) for p in e.params) for s in spec.sources for e in s.entries}

@@ -25,7 +25,8 @@ ENTRIES = {line.split(", ")[0]: dict(zip(FIELDS, map(int, line.split(", ")[1:]),
 # entries with four columns in flight at 80 registers (three blocks per SM) hold 40-48 bytes; fp4 d8 (eight columns
 # at 128 registers) 8; the n16 entries (two columns at four blocks per SM) none.
 FRAME_ALLOWED = {"w4_moe_down_fp4_d8": 8, "w4_moe_down_fp4_d16": 40,
-                 "w4_moe_down_int4_d8": 48, "w4_moe_down_int4_d16": 48}
+                 "w4_moe_down_int4_d8": 48, "w4_moe_down_int4_d16": 48,
+                 "w4_moe_down_int4_p8": 24, "w4_moe_down_int4_q16": 24, "w4_moe_down_int4_p16": 32}
 
 
 def test_entries_are_the_launchers_tiles_for_int4_and_fp4_and_the_manifest_declares_them():
@@ -36,6 +37,7 @@ def test_entries_are_the_launchers_tiles_for_int4_and_fp4_and_the_manifest_decla
     for name, e in ENTRIES.items():
         fmt, tile = name.split("_")[3], name.split("_")[4]
         assert fmts[e["FMT"]] == fmt and e["DT"] == mod.MOE_DOWN_TILES[tile] and e["DT"] % e["CG"] == 0
+        assert e["PIPE"] == (tile in mod.MOE_DOWN_PIPE)
     manifest = yaml.safe_load((W4_DIR / "overlay.yaml").read_text())
     declared = {en["name"]: en for src in manifest["kernels"]["sources"] for en in src["entries"]}
     for name in want:
@@ -108,7 +110,7 @@ def test_lanes_and_warps_cover_every_k_of_every_routed_row_exactly_once(k, top_k
 
 
 @pytest.mark.parametrize("n", [8, 200, 704, 2816])
-@pytest.mark.parametrize("tile", ["d8", "d16", "n16"])
+@pytest.mark.parametrize("tile", ["d8", "d16", "n16", "p8", "p16", "q16"])
 def test_column_tiles_and_column_groups_cover_every_output_column_once(n, tile):
     mod = w4_launcher()
     e = ENTRIES[f"w4_moe_down_int4_{tile}"]
@@ -176,8 +178,8 @@ def test_moe_down_refuses_an_unknown_tile_zero_points_and_rows_that_are_not_toke
 def test_needs_align_is_false_only_for_a_router_direct_decode(monkeypatch):
     mod = w4_launcher()
     monkeypatch.delenv(mod.DECODE_ENV, raising=False)
-    assert mod.needs_align("decode", "fp4", 8) is False           # auto, one token of top-8: r1+d8
-    assert mod.needs_align("decode", "int4", 64) is False         # auto up to AUTO_FEW_ROWS: q4+n16
+    assert mod.needs_align("decode", "fp4", 8) is False           # auto, one token of top-8: r1+p8
+    assert mod.needs_align("decode", "int4", 64) is False         # auto up to AUTO_FEW_ROWS: q4+p16
     assert mod.needs_align("decode", "int4", mod.AUTO_FEW_ROWS + 1) is True   # above it: an aligned GEMV (c4)
     assert mod.needs_align("decode", "int4zp", 8) is True         # WMMA
     assert mod.needs_align("prefill", "fp4", 8) is True
@@ -185,3 +187,24 @@ def test_needs_align_is_false_only_for_a_router_direct_decode(monkeypatch):
     assert mod.needs_align("decode", "fp4", 8, decode="gemv") is True   # a named kernel runs its aligned default
     monkeypatch.setitem(mod.AUTO_DECODE_ONE, "fp4", ("gemv", "r1"))
     assert mod.needs_align("decode", "fp4", 8) is True
+
+
+@pytest.mark.parametrize("top_k, k_down, tile", [(8, 32, "p16"), (10, 32, "n16"), (8, 1056, "n16"), (2, 1024, "p16")])
+def test_router_direct_runs_the_unpipelined_tile_where_the_pipelined_one_cannot_take_the_shape(top_k, k_down, tile):
+    """The pipelined tiles hold one routed row per warp and one segment per lane (top_k <= 8, K <= 1024): moe_direct
+    (what auto runs) takes the unpipelined tile of the same width for other shapes; moe_down named directly refuses."""
+    torch = pytest.importorskip("torch")
+    mod = w4_launcher()
+    ks = _Recorder()
+    k = mod.W4Kernels(ks, num_sms=132)
+    x = torch.zeros((2, 64), dtype=torch.float16)
+    w13, s13 = torch.zeros((4, 2 * k_down, 8), dtype=torch.int32), torch.zeros((4, 2 * k_down, 2), dtype=torch.float16)
+    w2, s2 = torch.zeros((4, 40, k_down // 8), dtype=torch.int32), torch.zeros((4, 40, k_down // 32), dtype=torch.float16)
+    ids = (torch.arange(2 * top_k) % 4).reshape(2, top_k)
+    k.fused_moe(x, w13, s13, w2, s2, torch.ones((2, top_k)), ids, "int4", group=32, path="decode", decode="gemv",
+                variant="q4+p16", activation="silu")
+    assert ks.launched == ["w4_gemv_int4_act_q4", f"w4_moe_down_int4_{tile}"]
+    if tile != "p16":
+        with pytest.raises(BuildError, match="pipelined tiles take top_k <= 8 and K <= 1024"):
+            k.moe_down(torch.zeros((2 * top_k, k_down), dtype=torch.float16), w2, s2, "int4", k=k_down, group=32,
+                       topk_ids=ids, topk_w=torch.ones((2, top_k)), tile="p16")

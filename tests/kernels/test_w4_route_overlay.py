@@ -464,7 +464,7 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
     (call,) = rel.launches.calls
     assert call[:5] == ("fused_moe", "int4", 32, "gelu", "decode")
     assert call[5] is layer.w13_weight_packed and call[6] is layer.w13_weight_scale
-    # no moe_align_block_size: "auto" runs the router-direct decode for its 6 routed rows (q4+d8, topk_ids as they are)
+    # no moe_align_block_size: "auto" runs the router-direct decode for its 6 routed rows (q4+p8, topk_ids as they are)
     assert rel.aligned == [] and call[9] is None
     assert len(_messages(caplog, "W4A16 MoE decode ran on sm70-w4-gemm kernels in pid")) == 1
     assert len(rel.loads) == 1

@@ -702,6 +702,29 @@ __device__ __forceinline__ void warp_transpose_reduce(float* p, int lane) {
   }
 }
 
+// p[CG] per lane -> lane l's return value is column l mod CG summed over the warp (transpose-reduce, then the
+// halves of the warp added).
+template <int CG>
+__device__ __forceinline__ float warp_column_sums(float* p, int lane) {
+  warp_transpose_reduce<CG / 2>(p, lane);
+#pragma unroll
+  for (int o = CG; o < 32; o <<= 1) p[0] += __shfl_xor_sync(0xffffffffu, p[0], o);
+  return p[0];
+}
+
+// The block's 8 warp sums of each of its DT columns added in warp order, written as fp16 to out[t, n0 + c].
+template <int DT>
+__device__ __forceinline__ void down_block_write(const float (*red)[DT], half* __restrict__ out, int t, int N, int n0) {
+  __syncthreads();
+  for (int c = threadIdx.x; c < DT; c += 256) {
+    if (n0 + c >= N) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v += red[i][c];
+    out[(i64)t * N + n0 + c] = __float2half_rn(v);
+  }
+}
+
 template <int FMT, int DT, int CG>
 __device__ __forceinline__ void w4_moe_down(
     half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
@@ -759,38 +782,122 @@ __device__ __forceinline__ void w4_moe_down(
         }
       }
     }
-    warp_transpose_reduce<CG / 2>(p, lane);
-#pragma unroll
-    for (int o = CG; o < 32; o <<= 1) p[0] += __shfl_xor_sync(0xffffffffu, p[0], o);
-    if (lane < CG) red[warp][c0 + lane] = p[0];
+    const float v = warp_column_sums<CG>(p, lane);
+    if (lane < CG) red[warp][c0 + lane] = v;
   }
-  __syncthreads();
-  for (int c = threadIdx.x; c < DT; c += 256) {
-    if (n0 + c >= N) continue;
-    float v = 0.f;
+  down_block_write<DT>(red, out, t, N, n0);
+}
+
+// The same down projection for top_k <= 8 and K <= 1024 (one routed row per warp, one 32-value segment per lane,
+// 704 for 26B-A4B), pipelined over the column groups: the next group's weights and scales load before the current
+// group is multiplied and reduced, so a warp keeps two groups in flight instead of waiting once per group.
+template <int FMT, int CG>
+struct DownGroup {
+  uint4 wv[CG];
+  float sc[CG][2];
+  __half2 sub[CG][2];
+};
+
+template <int FMT, int CG>
+__device__ __forceinline__ void down_group_load(DownGroup<FMT, CG>& g, const unsigned char* __restrict__ we,
+                                                const void* __restrict__ scales, const int* __restrict__ zeros, int e,
+                                                int N, int n0, int G, int k0, int g0, int g1, float tw, i64 row_bytes,
+                                                bool live) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v += red[i][c];
-    out[(i64)t * N + n0 + c] = __float2half_rn(v);
+  for (int c = 0; c < CG; ++c) {
+    const int n = n0 + c;
+    g.wv[c] = make_uint4(0, 0, 0, 0);
+    g.sc[c][0] = g.sc[c][1] = 0.f;
+    g.sub[c][0] = g.sub[c][1] = __float2half2_rn(1032.f);
+    if (live && n < N) {
+      g.wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
+      seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, g.sc[c], g.sub[c]);
+    }
   }
 }
 
-// Entries: DT columns per block, CG of them in flight per warp, MINB blocks per SM.  d8 / d16: four columns at three
-// blocks (80 registers; fp4 d8: eight at two, 128); n16: two columns at four blocks (64 registers).  The router-direct
-// decode of the launcher's auto runs d8 for one token of a top-8 router and n16 above it (docs/kernels.md).
-#define W4_MOE_DOWN_ENTRY(NAME, FMT, DT, CG, MINB)                                                             \
+template <int FMT, int DT, int CG>
+__device__ __forceinline__ void w4_moe_down_pipe(
+    half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
+    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
+    const int* __restrict__ topk_ids, const float* __restrict__ topk_w, int topk, int N, int K, int group, int ld_a) {
+  static_assert(DT % CG == 0 && (CG == 2 || CG == 4 || CG == 8), "whole column groups of 2, 4 or 8");
+  __shared__ float red[8][DT];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.y * DT;
+  if (warp < topk) {
+    const int G = (K + group - 1) / group;
+    const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
+    const i64 row_bytes = (i64)K / 2;
+    const i64 j = (i64)t * topk + warp;
+    const int e = topk_ids[j];
+    float tw = topk_w[j];
+    if (FMT == 2) tw *= gscale[e];
+    const unsigned char* we = w + (i64)e * N * row_bytes;
+    const int k0 = 32 * lane;
+    const bool live = k0 < K;
+    const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
+    const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+    uint4 xq[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      xq[q] = live ? stage_x8(*reinterpret_cast<const uint4*>(a + j * ld_a + k0 + 8 * q)) : make_uint4(0, 0, 0, 0);
+    DownGroup<FMT, CG> cur;
+    down_group_load<FMT, CG>(cur, we, scales, zeros, e, N, n0, G, k0, g0, g1, tw, row_bytes, live);
+#pragma unroll 1
+    for (int c0 = 0; c0 < DT; c0 += CG) {
+      DownGroup<FMT, CG> nxt;
+      down_group_load<FMT, CG>(nxt, we, scales, zeros, e, N, n0 + c0 + CG, G, k0, g0, g1, tw, row_bytes,
+                               live && c0 + CG < DT);
+      float p[CG];
+#pragma unroll
+      for (int c = 0; c < CG; ++c) {
+        p[c] = 0.f;
+        const unsigned words[4] = {cur.wv[c].x, cur.wv[c].y, cur.wv[c].z, cur.wv[c].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          unsigned dq[4];
+          gemv_deq_word<FMT>(words[q], cur.sub[c][q >> 1], dq);
+          p[c] = word_dot(xq[q], dq, cur.sc[c][q >> 1], p[c]);
+        }
+      }
+      const float v = warp_column_sums<CG>(p, lane);
+      if (lane < CG) red[warp][c0 + lane] = v;
+      cur = nxt;
+    }
+  } else {
+    for (int c = lane; c < DT; c += 32) red[warp][c] = 0.f;
+  }
+  down_block_write<DT>(red, out, t, N, n0);
+}
+
+// Entries: DT columns per block, CG of them in flight per warp, MINB blocks per SM, PIPE 1 for w4_moe_down_pipe.
+// d8 / d16: four columns at three blocks (80 registers; fp4 d8: eight at two, 128); n16: two columns at four blocks
+// (64 registers); p8 / p16 / q16 the pipelined ones.  The launcher's auto runs p8 / p16 where the shape allows
+// (top_k <= 8, K <= 1024), d8 / n16 elsewhere.
+#define W4_MOE_DOWN_ENTRY(NAME, FMT, DT, CG, MINB, PIPE)                                                      \
   extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, const half* a, const unsigned char* w, const void* scales, const int* zeros,                 \
       const float* gscale, const int* topk_ids, const float* topk_w, int topk, int N, int K, int group,       \
       int ld_a) {                                                                                              \
-    w4_moe_down<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a);    \
+    if constexpr (PIPE)                                                                                        \
+      w4_moe_down_pipe<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a); \
+    else                                                                                                       \
+      w4_moe_down<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a);  \
   }
 
-W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d8, 0, 8, 4, 3)
-W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d8, 2, 8, 8, 2)
-W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d16, 0, 16, 4, 3)
-W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d16, 2, 16, 4, 3)
-W4_MOE_DOWN_ENTRY(w4_moe_down_int4_n16, 0, 16, 2, 4)
-W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_n16, 2, 16, 2, 4)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d8, 0, 8, 4, 3, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d8, 2, 8, 8, 2, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_d16, 0, 16, 4, 3, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_d16, 2, 16, 4, 3, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_n16, 0, 16, 2, 4, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_n16, 2, 16, 2, 4, 0)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_p8, 0, 8, 4, 3, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_p8, 2, 8, 4, 3, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_p16, 0, 16, 2, 4, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_p16, 2, 16, 2, 4, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_q16, 0, 16, 4, 3, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_q16, 2, 16, 4, 3, 1)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -22,7 +22,7 @@ H200 engine run of 2026-12-06): per call what the kernel benchmarks measured fas
 runs kept within the tolerance rule, or that compute bit-equal outputs or the same sums in another fp32 order
 (AUTO_DECODE, AUTO_DECODE_ONE, AUTO_DECODE_FEW, AUTO_LINEAR; decode_choice): for MoE steps of up to AUTO_FEW_ROWS
 routed rows the router-direct decode (gate_up on the one-row-per-pass GEMV `q4` for int4, `r1` for fp4, straight
-from topk_ids; down `w4_moe_down` with the top-k sum in the block: tile `d8` up to AUTO_ONE_ROWS rows, `n16` above),
+from topk_ids; down `w4_moe_down` with the top-k sum in the block: tile `p8` up to AUTO_ONE_ROWS rows, `p16` above),
 above that the GEMV `c4` candidate for int4 and the default GEMV for fp4; `c4` for int4 linears of up to
 AUTO_LINEAR_MAX_ROWS rows, WMMA for fp4 linears (their GEMV exceeded the rule in the engine), for linears above
 AUTO_LINEAR_MAX_ROWS rows and for int4 with zero points (not measured). The MoE alignment block (rows per expert
@@ -77,7 +77,11 @@ GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
 # fixed order, fp16 out (no fp32 buffer, no atomics, no conversion launch). int4 and fp4.
 # Tiles (output columns per block; the kernel's columns in flight per warp and blocks per SM are in the entry lines):
 # d8 / d16 four columns in flight at three blocks per SM (fp4 d8: eight at two), n16 two at four.
-MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16}
+MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16, "p8": 8, "p16": 16, "q16": 16}
+# Pipelined tiles (w4_moe_down_pipe: the next column group loads while the current one is reduced): one routed row per
+# warp and one 32-value segment per lane, so top_k <= 8 and K <= 1024 (26B-A4B's down: top-8, K = 704); moe_direct
+# runs the unpipelined tile of the same width (MOE_DOWN_PIPE's value) for other shapes.
+MOE_DOWN_PIPE = {"p8": "d8", "p16": "n16", "q16": "n16"}
 DIRECT_VARIANTS = tuple(f"{v}+{d}" for v in GEMV_VARIANTS for d in MOE_DOWN_TILES)
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
@@ -91,13 +95,14 @@ AUTO_DECODE = {"int4": ("gemv", "c4"), "fp4": ("gemv", None), "int4zp": ("wmma",
 # AUTO_DECODE. int4 then moved to q4 (docs/kernels.md, "Thirteenth lease", H100, 8 MoE layers in one CUDA graph):
 # 0.94/0.97/0.95x q1's time at 1/4/8 tokens (g32; g128 0.96/0.97/0.94x); fp4 q4 loses to r1, so fp4 keeps r1.
 # Their outputs are bit-equal to c4's and the default GEMV's (GPU test), whose engine runs stayed within the rule.
-# Then the router-direct decode (docs/kernels.md, "Fifteenth lease", H100, 8 MoE layers in one CUDA graph, g32):
-# int4 q4+d8 0.87x q4's time at 1 token, q4+n16 0.88 / 0.87x at 4 / 8; fp4 r1+d8 0.92x r1's at 1 token, r1+n16
-# 0.82 / 0.80x at 4 / 8. Its gate_up is bit-equal to the aligned one, its down the same sums in one fixed fp32 order
-# (GPU tests: equal to the aligned layer up to the fp16 rounding of a reordered fp32 sum, and deterministic).
-AUTO_DECODE_FEW = {"int4": ("gemv", "q4+n16"), "fp4": ("gemv", "r1+n16")}
+# Then the router-direct decode (docs/kernels.md, "Fifteenth lease", H100, 8 MoE layers in one CUDA graph, g32; its
+# pipelined down tiles, 17:00 UTC): int4 q4+p8 0.82x q4's time at 1 token, q4+p16 0.82 / 0.81x at 4 / 8; fp4 r1+p8
+# 0.82x r1's at 1 token, r1+p16 0.80 / 0.77x at 4 / 8. Its gate_up is bit-equal to the aligned one, its down the same
+# sums in one fixed fp32 order (GPU tests: equal to the aligned layer up to the fp16 rounding of a reordered fp32 sum,
+# and deterministic).
+AUTO_DECODE_FEW = {"int4": ("gemv", "q4+p16"), "fp4": ("gemv", "r1+p16")}
 AUTO_FEW_ROWS = 64
-AUTO_DECODE_ONE = {"int4": ("gemv", "q4+d8"), "fp4": ("gemv", "r1+d8")}
+AUTO_DECODE_ONE = {"int4": ("gemv", "q4+p8"), "fp4": ("gemv", "r1+p8")}
 AUTO_ONE_ROWS = 8   # one token of a top-8 router
 # Linears (no sorted_ids) of up to AUTO_LINEAR_MAX_ROWS rows. fp4 stays on WMMA: in the H200 engine run of 2026-12-06
 # (engine_gpu.py phase w, docs/kernels.md "Tenth lease") the ct-nvfp4-dense checkpoint with fp4 GEMV linears had a
@@ -380,6 +385,9 @@ class W4Kernels:
             raise BuildError(f"topk_ids {tuple(topk_ids.shape)}, topk_w {tuple(topk_w.shape)}, rows {a.shape[0]}: "
                              "expected [tokens, top_k] both, and tokens x top_k rows")
         m, top_k = topk_ids.shape
+        if tile in MOE_DOWN_PIPE and (top_k > 8 or k > 1024):
+            raise BuildError(f"down tile {tile!r}: top_k {top_k} and K {k}; the pipelined tiles take top_k <= 8 and "
+                             "K <= 1024")
         ids = topk_ids.to(torch.int32).contiguous()
         tw = topk_w.float().contiguous()
         out = torch.empty((m, n), dtype=torch.float16, device=a.device)
@@ -403,6 +411,8 @@ class W4Kernels:
             raise BuildError(f"router-direct variant {variant!r}: expected one of {', '.join(DIRECT_VARIANTS)}")
         up_variant, tile = variant.split("+")
         m, top_k = topk_ids.shape
+        if tile in MOE_DOWN_PIPE and (top_k > 8 or w2.shape[-1] * w2.element_size() * 2 > 1024):
+            tile = MOE_DOWN_PIPE[tile]
         ids = topk_ids.to(torch.int32).contiguous()
         a = self.gemv(x, w13, s13, fmt, k=x.shape[1], group=group, gscale=gscale13, expert_ids=ids.view(-1),
                       num_valid=m * top_k, a_div=top_k, activation=activation, block=1, variant=up_variant)
