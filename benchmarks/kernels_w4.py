@@ -403,9 +403,8 @@ def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
             if "+" in var:   # router-direct: gate_up one routed row per block from topk_ids, down w4_moe_down
                 up_var, tile = var.split("+")
                 ids = ti.to(torch.int32).contiguous()
-                ups.append(lambda x=x, w13=w13, ids=ids, v=up_var: k.gemv(
-                    x, w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale, expert_ids=ids.view(-1),
-                    num_valid=nv, a_div=TOPK, activation="gelu_tanh", block=1, variant=v))
+                ups.append(lambda x=x, w13=w13, ids=ids, v=up_var: k.direct_gate_up(
+                    x, w13.w, w13.scales, fmt, group=group, topk_ids=ids, gscale=w13.gscale, variant=v))
                 downs.append(lambda a=a, w2=w2, tw=tw, ids=ids, t=tile: k.moe_down(
                     a, w2.w, w2.scales, fmt, k=INTER, group=group, topk_ids=ids, topk_w=tw, gscale=w2.gscale, tile=t))
                 continue

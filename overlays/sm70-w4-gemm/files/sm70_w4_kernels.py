@@ -82,6 +82,13 @@ MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16, "p8": 8, "p16": 16, "q16": 16}
 # warp and one 32-value segment per lane, so top_k <= 8 and K <= 1024 (26B-A4B's down: top-8, K = 704); moe_direct
 # runs the unpipelined tile of the same width (MOE_DOWN_PIPE's value) for other shapes.
 MOE_DOWN_PIPE = {"p8": "d8", "p16": "n16", "q16": "n16"}
+
+
+def pipe_takes(top_k: int, k: int) -> bool:
+    """Whether the pipelined down tiles (MOE_DOWN_PIPE) take this shape: top_k <= 8 and K <= 1024."""
+    return top_k <= 8 and k <= 1024
+
+
 DIRECT_VARIANTS = tuple(f"{v}+{d}" for v in GEMV_VARIANTS for d in MOE_DOWN_TILES)
 # decode="auto": (kernel, GEMV variant) per format, from benchmarks/kernels_w4.py --only-decode on an H100
 # (docs/kernels.md, "Ninth lease": MoE 1/4/8 tokens on 26B-A4B shapes, linear 3840 -> 15360 at M = 1/4/8). int4: c4
@@ -385,7 +392,7 @@ class W4Kernels:
             raise BuildError(f"topk_ids {tuple(topk_ids.shape)}, topk_w {tuple(topk_w.shape)}, rows {a.shape[0]}: "
                              "expected [tokens, top_k] both, and tokens x top_k rows")
         m, top_k = topk_ids.shape
-        if tile in MOE_DOWN_PIPE and (top_k > 8 or k > 1024):
+        if tile in MOE_DOWN_PIPE and not pipe_takes(top_k, k):
             raise BuildError(f"down tile {tile!r}: top_k {top_k} and K {k}; the pipelined tiles take top_k <= 8 and "
                              "K <= 1024")
         ids = topk_ids.to(torch.int32).contiguous()
@@ -410,14 +417,21 @@ class W4Kernels:
         if variant not in DIRECT_VARIANTS:
             raise BuildError(f"router-direct variant {variant!r}: expected one of {', '.join(DIRECT_VARIANTS)}")
         up_variant, tile = variant.split("+")
-        m, top_k = topk_ids.shape
-        if tile in MOE_DOWN_PIPE and (top_k > 8 or w2.shape[-1] * w2.element_size() * 2 > 1024):
-            tile = MOE_DOWN_PIPE[tile]
         ids = topk_ids.to(torch.int32).contiguous()
-        a = self.gemv(x, w13, s13, fmt, k=x.shape[1], group=group, gscale=gscale13, expert_ids=ids.view(-1),
-                      num_valid=m * top_k, a_div=top_k, activation=activation, block=1, variant=up_variant)
+        a = self.direct_gate_up(x, w13, s13, fmt, group=group, topk_ids=ids, gscale=gscale13, activation=activation,
+                                variant=up_variant)
+        if tile in MOE_DOWN_PIPE and not pipe_takes(ids.shape[1], a.shape[1]):
+            tile = MOE_DOWN_PIPE[tile]
         return self.moe_down(a, w2, s2, fmt, k=a.shape[1], group=group, topk_ids=ids, topk_w=topk_weights,
                              gscale=gscale2, tile=tile)
+
+    def direct_gate_up(self, x: Any, w13: Any, s13: Any, fmt: str, *, group: int, topk_ids: Any, gscale: Any = None,
+                       activation: str = "gelu_tanh", variant: str | None = None) -> Any:
+        """The router-direct gate_up: act(gate) * up [tokens x top_k, I] fp16 from GEMV `variant` with one routed row
+        per block, its expert read from topk_ids (int32 [tokens, top_k], contiguous; no alignment)."""
+        m, top_k = topk_ids.shape
+        return self.gemv(x, w13, s13, fmt, k=x.shape[1], group=group, gscale=gscale, expert_ids=topk_ids.view(-1),
+                         num_valid=m * top_k, a_div=top_k, activation=activation, block=1, variant=variant)
 
     def dequantize(self, w: Any, scales: Any, fmt: str, *, k: int, group: int, zeros: Any = None,
                    gscale: Any = None) -> Any:
@@ -471,9 +485,9 @@ class W4Kernels:
         kernel, auto_variant = decode_choice(decode, fmt, m * top_k)
         gemv = path == "decode" and kernel == "gemv"
         variant = variant or (auto_variant if gemv else None)
+        if gemv and activation not in GEMV_ACT:
+            raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
         if gemv and variant in DIRECT_VARIANTS:
-            if activation not in GEMV_ACT:
-                raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
             return self.moe_direct(x, w13, s13, w2, s2, topk_weights, topk_ids, fmt, group=group, variant=variant,
                                    gscale13=gscale13, gscale2=gscale2, activation=activation)
         bm = block or align_block(path, decode, fmt)
@@ -484,8 +498,6 @@ class W4Kernels:
         sorted_ids, expert_ids, num_post = align or moe_align(topk_ids, bm, e)
         nv = m * top_k
         if gemv:
-            if activation not in GEMV_ACT:
-                raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
             a = self.gemv(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                           expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k,
                           activation=activation, block=bm, variant=variant)
