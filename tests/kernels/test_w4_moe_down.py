@@ -21,11 +21,12 @@ SRC = W4_SOURCE.read_text()
 FIELDS = re.search(r"^#define W4_MOE_DOWN_ENTRY\(NAME, ([^)]*)\)", SRC, flags=re.M).group(1).split(", ")
 ENTRIES = {line.split(", ")[0]: dict(zip(FIELDS, map(int, line.split(", ")[1:]), strict=True))
            for line in re.findall(r"^W4_MOE_DOWN_ENTRY\((.*)\)$", SRC, flags=re.M)}
-# Local frames measured and kept (bytes; the entries were timed with them, docs/kernels.md "Fifteenth lease"): the
-# entries with four columns in flight at 80 registers (three blocks per SM) hold 40-48 bytes; fp4 d8 (eight columns
-# at 128 registers) 8; the n16 entries (two columns at four blocks per SM) none.
+# Local frames measured and kept (bytes; docs/kernels.md "Fifteenth lease" and "Sixteenth lease"): the entries with
+# four columns in flight at 80 registers (three blocks per SM) hold 24-40 bytes (int4 d8 / d16 48 until both down
+# kernels loaded and multiplied through DownGroup); fp4 d8 (eight columns at 128 registers) 8; the n16 entries (two
+# columns at four blocks per SM) none.
 FRAME_ALLOWED = {"w4_moe_down_fp4_d8": 8, "w4_moe_down_fp4_d16": 40,
-                 "w4_moe_down_int4_d8": 48, "w4_moe_down_int4_d16": 48,
+                 "w4_moe_down_int4_d8": 24, "w4_moe_down_int4_d16": 24,
                  "w4_moe_down_int4_p8": 24, "w4_moe_down_int4_q16": 24, "w4_moe_down_int4_p16": 32}
 
 

@@ -466,24 +466,29 @@ def test_w4a16_moe_goes_to_the_kernels_on_sm70_or_forced(release, monkeypatch, c
     assert call[5] is layer.w13_weight_packed and call[6] is layer.w13_weight_scale
     # no moe_align_block_size: "auto" runs the router-direct decode for its 6 routed rows (q4+p8, topk_ids as they are)
     assert rel.aligned == [] and call[9] is None
-    assert len(_messages(caplog, "W4A16 MoE decode ran on sm70-w4-gemm kernels in pid")) == 1
+    assert len(_messages(caplog, "W4A16 MoE decode (router-direct) ran on sm70-w4-gemm kernels in pid")) == 1
     assert len(rel.loads) == 1
 
 
 @pytest.mark.network
 @pytest.mark.parametrize("decode, rows", [("wmma", 16), ("gemv", 8), ("auto", None)])
-def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(release, monkeypatch, decode, rows):
+def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(release, monkeypatch, caplog, decode,
+                                                                               rows):
     """$OVERLAY_W4_DECODE reaches vLLM's moe_align_block_size through the launcher's align_block(path, fmt=...):
     the WMMA decode's 16-row blocks, the aligned GEMV's GEMV_BLOCK_ROWS; "auto" on int4 runs the router-direct decode
-    for few routed rows, which takes topk_ids without any alignment (the launcher's needs_align)."""
+    for few routed rows, which takes topk_ids without any alignment (the launcher's needs_align) and is its own kind
+    in the runtime marker."""
     rel = release((7, 0))
     monkeypatch.setenv("OVERLAY_W4_DECODE", decode)
     layer = FusedMoE()
     method = rel.config(w4a16(32)).get_quant_method(layer, "model.layers.0.moe.experts")
     _load_wna16(rel, method, layer, dtype=torch.bfloat16)
-    method.apply(layer, torch.zeros((3, 2816), dtype=torch.bfloat16), torch.full((3, 2), 0.5),
-                 torch.tensor([[0, 1], [1, 2], [7, 0]]), None)
+    with caplog.at_level(logging.INFO):
+        method.apply(layer, torch.zeros((3, 2816), dtype=torch.bfloat16), torch.full((3, 2), 0.5),
+                     torch.tensor([[0, 1], [1, 2], [7, 0]]), None)
     assert rel.aligned == ([] if rows is None else [(rows, 8)])
+    kind = "W4A16 MoE decode (router-direct)" if rows is None else "W4A16 MoE decode"
+    assert len(_messages(caplog, f"{kind} ran on sm70-w4-gemm kernels in pid")) == 1
 
 
 @pytest.mark.network
@@ -605,7 +610,7 @@ def test_nvfp4_moe_on_sm70_gets_the_kernels_with_the_checkpoint_layout(release, 
     call = rel.launches.calls[0]
     assert call[:5] == ("fused_moe", "fp4", 16, "gelu", "decode")
     assert call[10]["gscale13"] is layer.sm70_w4_gscale13 and call[10]["gscale2"] is layer.sm70_w4_gscale2
-    assert len(_messages(caplog, "NVFP4 MoE decode ran on sm70-w4-gemm kernels")) == 1
+    assert len(_messages(caplog, "NVFP4 MoE decode (router-direct) ran on sm70-w4-gemm kernels")) == 1
 
 
 @pytest.mark.network

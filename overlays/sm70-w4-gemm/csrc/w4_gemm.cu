@@ -725,6 +725,50 @@ __device__ __forceinline__ void down_block_write(const float (*red)[DT], half* _
   }
 }
 
+// One column group of a down warp: CG weight rows' 16-byte words of one 32-value K segment at k0 with their two
+// half-segment scales (routing weight folded in) and int4 subtrahends; both down kernels load and multiply
+// through these.
+template <int FMT, int CG>
+struct DownGroup {
+  uint4 wv[CG];
+  float sc[CG][2];
+  __half2 sub[CG][2];
+};
+
+template <int FMT, int CG>
+__device__ __forceinline__ void down_group_load(DownGroup<FMT, CG>& g, const unsigned char* __restrict__ we,
+                                                const void* __restrict__ scales, const int* __restrict__ zeros, int e,
+                                                int N, int n0, int G, int k0, int g0, int g1, float tw, i64 row_bytes,
+                                                bool live) {
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    const int n = n0 + c;
+    g.wv[c] = make_uint4(0, 0, 0, 0);
+    g.sc[c][0] = g.sc[c][1] = 0.f;
+    g.sub[c][0] = g.sub[c][1] = __float2half2_rn(1032.f);
+    if (live && n < N) {
+      g.wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
+      seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, g.sc[c], g.sub[c]);
+    }
+  }
+}
+
+
+// p[c] += the group's column c times the segment's 32 activations xq (order 0,4,1,5,... as stage_x8 leaves them).
+template <int FMT, int CG>
+__device__ __forceinline__ void down_group_dot(const DownGroup<FMT, CG>& g, const uint4 xq[4], float p[CG]) {
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    const unsigned words[4] = {g.wv[c].x, g.wv[c].y, g.wv[c].z, g.wv[c].w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      unsigned dq[4];
+      gemv_deq_word<FMT>(words[q], g.sub[c][q >> 1], dq);
+      p[c] = word_dot(xq[q], dq, g.sc[c][q >> 1], p[c]);
+    }
+  }
+}
+
 template <int FMT, int DT, int CG>
 __device__ __forceinline__ void w4_moe_down(
     half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
@@ -751,35 +795,14 @@ __device__ __forceinline__ void w4_moe_down(
       if (FMT == 2) tw *= gscale[e];
       const unsigned char* we = w + (i64)e * N * row_bytes;
       for (int k0 = 32 * lane; k0 < K; k0 += 1024) {
-        uint4 wv[CG];
-        float sc[CG][2];
-        __half2 sub[CG][2];
-#pragma unroll
-        for (int c = 0; c < CG; ++c) {
-          const int n = n0 + c0 + c;
-          wv[c] = make_uint4(0, 0, 0, 0);
-          sc[c][0] = sc[c][1] = 0.f;
-          sub[c][0] = sub[c][1] = __float2half2_rn(1032.f);
-          if (n < N) {
-            wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
-            const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
-            const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
-            seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, sc[c], sub[c]);
-          }
-        }
+        const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
+        const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+        DownGroup<FMT, CG> grp;
+        down_group_load<FMT, CG>(grp, we, scales, zeros, e, N, n0 + c0, G, k0, g0, g1, tw, row_bytes, true);
         uint4 xq[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) xq[q] = stage_x8(*reinterpret_cast<const uint4*>(a + j * ld_a + k0 + 8 * q));
-#pragma unroll
-        for (int c = 0; c < CG; ++c) {
-          const unsigned words[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            unsigned dq[4];
-            gemv_deq_word<FMT>(words[q], sub[c][q >> 1], dq);
-            p[c] = word_dot(xq[q], dq, sc[c][q >> 1], p[c]);
-          }
-        }
+        down_group_dot<FMT, CG>(grp, xq, p);
       }
     }
     const float v = warp_column_sums<CG>(p, lane);
@@ -791,31 +814,6 @@ __device__ __forceinline__ void w4_moe_down(
 // The same down projection for top_k <= 8 and K <= 1024 (one routed row per warp, one 32-value segment per lane,
 // 704 for 26B-A4B), pipelined over the column groups: the next group's weights and scales load before the current
 // group is multiplied and reduced, so a warp keeps two groups in flight instead of waiting once per group.
-template <int FMT, int CG>
-struct DownGroup {
-  uint4 wv[CG];
-  float sc[CG][2];
-  __half2 sub[CG][2];
-};
-
-template <int FMT, int CG>
-__device__ __forceinline__ void down_group_load(DownGroup<FMT, CG>& g, const unsigned char* __restrict__ we,
-                                                const void* __restrict__ scales, const int* __restrict__ zeros, int e,
-                                                int N, int n0, int G, int k0, int g0, int g1, float tw, i64 row_bytes,
-                                                bool live) {
-#pragma unroll
-  for (int c = 0; c < CG; ++c) {
-    const int n = n0 + c;
-    g.wv[c] = make_uint4(0, 0, 0, 0);
-    g.sc[c][0] = g.sc[c][1] = 0.f;
-    g.sub[c][0] = g.sub[c][1] = __float2half2_rn(1032.f);
-    if (live && n < N) {
-      g.wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
-      seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, g.sc[c], g.sub[c]);
-    }
-  }
-}
-
 template <int FMT, int DT, int CG>
 __device__ __forceinline__ void w4_moe_down_pipe(
     half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
@@ -851,16 +849,8 @@ __device__ __forceinline__ void w4_moe_down_pipe(
                                live && c0 + CG < DT);
       float p[CG];
 #pragma unroll
-      for (int c = 0; c < CG; ++c) {
-        p[c] = 0.f;
-        const unsigned words[4] = {cur.wv[c].x, cur.wv[c].y, cur.wv[c].z, cur.wv[c].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          unsigned dq[4];
-          gemv_deq_word<FMT>(words[q], cur.sub[c][q >> 1], dq);
-          p[c] = word_dot(xq[q], dq, cur.sc[c][q >> 1], p[c]);
-        }
-      }
+      for (int c = 0; c < CG; ++c) p[c] = 0.f;
+      down_group_dot<FMT, CG>(cur, xq, p);
       const float v = warp_column_sums<CG>(p, lane);
       if (lane < CG) red[warp][c0 + lane] = v;
       cur = nxt;

@@ -233,7 +233,8 @@ def _moe_apply(method, base_apply, fmt: str, layer, x, topk_weights, topk_ids, s
     extra = {"gscale13": layer.sm70_w4_gscale13, "gscale2": layer.sm70_w4_gscale2} if fmt == "fp4" else {}
     out = k.fused_moe(xin, w13, layer.w13_weight_scale, w2, layer.w2_weight_scale, topk_weights, topk_ids, fmt,
                       group=method.group_size, activation=ACTIVATIONS[act], path=path, align=align, **extra)
-    kind = f"{'W4A16' if fmt == 'int4' else 'NVFP4'} MoE {path}"
+    # the router-direct decode is its own kind: its marker line shows that the step took topk_ids without the layout
+    kind = f"{'W4A16' if fmt == 'int4' else 'NVFP4'} MoE {path}{' (router-direct)' if align is None else ''}"
     ran(kind, f"{m} tokens, top-{top_k} of {e} experts, group {method.group_size}, x {x.dtype}")
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
