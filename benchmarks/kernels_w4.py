@@ -332,6 +332,15 @@ def _arm_label(dec, var):
     return dec + (f"_{var}" if var else "")
 
 
+def _direct_parts(var):
+    """(gate_up GEMV variant, down tile) of a router-direct arm ("q4+p16"), None for an aligned GEMV arm (a variant
+    without "+", or None: the default GEMV)."""
+    if not var or "+" not in var:
+        return None
+    up_var, tile = var.split("+")
+    return up_var, tile
+
+
 def _finish_decode_row(row, outs, pct):
     """The streaming-read anchor of the row's bytes, the wmma / gemv ratios and the GEMV errors; prints the row."""
     row["stream_us"] = _stream_anchor(row["bytes"]) * 1e6
@@ -400,8 +409,9 @@ def _seq_projection_rows(k, mod, row, fmt, group, tokens, layers, peak):
         label = _arm_label(dec, var)
         ups, downs = [], []
         for (x, tw, ti, w13, w2, _b), a, (sid, eid, npost) in zip(layers, acts, aligns, strict=True):
-            if "+" in var:   # router-direct: gate_up one routed row per block from topk_ids, down w4_moe_down
-                up_var, tile = var.split("+")
+            parts = _direct_parts(var)
+            if parts:   # router-direct: gate_up one routed row per block from topk_ids, down w4_moe_down
+                up_var, tile = parts
                 ids = ti.to(torch.int32).contiguous()
                 ups.append(lambda x=x, w13=w13, ids=ids, v=up_var: k.direct_gate_up(
                     x, w13.w, w13.scales, fmt, group=group, topk_ids=ids, gscale=w13.gscale, variant=v))
@@ -462,7 +472,7 @@ def bench_decode(k, mod, peak, copy):
                         k.gemm(a, w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale, sorted_ids=sid,
                                expert_ids=eid, num_post=npost, topk_w=tw, num_valid=nv, path="decode",
                                out_div=TOPK, decode="wmma")
-                elif "+" in (var or ""):   # router-direct: no alignment at all
+                elif _direct_parts(var):   # router-direct: no alignment at all
                     def kernels(var=var):
                         k.moe_direct(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
                                      variant=var, gscale13=w13.gscale, gscale2=w2.gscale)
