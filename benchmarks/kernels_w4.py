@@ -316,7 +316,8 @@ def _stream_anchor(nbytes):
 DECODE_ARMS = (("wmma", None), ("gemv", None), ("gemv", "c4"), ("gemv", "q1"), ("gemv", "r1"), ("gemv", "q4"),
                ("gemv", "q4+d8"), ("gemv", "q4+d16"), ("gemv", "q4+n16"), ("gemv", "r1+d8"), ("gemv", "r1+d16"),
                ("gemv", "r1+n16"), ("gemv", "q4+p8"), ("gemv", "q4+p16"), ("gemv", "q4+q16"), ("gemv", "r1+p8"),
-               ("gemv", "r1+p16"), ("gemv", "r1+q16"))
+               ("gemv", "r1+p16"), ("gemv", "r1+q16"), ("gemv", "q4+f8"), ("gemv", "q4+f16"), ("gemv", "r1+f8"),
+               ("gemv", "r1+f16"))
 ARM_FILTER: set[str] | None = None
 
 

@@ -312,11 +312,12 @@ def test_router_direct_moe_matches_fp32(w4, fmt, group, variant):
 
 
 @pytest.mark.parametrize("tile,k", [("d8", 2080), ("d16", 2080), ("n16", 2080), ("p8", 992), ("p16", 992),
-                                    ("q16", 992)])
+                                    ("q16", 992), ("f8", 992), ("f16", 992), ("f16", 32)])
 @pytest.mark.parametrize("fmt,group", [("int4", 32), ("fp4", 16)])
 def test_moe_down_covers_columns_past_the_last_whole_tile(w4, fmt, group, tile, k):
     """w4_moe_down on its own: N = 200 (not a multiple of 16 or 32: the last tile masks its columns) and K = 2080
-    (three 1024-wide passes, the last of one segment), against float32 of sum_j topk_w[t, j] a[t, j] W[e]^T."""
+    (three 1024-wide passes, the last of one segment), or for the tiles that take K <= 1024 992 (31 segments) and 32
+    (one segment: one pass takes every column of a flat tile), against float32 of sum_j topk_w[t, j] a[t, j] W[e]^T."""
     from tests.kernels.w4_reference import make_weights, rel_err, route
 
     e, n, tokens = 16, 200, 3

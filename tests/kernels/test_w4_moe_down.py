@@ -38,7 +38,8 @@ def test_entries_are_the_launchers_tiles_for_int4_and_fp4_and_the_manifest_decla
     for name, e in ENTRIES.items():
         fmt, tile = name.split("_")[3], name.split("_")[4]
         assert fmts[e["FMT"]] == fmt and e["DT"] == mod.MOE_DOWN_TILES[tile] and e["DT"] % e["CG"] == 0
-        assert e["PIPE"] == (tile in mod.MOE_DOWN_PIPE)
+        assert bool(e["PIPE"]) == (tile in mod.MOE_DOWN_PIPE)
+        assert (e["PIPE"] == 2) == tile.startswith("f") and (e["PIPE"] != 2 or e["CG"] == 1)
     manifest = yaml.safe_load((W4_DIR / "overlay.yaml").read_text())
     declared = {en["name"]: en for src in manifest["kernels"]["sources"] for en in src["entries"]}
     for name in want:
@@ -111,7 +112,7 @@ def test_lanes_and_warps_cover_every_k_of_every_routed_row_exactly_once(k, top_k
 
 
 @pytest.mark.parametrize("n", [8, 200, 704, 2816])
-@pytest.mark.parametrize("tile", ["d8", "d16", "n16", "p8", "p16", "q16"])
+@pytest.mark.parametrize("tile", ["d8", "d16", "n16", "p8", "p16", "q16", "f8", "f16"])
 def test_column_tiles_and_column_groups_cover_every_output_column_once(n, tile):
     mod = w4_launcher()
     e = ENTRIES[f"w4_moe_down_int4_{tile}"]
@@ -190,10 +191,13 @@ def test_needs_align_is_false_only_for_a_router_direct_decode(monkeypatch):
     assert mod.needs_align("decode", "fp4", 8) is True
 
 
-@pytest.mark.parametrize("top_k, k_down, tile", [(8, 32, "p16"), (10, 32, "n16"), (8, 1056, "n16"), (2, 1024, "p16")])
-def test_router_direct_runs_the_unpipelined_tile_where_the_pipelined_one_cannot_take_the_shape(top_k, k_down, tile):
-    """The pipelined tiles hold one routed row per warp and one segment per lane (top_k <= 8, K <= 1024): moe_direct
-    (what auto runs) takes the unpipelined tile of the same width for other shapes; moe_down named directly refuses."""
+@pytest.mark.parametrize("asked", ["p16", "f16", "f8"])
+@pytest.mark.parametrize("top_k, k_down, fits", [(8, 32, True), (10, 32, False), (8, 1056, False), (2, 1024, True)])
+def test_router_direct_runs_the_unpipelined_tile_where_the_pipelined_one_cannot_take_the_shape(top_k, k_down, fits,
+                                                                                             asked):
+    """The pipelined and flat tiles hold one routed row per warp and a row's K in 32 segments (top_k <= 8,
+    K <= 1024): moe_direct (what auto runs) takes the unpipelined tile of the same width for other shapes; moe_down
+    named directly refuses."""
     torch = pytest.importorskip("torch")
     mod = w4_launcher()
     ks = _Recorder()
@@ -203,9 +207,58 @@ def test_router_direct_runs_the_unpipelined_tile_where_the_pipelined_one_cannot_
     w2, s2 = torch.zeros((4, 40, k_down // 8), dtype=torch.int32), torch.zeros((4, 40, k_down // 32), dtype=torch.float16)
     ids = (torch.arange(2 * top_k) % 4).reshape(2, top_k)
     k.fused_moe(x, w13, s13, w2, s2, torch.ones((2, top_k)), ids, "int4", group=32, path="decode", decode="gemv",
-                variant="q4+p16", activation="silu")
+                variant=f"q4+{asked}", activation="silu")
+    tile = asked if fits else mod.MOE_DOWN_PIPE[asked]
+    assert tile == asked or tile == {"p16": "n16", "f16": "n16", "f8": "d8"}[asked]
     assert ks.launched == ["w4_gemv_int4_act_q4", f"w4_moe_down_int4_{tile}"]
-    if tile != "p16":
-        with pytest.raises(BuildError, match="pipelined tiles take top_k <= 8 and K <= 1024"):
+    if not fits:
+        with pytest.raises(BuildError, match="pipelined and flat tiles take top_k <= 8 and K <= 1024"):
             k.moe_down(torch.zeros((2 * top_k, k_down), dtype=torch.float16), w2, s2, "int4", k=k_down, group=32,
-                       topk_ids=ids, topk_w=torch.ones((2, top_k)), tile="p16")
+                       topk_ids=ids, topk_w=torch.ones((2, top_k)), tile=asked)
+
+
+@pytest.mark.parametrize("k", [32, 64, 704, 992, 1024])
+@pytest.mark.parametrize("dt", [8, 16])
+def test_flat_units_cover_every_column_and_segment_of_the_tile_once(dt, k):
+    """w4_moe_down_flat's indexing replayed: lane l of pass p takes unit 32 p + l as (column, segment), stepped by
+    (32 / S, 32 % S) per pass with one carry instead of a division; the final sum's 32 / DT lanes per column take the
+    segments sub, sub + 32 / DT, ...: both cover the tile's DT x S (column, segment) pairs exactly once."""
+    segs, units = k // 32, dt * (k // 32)
+    cstep, sstep = 32 // segs, 32 - (32 // segs) * segs
+    seen = []
+    for lane in range(32):
+        c, s = lane // segs, lane % segs
+        for p in range(dt):
+            if 32 * p >= units:
+                break
+            if 32 * p + lane < units:
+                assert (c, s) == divmod(32 * p + lane, segs)
+                seen.append((c, s))
+            c, s = c + cstep, s + sstep
+            if s >= segs:
+                c, s = c + 1, s - segs
+    tile = [(c, s) for c in range(dt) for s in range(segs)]
+    assert sorted(seen) == tile
+    lpc = 32 // dt
+    assert sorted((lane // lpc, s) for lane in range(32) for s in range(lane % lpc, segs, lpc)) == tile
+
+
+@pytest.mark.parametrize("k", [704, 992, 1024])
+def test_flat_activation_reads_of_a_quarter_warp_meet_at_most_two_segments_per_bank_group(k):
+    """The staged row's 8-value groups are swizzled (group q of segment s at s * 32 + 8 (q ^ (s / 2 mod 4)) halves):
+    the 8 lanes of a quarter-warp read 16 bytes each of up to 8 consecutive segments; without the swizzle even and odd
+    segments would fall on two bank groups (4-way conflicts), with it at most 2 segments share one (at a row's wrap)."""
+    segs = k // 32
+    assert "return s * 32 + 8 * (q ^ ((s >> 1) & 3));" in SRC
+    worst = 0
+    for dt in (8, 16):
+        for p in range(dt):
+            for quarter in range(4):
+                for q in range(4):
+                    by_group: dict[int, set[int]] = {}
+                    for lane in range(8 * quarter, 8 * quarter + 8):
+                        if 32 * p + lane < dt * segs:
+                            s = (32 * p + lane) % segs
+                            by_group.setdefault(((s * 32 + 8 * (q ^ ((s >> 1) & 3))) * 2 // 16) % 8, set()).add(s)
+                    worst = max([worst, *map(len, by_group.values())])
+    assert worst <= 2

@@ -861,16 +861,112 @@ __device__ __forceinline__ void w4_moe_down_pipe(
   down_block_write<DT>(red, out, t, N, n0);
 }
 
-// Entries: DT columns per block, CG of them in flight per warp, MINB blocks per SM, PIPE 1 for w4_moe_down_pipe.
+// The same down projection for top_k <= 8 and K <= 1024 with every lane busy ("flat"): the other kernels give lane
+// l segment l of a row, so at K = 704 (22 segments) lanes 22-31 idle through every multiply -- a third of the issue
+// slots where the decode at 8 tokens is issue-bound.  Here a warp's routed row times its DT columns is DT x S units
+// (S = K / 32 segments; 16 x 22 = 352 = 11 passes of 32 at 26B-A4B): in pass p lane l takes unit u = 32 p + l,
+// column u / S, segment u % S (consecutive lanes read consecutive 16 bytes of the tile's contiguous weight rows),
+// loading pass p + 1's word and scales before it multiplies pass p's.  The activations come from shared memory
+// (the warp's row staged once, in stage_x8 order, 8-byte groups swizzled so a quarter-warp's 16-byte reads of
+// consecutive segments hit distinct banks); each unit's partial is the same 32-value word_dot chain as the other
+// kernels'.  Then the warp's DT x S partials go to shared memory (over its staged row), 32 / DT lanes per column add
+// the segments s = i, i + 32 / DT, ... in order and a shuffle finishes; warp 0 adds the 8 warps in warp order.
+template <int DT>
+__device__ __forceinline__ int flat_xs_off(int s, int q) {   // halves: segment s, 8-value group q, swizzled
+  return s * 32 + 8 * (q ^ ((s >> 1) & 3));
+}
+
+template <int FMT, int DT>
+__device__ __forceinline__ void w4_moe_down_flat(
+    half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
+    const void* __restrict__ scales, const int* __restrict__ zeros, const float* __restrict__ gscale,
+    const int* __restrict__ topk_ids, const float* __restrict__ topk_w, int topk, int N, int K, int group, int ld_a) {
+  static_assert(DT == 8 || DT == 16, "DT columns x at most 32 segments fit one warp's 1024-half row buffer");
+  constexpr int KMAX = 1024;
+  constexpr int LPC = 32 / DT;                   // lanes per column in the final sum
+  __shared__ __align__(16) half xs[8][KMAX];     // the warp's activation row; then its DT x S fp32 partials
+  __shared__ float red[8][DT];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.y * DT;
+  const int S = K >> 5, U = DT * S;
+  float* part = reinterpret_cast<float*>(xs[warp]);
+  if (warp < topk) {
+    const int G = (K + group - 1) / group;
+    const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
+    const i64 row_bytes = (i64)K / 2;
+    const i64 j = (i64)t * topk + warp;
+    const int e = topk_ids[j];
+    float tw = topk_w[j];
+    if (FMT == 2) tw *= gscale[e];
+    const unsigned char* we = w + (i64)e * N * row_bytes;
+    for (int q8 = lane; q8 < (K >> 3); q8 += 32) {
+      const uint4 v = *reinterpret_cast<const uint4*>(a + j * ld_a + 8 * q8);
+      *reinterpret_cast<uint4*>(xs[warp] + flat_xs_off<DT>(q8 >> 2, q8 & 3)) = stage_x8(v);
+    }
+    __syncwarp();
+    // unit u = 32 p + lane as (column c, segment s), advanced by 32 units per pass without a division per pass
+    const int cstep = 32 / S, sstep = 32 - cstep * S;
+    int c = lane / S, sg = lane - (lane / S) * S;
+    DownGroup<FMT, 1> cur;
+    {
+      const int k0 = 32 * sg;
+      down_group_load<FMT, 1>(cur, we, scales, zeros, e, N, n0 + c, G, k0,
+                              gshift >= 0 ? k0 >> gshift : k0 / group,
+                              gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group, tw, row_bytes, lane < U);
+    }
+    float acc[DT];
+#pragma unroll
+    for (int p = 0; p < DT; ++p) {
+      acc[p] = 0.f;
+      if (32 * p >= U) continue;
+      int cn = c + cstep, sn = sg + sstep;
+      if (sn >= S) { sn -= S; ++cn; }
+      DownGroup<FMT, 1> nxt;
+      const int kn = 32 * sn;
+      down_group_load<FMT, 1>(nxt, we, scales, zeros, e, N, n0 + cn, G, kn,
+                              gshift >= 0 ? kn >> gshift : kn / group,
+                              gshift >= 0 ? (kn + 16) >> gshift : (kn + 16) / group, tw, row_bytes,
+                              32 * (p + 1) + lane < U);
+      uint4 xq[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xs[warp] + flat_xs_off<DT>(sg, q));
+      float pp[1] = {0.f};
+      down_group_dot<FMT, 1>(cur, xq, pp);
+      acc[p] = pp[0];   // units past U (and columns past N) multiply zero weights and scales: 0
+      cur = nxt;
+      c = cn;
+      sg = sn;
+    }
+    __syncwarp();   // every lane's activation reads are done before the partials overwrite the row
+#pragma unroll
+    for (int p = 0; p < DT; ++p)
+      if (32 * p + lane < U) part[32 * p + lane] = acc[p];
+    __syncwarp();
+    const int col = lane / LPC, sub = lane % LPC;
+    float v = 0.f;
+    for (int s2 = sub; s2 < S; s2 += LPC) v += part[col * S + s2];
+#pragma unroll
+    for (int o = 1; o < LPC; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (sub == 0) red[warp][col] = v;
+  } else {
+    for (int cc = lane; cc < DT; cc += 32) red[warp][cc] = 0.f;
+  }
+  down_block_write<DT>(red, out, t, N, n0);
+}
+
+// Entries: DT columns per block, CG of them in flight per warp, MINB blocks per SM, PIPE 1 for w4_moe_down_pipe,
+// 2 for w4_moe_down_flat (CG 1: one unit per lane and pass).
 // d8 / d16: four columns at three blocks (80 registers; fp4 d8: eight at two, 128); n16: two columns at four blocks
-// (64 registers); p8 / p16 / q16 the pipelined ones.  The launcher's auto runs p8 / p16 where the shape allows
-// (top_k <= 8, K <= 1024), d8 / n16 elsewhere.
+// (64 registers); p8 / p16 / q16 the pipelined ones, f8 / f16 the flat ones (four blocks, 16 KB of shared memory
+// each).  The launcher's auto runs p8 / p16 where the shape allows (top_k <= 8, K <= 1024), d8 / n16 elsewhere.
 #define W4_MOE_DOWN_ENTRY(NAME, FMT, DT, CG, MINB, PIPE)                                                      \
   extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                                 \
       half* out, const half* a, const unsigned char* w, const void* scales, const int* zeros,                 \
       const float* gscale, const int* topk_ids, const float* topk_w, int topk, int N, int K, int group,       \
       int ld_a) {                                                                                              \
-    if constexpr (PIPE)                                                                                        \
+    if constexpr (PIPE == 2)                                                                                   \
+      w4_moe_down_flat<FMT, DT>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a);   \
+    else if constexpr (PIPE == 1)                                                                              \
       w4_moe_down_pipe<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a); \
     else                                                                                                       \
       w4_moe_down<FMT, DT, CG>(out, a, w, scales, zeros, gscale, topk_ids, topk_w, topk, N, K, group, ld_a);  \
@@ -888,6 +984,10 @@ W4_MOE_DOWN_ENTRY(w4_moe_down_int4_p16, 0, 16, 2, 4, 1)
 W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_p16, 2, 16, 2, 4, 1)
 W4_MOE_DOWN_ENTRY(w4_moe_down_int4_q16, 0, 16, 4, 3, 1)
 W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_q16, 2, 16, 4, 3, 1)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_f8, 0, 8, 1, 4, 2)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_f8, 2, 8, 1, 4, 2)
+W4_MOE_DOWN_ENTRY(w4_moe_down_int4_f16, 0, 16, 1, 4, 2)
+W4_MOE_DOWN_ENTRY(w4_moe_down_fp4_f16, 2, 16, 1, 4, 2)
 
 // ---- Dequantization to fp16, for prefill through cuBLAS (w4_dequant_<fmt>) ------------------------------------------
 // out[e, n, k] = the weight value as fp16 (rounded once from the exact product): int4 (nibble - 8 or - zero) x scale,

@@ -77,11 +77,13 @@ GEMV_VARIANTS = {"c4": 32, "q1": 16, "r1": 16, "q4": 32}
 # fixed order, fp16 out (no fp32 buffer, no atomics, no conversion launch). int4 and fp4.
 # Tiles (output columns per block; the kernel's columns in flight per warp and blocks per SM are in the entry lines):
 # d8 / d16 four columns in flight at three blocks per SM (fp4 d8: eight at two), n16 two at four.
-MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16, "p8": 8, "p16": 16, "q16": 16}
-# Pipelined tiles (w4_moe_down_pipe: the next column group loads while the current one is reduced): one routed row per
-# warp and one 32-value segment per lane, so top_k <= 8 and K <= 1024 (26B-A4B's down: top-8, K = 704); moe_direct
-# runs the unpipelined tile of the same width (MOE_DOWN_PIPE's value) for other shapes.
-MOE_DOWN_PIPE = {"p8": "d8", "p16": "n16", "q16": "n16"}
+MOE_DOWN_TILES = {"d8": 8, "d16": 16, "n16": 16, "p8": 8, "p16": 16, "q16": 16, "f8": 8, "f16": 16}
+# Tiles that hold one routed row per warp and a row's K in one pass of 32 segments, so top_k <= 8 and K <= 1024
+# (26B-A4B's down: top-8, K = 704): the pipelined ones (w4_moe_down_pipe: the next column group loads while the current
+# one is reduced; one 32-value segment per lane) and the flat ones (w4_moe_down_flat: the tile's columns x segments
+# spread over all 32 lanes, so no lane idles at K = 704). moe_direct runs the unpipelined tile of the same width
+# (MOE_DOWN_PIPE's value) for other shapes.
+MOE_DOWN_PIPE = {"p8": "d8", "p16": "n16", "q16": "n16", "f8": "d8", "f16": "n16"}
 
 
 def pipe_takes(top_k: int, k: int) -> bool:
@@ -393,8 +395,8 @@ class W4Kernels:
                              "expected [tokens, top_k] both, and tokens x top_k rows")
         m, top_k = topk_ids.shape
         if tile in MOE_DOWN_PIPE and not pipe_takes(top_k, k):
-            raise BuildError(f"down tile {tile!r}: top_k {top_k} and K {k}; the pipelined tiles take top_k <= 8 and "
-                             "K <= 1024")
+            raise BuildError(f"down tile {tile!r}: top_k {top_k} and K {k}; the pipelined and flat tiles take "
+                             "top_k <= 8 and K <= 1024")
         ids = topk_ids.to(torch.int32).contiguous()
         tw = topk_w.float().contiguous()
         out = torch.empty((m, n), dtype=torch.float16, device=a.device)
