@@ -98,6 +98,13 @@ __device__ __forceinline__ void deq_fp4_word(unsigned w, __half2 sc, unsigned ou
   }
 }
 
+// Where 8-value group q of 32-value segment s of the flat down kernel's staged activation row starts (halves): groups
+// swizzled so the 16-byte reads of a quarter-warp's consecutive segments meet distinct bank groups, the GEMVs'
+// swizzle (w4_gemv keeps it inline: written through this helper its measured PTX changes).
+__device__ __forceinline__ int seg_x_off(int s, int q) {
+  return s * 32 + 8 * (q ^ ((s >> 1) & 3));
+}
+
 // 8 activations (k0..k7) -> the order 0,4,1,5,2,6,3,7.
 __device__ __forceinline__ uint4 stage_x8(uint4 v) {
   return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
@@ -725,9 +732,8 @@ __device__ __forceinline__ void down_block_write(const float (*red)[DT], half* _
   }
 }
 
-// One column group of a down warp: CG weight rows' 16-byte words of one 32-value K segment at k0 with their two
-// half-segment scales (routing weight folded in) and int4 subtrahends; both down kernels load and multiply
-// through these.
+// One column group of a down warp: CG weight rows' 16-byte words of one 32-value K segment with their two
+// half-segment scales (routing weight folded in) and int4 subtrahends.
 template <int FMT, int CG>
 struct DownGroup {
   uint4 wv[CG];
@@ -735,24 +741,52 @@ struct DownGroup {
   __half2 sub[CG][2];
 };
 
-template <int FMT, int CG>
-__device__ __forceinline__ void down_group_load(DownGroup<FMT, CG>& g, const unsigned char* __restrict__ we,
-                                                const void* __restrict__ scales, const int* __restrict__ zeros, int e,
-                                                int N, int n0, int G, int k0, int g0, int g1, float tw, i64 row_bytes,
-                                                bool live) {
+// A down warp's routed row j = t * top_k + kk: its expert, its weights and routing weight (times the fp4 global
+// scale), with the weight layout's constants; every down kernel loads its column groups through load().
+template <int FMT>
+struct DownRow {
+  const unsigned char* we;
+  const void* scales;
+  const int* zeros;
+  i64 row_bytes;
+  float tw;
+  int e, N, G, group, gshift;
+
+  __device__ __forceinline__ DownRow(const unsigned char* __restrict__ w, const void* __restrict__ scales_,
+                                     const int* __restrict__ zeros_, const float* __restrict__ gscale,
+                                     const int* __restrict__ topk_ids, const float* __restrict__ topk_w, i64 j,
+                                     int N_, int K, int group_)
+      : scales(scales_), zeros(zeros_), row_bytes((i64)K / 2), e(topk_ids[j]), N(N_), G((K + group_ - 1) / group_),
+        group(group_), gshift((group_ & (group_ - 1)) == 0 ? __ffs(group_) - 1 : -1) {
+    tw = topk_w[j];
+    if (FMT == 2) tw *= gscale[e];
+    we = w + (i64)e * N * row_bytes;
+  }
+
+  // The 32-value segment at k0 with the scale groups of its two halves (a warp that keeps its segment makes it once).
+  struct Seg {
+    int k0, g0, g1;
+  };
+  __device__ __forceinline__ Seg seg(int k0) const {
+    return {k0, gshift >= 0 ? k0 >> gshift : k0 / group, gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group};
+  }
+
+  // g = columns n0 .. n0 + CG - 1 at segment sg (zeros where !live or past N).
+  template <int CG>
+  __device__ __forceinline__ void load(DownGroup<FMT, CG>& g, int n0, Seg sg, bool live) const {
 #pragma unroll
-  for (int c = 0; c < CG; ++c) {
-    const int n = n0 + c;
-    g.wv[c] = make_uint4(0, 0, 0, 0);
-    g.sc[c][0] = g.sc[c][1] = 0.f;
-    g.sub[c][0] = g.sub[c][1] = __float2half2_rn(1032.f);
-    if (live && n < N) {
-      g.wv[c] = ldg_stream(we + n * row_bytes + k0 / 2);
-      seg_scales<FMT, true>(scales, zeros, e, N, n, G, k0, g0, g1, tw, g.sc[c], g.sub[c]);
+    for (int c = 0; c < CG; ++c) {
+      const int n = n0 + c;
+      g.wv[c] = make_uint4(0, 0, 0, 0);
+      g.sc[c][0] = g.sc[c][1] = 0.f;
+      g.sub[c][0] = g.sub[c][1] = __float2half2_rn(1032.f);
+      if (live && n < N) {
+        g.wv[c] = ldg_stream(we + n * row_bytes + sg.k0 / 2);
+        seg_scales<FMT, true>(scales, zeros, e, N, n, G, sg.k0, sg.g0, sg.g1, tw, g.sc[c], g.sub[c]);
+      }
     }
   }
-}
-
+};
 
 // p[c] += the group's column c times the segment's 32 activations xq (order 0,4,1,5,... as stage_x8 leaves them).
 template <int FMT, int CG>
@@ -779,9 +813,6 @@ __device__ __forceinline__ void w4_moe_down(
   __shared__ float red[8][DT];
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.y * DT;
-  const int G = (K + group - 1) / group;
-  const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
-  const i64 row_bytes = (i64)K / 2;
 
 #pragma unroll 1
   for (int c0 = 0; c0 < DT; c0 += CG) {
@@ -790,15 +821,10 @@ __device__ __forceinline__ void w4_moe_down(
     for (int c = 0; c < CG; ++c) p[c] = 0.f;
     for (int kk = warp; kk < topk; kk += 8) {
       const i64 j = (i64)t * topk + kk;
-      const int e = topk_ids[j];
-      float tw = topk_w[j];
-      if (FMT == 2) tw *= gscale[e];
-      const unsigned char* we = w + (i64)e * N * row_bytes;
+      const DownRow<FMT> row(w, scales, zeros, gscale, topk_ids, topk_w, j, N, K, group);
       for (int k0 = 32 * lane; k0 < K; k0 += 1024) {
-        const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
-        const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
         DownGroup<FMT, CG> grp;
-        down_group_load<FMT, CG>(grp, we, scales, zeros, e, N, n0 + c0, G, k0, g0, g1, tw, row_bytes, true);
+        row.template load<CG>(grp, n0 + c0, row.seg(k0), true);
         uint4 xq[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) xq[q] = stage_x8(*reinterpret_cast<const uint4*>(a + j * ld_a + k0 + 8 * q));
@@ -824,29 +850,21 @@ __device__ __forceinline__ void w4_moe_down_pipe(
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.y * DT;
   if (warp < topk) {
-    const int G = (K + group - 1) / group;
-    const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
-    const i64 row_bytes = (i64)K / 2;
     const i64 j = (i64)t * topk + warp;
-    const int e = topk_ids[j];
-    float tw = topk_w[j];
-    if (FMT == 2) tw *= gscale[e];
-    const unsigned char* we = w + (i64)e * N * row_bytes;
+    const DownRow<FMT> row(w, scales, zeros, gscale, topk_ids, topk_w, j, N, K, group);
     const int k0 = 32 * lane;
     const bool live = k0 < K;
-    const int g0 = gshift >= 0 ? k0 >> gshift : k0 / group;
-    const int g1 = gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group;
+    const typename DownRow<FMT>::Seg sg = row.seg(k0);
     uint4 xq[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       xq[q] = live ? stage_x8(*reinterpret_cast<const uint4*>(a + j * ld_a + k0 + 8 * q)) : make_uint4(0, 0, 0, 0);
     DownGroup<FMT, CG> cur;
-    down_group_load<FMT, CG>(cur, we, scales, zeros, e, N, n0, G, k0, g0, g1, tw, row_bytes, live);
+    row.template load<CG>(cur, n0, sg, live);
 #pragma unroll 1
     for (int c0 = 0; c0 < DT; c0 += CG) {
       DownGroup<FMT, CG> nxt;
-      down_group_load<FMT, CG>(nxt, we, scales, zeros, e, N, n0 + c0 + CG, G, k0, g0, g1, tw, row_bytes,
-                               live && c0 + CG < DT);
+      row.template load<CG>(nxt, n0 + c0 + CG, sg, live && c0 + CG < DT);
       float p[CG];
 #pragma unroll
       for (int c = 0; c < CG; ++c) p[c] = 0.f;
@@ -871,11 +889,6 @@ __device__ __forceinline__ void w4_moe_down_pipe(
 // consecutive segments hit distinct banks); each unit's partial is the same 32-value word_dot chain as the other
 // kernels'.  Then the warp's DT x S partials go to shared memory (over its staged row), 32 / DT lanes per column add
 // the segments s = i, i + 32 / DT, ... in order and a shuffle finishes; warp 0 adds the 8 warps in warp order.
-template <int DT>
-__device__ __forceinline__ int flat_xs_off(int s, int q) {   // halves: segment s, 8-value group q, swizzled
-  return s * 32 + 8 * (q ^ ((s >> 1) & 3));
-}
-
 template <int FMT, int DT>
 __device__ __forceinline__ void w4_moe_down_flat(
     half* __restrict__ out, const half* __restrict__ a, const unsigned char* __restrict__ w,
@@ -891,29 +904,18 @@ __device__ __forceinline__ void w4_moe_down_flat(
   const int S = K >> 5, U = DT * S;
   float* part = reinterpret_cast<float*>(xs[warp]);
   if (warp < topk) {
-    const int G = (K + group - 1) / group;
-    const int gshift = (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
-    const i64 row_bytes = (i64)K / 2;
     const i64 j = (i64)t * topk + warp;
-    const int e = topk_ids[j];
-    float tw = topk_w[j];
-    if (FMT == 2) tw *= gscale[e];
-    const unsigned char* we = w + (i64)e * N * row_bytes;
+    const DownRow<FMT> row(w, scales, zeros, gscale, topk_ids, topk_w, j, N, K, group);
     for (int q8 = lane; q8 < (K >> 3); q8 += 32) {
       const uint4 v = *reinterpret_cast<const uint4*>(a + j * ld_a + 8 * q8);
-      *reinterpret_cast<uint4*>(xs[warp] + flat_xs_off<DT>(q8 >> 2, q8 & 3)) = stage_x8(v);
+      *reinterpret_cast<uint4*>(xs[warp] + seg_x_off(q8 >> 2, q8 & 3)) = stage_x8(v);
     }
     __syncwarp();
     // unit u = 32 p + lane as (column c, segment s), advanced by 32 units per pass without a division per pass
     const int cstep = 32 / S, sstep = 32 - cstep * S;
     int c = lane / S, sg = lane - (lane / S) * S;
     DownGroup<FMT, 1> cur;
-    {
-      const int k0 = 32 * sg;
-      down_group_load<FMT, 1>(cur, we, scales, zeros, e, N, n0 + c, G, k0,
-                              gshift >= 0 ? k0 >> gshift : k0 / group,
-                              gshift >= 0 ? (k0 + 16) >> gshift : (k0 + 16) / group, tw, row_bytes, lane < U);
-    }
+    row.template load<1>(cur, n0 + c, row.seg(32 * sg), lane < U);
     float acc[DT];
 #pragma unroll
     for (int p = 0; p < DT; ++p) {
@@ -922,14 +924,10 @@ __device__ __forceinline__ void w4_moe_down_flat(
       int cn = c + cstep, sn = sg + sstep;
       if (sn >= S) { sn -= S; ++cn; }
       DownGroup<FMT, 1> nxt;
-      const int kn = 32 * sn;
-      down_group_load<FMT, 1>(nxt, we, scales, zeros, e, N, n0 + cn, G, kn,
-                              gshift >= 0 ? kn >> gshift : kn / group,
-                              gshift >= 0 ? (kn + 16) >> gshift : (kn + 16) / group, tw, row_bytes,
-                              32 * (p + 1) + lane < U);
+      row.template load<1>(nxt, n0 + cn, row.seg(32 * sn), 32 * (p + 1) + lane < U);
       uint4 xq[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xs[warp] + flat_xs_off<DT>(sg, q));
+      for (int q = 0; q < 4; ++q) xq[q] = *reinterpret_cast<const uint4*>(xs[warp] + seg_x_off(sg, q));
       float pp[1] = {0.f};
       down_group_dot<FMT, 1>(cur, xq, pp);
       acc[p] = pp[0];   // units past U (and columns past N) multiply zero weights and scales: 0
