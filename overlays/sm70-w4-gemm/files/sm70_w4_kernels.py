@@ -87,7 +87,7 @@ MOE_DOWN_PIPE = {"p8": "d8", "p16": "n16", "q16": "n16", "f8": "d8", "f16": "n16
 
 
 def pipe_takes(top_k: int, k: int) -> bool:
-    """Whether the pipelined down tiles (MOE_DOWN_PIPE) take this shape: top_k <= 8 and K <= 1024."""
+    """Whether the pipelined and flat down tiles (MOE_DOWN_PIPE) take this shape: top_k <= 8 and K <= 1024."""
     return top_k <= 8 and k <= 1024
 
 
