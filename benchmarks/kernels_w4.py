@@ -41,6 +41,10 @@
    names: torch's fp16 GEMM on a dense fp16 weight of the same shape (cuBLAS), its TFLOPS beside the card's dense
    fp16 tensor peak, and the dequantization alone (µs, and % of HBM peak for its bytes: packed weights + scales read,
    N x K x 2 written). `--only-prefill` runs the copy bandwidth and step 9 alone.
+10. MoE prefill kernels side by side (`moe_prefill`, 26B-A4B shapes, 256 ... 8192 tokens; int4 g32 / g128, fp4 g16):
+   the WMMA tile after the alignment (CUDA-graph and eager) against moe_dequant (eager: it reads the routing's
+   counts on the host), beside one torch fp16 GEMM pair of the same FLOPs. `--only-moe-prefill` runs the copy
+   bandwidth and step 10 alone. With step 7 the prefill rows also time moe_dequant and vLLM's Triton kernel eager.
 Writes results.json and results.md under --out.
 """
 
@@ -251,6 +255,56 @@ def bench_prefill(k, mod, peak):
                       flush=True)
             del wt, wd
             torch.cuda.empty_cache()
+    return rows
+
+
+def bench_moe_prefill(k, mod, peak):
+    """The MoE prefill kernels side by side on 26B-A4B shapes: the WMMA tile after the alignment (its launches
+    CUDA-graph timed and eager, the layout made beforehand as vLLM's op makes it) against moe_dequant (eager only:
+    it reads the routing's counts on the host), TFLOPS, the ratio, their outputs' difference, and the anchor that
+    bounds both: one torch fp16 GEMM pair of the same FLOPs (tokens x top_k rows through one expert's shape)."""
+    rows = []
+    name = torch.cuda.get_device_name()
+    tpeak = next((v for key, v in PEAK_FP16.items() if key in name), None)
+    for fmt, group in (("int4", 32), ("int4", 128), ("fp4", 16)):
+        w13 = make_weights(fmt, E, 2 * INTER, H, group, seed=61, with_deq=False)
+        w2 = make_weights(fmt, E, H, INTER, group, seed=62, with_deq=False)
+        for tokens in (256, 512, 1024, 2048, 8192):
+            tw, ti = route(tokens, E, TOPK, seed=tokens)
+            x = (torch.randn((tokens, H), device="cuda") * 0.5).half()
+            align = mod.moe_align(ti, mod.align_block("prefill"), E)
+
+            def run(kind, align=align, tw=tw, ti=ti, x=x):
+                return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, fmt, group=group,
+                                   gscale13=w13.gscale, gscale2=w2.gscale, activation="gelu", path="prefill",
+                                   align=align, prefill=kind)
+
+            a, b = run("wmma"), run("dequant")
+            t_w = timed(lambda: run("wmma"))
+            t_we = timed_eager(lambda: run("wmma"))
+            t_d = timed_eager(lambda: run("dequant"))
+            nv = tokens * TOPK
+            flops = 2 * nv * 3 * INTER * H
+            xa = torch.randn((nv, H), device="cuda").half()
+            aa = torch.randn((nv, INTER), device="cuda").half()
+            b13 = torch.randn((2 * INTER, H), device="cuda").half()
+            b2 = torch.randn((H, INTER), device="cuda").half()
+            ta = timed(lambda: (xa @ b13.t(), aa @ b2.t()))
+            row = dict(fmt=fmt, group=group, tokens=tokens, rows=nv, experts_used=int(ti.unique().numel()),
+                       busiest_expert_rows=int(torch.bincount(ti.flatten().long(), minlength=E).max()),
+                       wmma_us=t_w * 1e6, wmma_eager_us=t_we * 1e6, dequant_eager_us=t_d * 1e6,
+                       wmma_over_dequant=t_w / t_d, wmma_eager_over_dequant=t_we / t_d,
+                       wmma_tflops=flops / t_w / 1e12, dequant_tflops=flops / t_d / 1e12,
+                       anchor_fp16_us=ta * 1e6, anchor_tflops=flops / ta / 1e12,
+                       default=mod.moe_prefill_choice(nv), err_dequant_vs_wmma=rel_err(b, a.float()))
+            if tpeak:
+                row["anchor_pct_tensor_peak"] = 100 * flops / ta / tpeak
+            rows.append(row)
+            print(json.dumps({a_: (round(b_, 4) if isinstance(b_, float) else b_) for a_, b_ in row.items()}),
+                  flush=True)
+            del xa, aa, b13, b2
+        del w13, w2
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -552,9 +606,10 @@ def bench_vllm_anchors(k, mod, peak, copy):
             x = (torch.randn((tokens, H), device="cuda") * 0.5).half()
             bm = mod.align_block(path)
 
-            def ours():
+            def ours(prefill="wmma"):
                 return k.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, tw, ti, "int4", group=group,
-                                   activation="silu", path=path, align=moe_align_block_size(ti, bm, E))
+                                   activation="silu", path=path, align=moe_align_block_size(ti, bm, E),
+                                   prefill=prefill)
 
             def vllm_moe():
                 return fm.fused_experts(x, v13, v2, tw, ti, activation=MoEActivation.SILU, quant_config=qc)
@@ -572,9 +627,23 @@ def bench_vllm_anchors(k, mod, peak, copy):
                     fm.should_moe_wna16_use_cuda = orig
             outs["ours"] = ours().float()
             row["ours_us"] = timed(ours) * 1e6
+            if path == "prefill":
+                # moe_dequant reads the routing's counts on the host, so it is timed launched from Python (no
+                # graph), beside vLLM's Triton kernel timed the same way
+                outs["ours_dequant"] = ours("dequant").float()
+                row["ours_dequant_eager_us"] = timed_eager(lambda: ours("dequant")) * 1e6
+                fm.should_moe_wna16_use_cuda = lambda *a, **kw: False
+                try:
+                    row["vllm_triton_eager_us"] = timed_eager(vllm_moe) * 1e6
+                finally:
+                    fm.should_moe_wna16_use_cuda = orig
+                row["vllm_triton_eager_us_over_ours_dequant"] = (row["vllm_triton_eager_us"]
+                                                                 / row["ours_dequant_eager_us"])
+                if row.get("vllm_triton_us"):
+                    row["vllm_triton_us_over_ours_dequant"] = row["vllm_triton_us"] / row["ours_dequant_eager_us"]
             ref = outs.get("triton")
             if ref is not None:
-                for label in ("ours", "moe_wna16"):
+                for label in ("ours", "ours_dequant", "moe_wna16"):
                     if label in outs:
                         row[f"err_{label}_vs_triton"] = float((outs[label] - ref).abs().max() / ref.abs().max())
             nbytes = row["experts_used"] * per_expert
@@ -608,6 +677,8 @@ def main():
                     help="copy bandwidth and the WMMA-vs-GEMV decode comparison only")
     ap.add_argument("--only-prefill", action="store_true",
                     help="copy bandwidth and the WMMA-vs-dequant linear prefill comparison only")
+    ap.add_argument("--only-moe-prefill", action="store_true",
+                    help="copy bandwidth and the WMMA-vs-dequant MoE prefill comparison only")
     ap.add_argument("--decode-arms", default=None,
                     help="comma-separated decode arm labels to keep (e.g. gemv_q4,gemv_r1); WMMA always runs")
     args = ap.parse_args()
@@ -632,12 +703,14 @@ def main():
              ("linear", lambda: bench_linear(k, peak, res["copy_bw"])),
              ("variants", lambda: bench_variants(k, mod, peak)),
              ("decode", lambda: bench_decode(k, mod, peak, res["copy_bw"])),
-             ("prefill", lambda: bench_prefill(k, mod, peak))]
+             ("prefill", lambda: bench_prefill(k, mod, peak)),
+             ("moe_prefill", lambda: bench_moe_prefill(k, mod, peak))]
     if args.only_anchors:
         steps = steps[1:2]
-    elif args.only_decode or args.only_prefill:
+    elif args.only_decode or args.only_prefill or args.only_moe_prefill:
         steps = [steps[1]] + [s for s in steps if (s[0] == "decode" and args.only_decode)
-                              or (s[0] == "prefill" and args.only_prefill)]
+                              or (s[0] == "prefill" and args.only_prefill)
+                              or (s[0] == "moe_prefill" and args.only_moe_prefill)]
     if args.vllm_anchors or args.only_anchors:
         steps.append(("vllm_anchors", lambda: bench_vllm_anchors(k, mod, peak, res["copy_bw"])))
     for key, fn in steps:
@@ -657,7 +730,7 @@ def main():
         worst = max(res["grid"], key=lambda r: r["err"])
         md += [f"grid: {len(res['grid'])} cases, worst rel err {worst['err']:.2e} ({worst})", ""]
         md += [json.dumps(r) for r in res["grid"]]
-    for key in ("moe", "linear", "variants", "decode", "prefill"):
+    for key in ("moe", "linear", "variants", "decode", "prefill", "moe_prefill"):
         md += ["", f"## {key}"] + [json.dumps({a: (round(b, 3) if isinstance(b, float) else b) for a, b in r.items()})
                                    for r in res.get(key, [])]
     if "vllm_anchors" in res:

@@ -114,6 +114,63 @@ def test_moe_top8_of_128_matches_fp32(w4, fmt, group, tokens, only, path):
     assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
 
 
+@pytest.mark.parametrize("fmt,group", [("int4", 32), ("int4", 128), ("int4zp", 32), ("fp4", 16)])
+@pytest.mark.parametrize("tokens,only", [(600, None), (520, 8)])
+def test_moe_dequant_prefill_matches_fp32_and_launches_no_wmma_tile(w4, fmt, group, tokens, only):
+    """The dequant MoE prefill (MOE_DEQUANT_MIN_ROWS routed rows and more) on the shapes above: the experts' fp16
+    weights from w4_dequant_<fmt>, torch's batched GEMM, no WMMA prefill tile; `only`: 120 experts stay empty."""
+    from tests.kernels.w4_launcher import w4_launcher
+    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+
+    mod = w4_launcher()
+    e, h, inter = 128, 256, 704
+    w13 = make_weights(fmt, e, 2 * inter, h, group, seed=1)
+    w2 = make_weights(fmt, e, h, inter, group, seed=2)
+    topk_w, topk_ids = route(tokens, e, 8, seed=tokens, only=only)
+    assert tokens * 8 >= mod.MOE_DEQUANT_MIN_ROWS
+    x = torch.randn((tokens, h), device="cuda").half()
+    w4.ran.clear()
+    out = w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, fmt, group=group,
+                       z13=w13.zeros, z2=w2.zeros, gscale13=w13.gscale, gscale2=w2.gscale, path="prefill",
+                       prefill="dequant")
+    assert w4.ran == {f"w4_dequant_{fmt}"}
+    assert rel_err(out, ref_moe(x, w13, w2, topk_w, topk_ids)) <= TOL_MOE
+
+
+def test_moe_prefill_inside_a_cuda_graph_capture_runs_the_wmma_tile_and_replays_its_result(w4):
+    from tests.kernels.w4_launcher import w4_launcher
+    from tests.kernels.w4_reference import make_weights, ref_moe, rel_err, route
+
+    mod = w4_launcher()
+    e, h, inter, tokens = 128, 256, 704, 512
+    w13 = make_weights("int4", e, 2 * inter, h, 32, seed=3)
+    w2 = make_weights("int4", e, h, inter, 32, seed=4)
+    topk_w, topk_ids = route(tokens, e, 8, seed=7)
+    x = torch.randn((tokens, h), device="cuda").half()
+    align = mod.moe_align(topk_ids, mod.align_block("prefill"), e)   # (vLLM's op in the engine; this one syncs)
+
+    def layer():
+        return w4.fused_moe(x, w13.w, w13.scales, w2.w, w2.scales, topk_w, topk_ids, "int4", group=32,
+                            path="prefill", prefill="dequant", align=align)
+
+    eager = layer()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer()
+    torch.cuda.current_stream().wait_stream(s)
+    w4.ran.clear()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layer()
+    g.replay()
+    torch.cuda.synchronize()
+    assert "w4_gemm_int4_prefill" in w4.ran and "w4_dequant_int4" not in w4.ran
+    ref = ref_moe(x, w13, w2, topk_w, topk_ids)
+    assert rel_err(out, ref) <= TOL_MOE and rel_err(eager, ref) <= TOL_MOE
+    assert tokens * 8 >= mod.MOE_DEQUANT_MIN_ROWS
+
+
 TOL_GEMV_LINEAR = 2e-3   # fp16 products summed over 4 per fp16 partial, fp32 across partials and groups
 
 

@@ -328,6 +328,7 @@ class Release:
         monkeypatch.setattr(self.launcher, "load", load)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)   # (no CUDA graph here)
 
     def _modules(self, root, monkeypatch):
         ns = self.ns
@@ -488,6 +489,30 @@ def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(r
                      torch.tensor([[0, 1], [1, 2], [7, 0]]), None)
     assert rel.aligned == ([] if rows is None else [(rows, 8)])
     kind = "W4A16 MoE decode (router-direct)" if rows is None else "W4A16 MoE decode"
+    assert len(_messages(caplog, f"{kind} ran on sm70-w4-gemm kernels in pid")) == 1
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("prefill, rows", [("dequant", None), ("wmma", 64)])
+def test_w4a16_moe_prefill_from_the_dequant_threshold_takes_no_alignment_and_is_its_own_kind(release, monkeypatch,
+                                                                                           caplog, prefill, rows):
+    """A prefill of MOE_DEQUANT_MIN_ROWS routed rows: with $OVERLAY_W4_PREFILL dequant (the default) the launcher's
+    moe_dequant reads topk_ids as they come (no moe_align_block_size) and the marker names it; with wmma the 64-row
+    prefill tile's alignment runs first."""
+    rel = release((7, 0))
+    monkeypatch.setenv("OVERLAY_W4_PREFILL", prefill)
+    layer = FusedMoE()
+    method = rel.config(w4a16(32)).get_quant_method(layer, "model.layers.0.moe.experts")
+    _load_wna16(rel, method, layer, dtype=torch.bfloat16)
+    tokens = rel.launcher.MOE_DEQUANT_MIN_ROWS // 2
+    ids = torch.stack([torch.arange(tokens) % 8, (torch.arange(tokens) + 1) % 8], dim=1)
+    with caplog.at_level(logging.INFO):
+        method.apply(layer, torch.zeros((tokens, 2816), dtype=torch.bfloat16), torch.full((tokens, 2), 0.5), ids,
+                     None)
+    (call,) = rel.launches.calls
+    assert call[4] == "prefill" and (call[9] is None) == (rows is None)
+    assert rel.aligned == ([] if rows is None else [(rows, 8)])
+    kind = "W4A16 MoE prefill (dequant + fp16 GEMM)" if rows is None else "W4A16 MoE prefill"
     assert len(_messages(caplog, f"{kind} ran on sm70-w4-gemm kernels in pid")) == 1
 
 

@@ -57,19 +57,22 @@ def make_weights(fmt: str, e: int, n: int, k: int, group: int, seed: int = 0, de
         gscale = (torch.rand((e,), generator=g, device=device) * 0.004 + 0.002).float()
     else:
         raise ValueError(fmt)
-    deq = None
-    if with_deq:
-        if fmt == "fp4":
-            deq = dequantize_nvfp4(w, scales, 1.0 / gscale)
-        else:
-            q = _unpack_nibbles(w).float()
-            if fmt == "int4zp":
-                zn = _unpack_nibbles(zeros.transpose(-1, -2)).transpose(-1, -2)[..., :n, :].float()   # [E, N, G]
-            else:
-                zn = torch.full((e, n, groups), 8.0, device=device)
-            idx = torch.arange(k, device=device) // group
-            deq = (q - zn[..., idx]) * scales.float()[..., idx]
+    deq = dequant(fmt, w, scales, zeros, gscale, k, group) if with_deq else None
     return Weights(fmt, group, k, w, scales, zeros, gscale, deq)
+
+
+def dequant(fmt: str, w: Any, scales: Any, zeros: Any, gscale: Any, k: int, group: int) -> Any:
+    """float32 [E, N, K] from packed experts in the checkpoints' layouts (the factory's unpackers)."""
+    if fmt == "fp4":
+        return dequantize_nvfp4(w, scales, 1.0 / gscale)
+    e, n = w.shape[0], w.shape[1]
+    q = _unpack_nibbles(w).float()
+    if fmt == "int4zp":
+        zn = _unpack_nibbles(zeros.transpose(-1, -2)).transpose(-1, -2)[..., :n, :].float()   # [E, N, G]
+    else:
+        zn = torch.full((e, n, -(-k // group)), 8.0, device=w.device)
+    idx = torch.arange(k, device=w.device) // group
+    return (q - zn[..., idx]) * scales.float()[..., idx]
 
 
 def route(tokens: int, num_experts: int, top_k: int, seed: int = 0, device: str = "cuda",

@@ -32,7 +32,10 @@ Prefill of a linear layer has two kernels too: "dequant" (the default from DEQUA
 writes the layer's weight as fp16, N x K x 2 bytes held only for the call, and torch's fp16 GEMM — cuBLAS, tensor
 cores on sm_70 — multiplies; vLLM's AWQ linear does the same from 256 rows) and "wmma" (the 64 x 128 WMMA tile on
 the packed weights, no extra memory). `prefill=` on linear picks one, else $OVERLAY_W4_PREFILL, else "dequant";
-prefill_choice(rows, prefill) says which runs.
+prefill_choice(rows, prefill) says which runs. A MoE prefill of at least MOE_DEQUANT_MIN_ROWS routed rows takes the
+same choice (moe_prefill_choice; without either, MOE_PREFILL_DEFAULT): "dequant" runs moe_dequant (the experts' fp16 weights a chunk at a time, torch's
+batched fp16 GEMM over each expert's rows padded to the busiest expert's count), "wmma" the WMMA tile after
+moe_align_block_size; inside a CUDA graph capture always the tile (moe_dequant reads the counts on the host).
 """
 
 from __future__ import annotations
@@ -126,6 +129,16 @@ PREFILL_ENV = "OVERLAY_W4_PREFILL"
 # awq.py FP16_MATMUL_HEURISTIC_CONDITION: 256 tokens); benchmarks/kernels_w4.py measures both kernels around it.
 DEQUANT_MIN_ROWS = 256
 DEQUANT_THREADS = 256
+# A MoE prefill of at least MOE_DEQUANT_MIN_ROWS routed rows (tokens x top_k) takes "dequant" too (moe_dequant): the
+# experts' weights dequantized to fp16 a chunk of experts at a time (at most MOE_DEQUANT_SCRATCH bytes of gate_up or
+# down weights live at once, transient), each expert's routed rows gathered into a batch padded to the busiest
+# expert's count, and torch's batched fp16 GEMM (cuBLAS, tensor cores on sm_70) multiplies. Reading the routing's
+# counts is one host synchronization, so a launch inside a CUDA graph capture keeps the WMMA tile.
+MOE_DEQUANT_MIN_ROWS = 4096
+MOE_DEQUANT_SCRATCH = 256 << 20
+# The MoE prefill kernel without `prefill=` or $OVERLAY_W4_PREFILL: the WMMA tile until a GPU run has timed
+# moe_dequant against it (benchmarks/kernels_w4.py --only-moe-prefill).
+MOE_PREFILL_DEFAULT = "wmma"
 _lock = threading.Lock()
 _loaded: dict[tuple, "W4Kernels"] = {}
 
@@ -186,11 +199,12 @@ def decode_choice(decode: str | None, fmt: str, rows: int | None = None, moe: bo
     return AUTO_DECODE.get(fmt, ("wmma", None))
 
 
-def needs_align(path: str, fmt: str, rows: int, decode: str | None = None) -> bool:
+def needs_align(path: str, fmt: str, rows: int, decode: str | None = None, prefill: str | None = None) -> bool:
     """Whether a MoE launch of `rows` routed rows on `path` reads moe_align_block_size's layout: every choice but a
-    router-direct decode (a DIRECT_VARIANTS GEMV), which takes topk_ids as they come from the router."""
+    router-direct decode (a DIRECT_VARIANTS GEMV) and a "dequant" prefill (moe_prefill_choice), which take topk_ids
+    as they come from the router."""
     if path != "decode":
-        return True
+        return moe_prefill_choice(rows, prefill) != "dequant"
     kernel, variant = decode_choice(decode, fmt, rows)
     return not (kernel == "gemv" and variant in DIRECT_VARIANTS)
 
@@ -209,6 +223,19 @@ def prefill_choice(rows: int, prefill: str | None = None) -> str:
     DEQUANT_MIN_ROWS rows when prefill_kernel(prefill) is "dequant", else "wmma"."""
     kernel = prefill_kernel(prefill)
     return "dequant" if kernel == "dequant" and rows >= DEQUANT_MIN_ROWS else "wmma"
+
+
+def moe_prefill_choice(rows: int, prefill: str | None = None) -> str:
+    """What a prefill-path MoE launch of `rows` routed rows runs: "dequant" (moe_dequant) from MOE_DEQUANT_MIN_ROWS
+    rows when `prefill`, else $OVERLAY_W4_PREFILL, else MOE_PREFILL_DEFAULT is "dequant" and no CUDA graph is being
+    captured, else "wmma"."""
+    kernel = prefill_kernel(prefill or os.environ.get(PREFILL_ENV) or MOE_PREFILL_DEFAULT)
+    if kernel != "dequant" or rows < MOE_DEQUANT_MIN_ROWS:
+        return "wmma"
+    import torch
+
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return "wmma" if capturing else "dequant"
 
 
 def align_block(path: str, decode: str | None = None, fmt: str | None = None) -> int:
@@ -468,17 +495,68 @@ class W4Kernels:
             return torch.nn.functional.linear(x, wd.reshape(-1, k))
         return self.gemm(x, w, scales, fmt, k=k, group=group, zeros=zeros, gscale=gscale, path=path, decode=decode)
 
+    def moe_dequant(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any,
+                    fmt: str, *, group: int, z13: Any = None, z2: Any = None, gscale13: Any = None,
+                    gscale2: Any = None, activation: str = "gelu_tanh") -> Any:
+        """The MoE block (fused_moe's arguments) through fp16 weights and torch's batched GEMM: routed row r of
+        expert e goes to slot (e, i) of a [E, C, H] batch, C the busiest expert's row count (one host read of the
+        counts), padding rows pointing at a zero row; per chunk of experts (at most MOE_DEQUANT_SCRATCH bytes of
+        dequantized weights live at once) gate_up = bmm(batch, W13ᵀ), act(gate) * up in fp16, down = bmm(that, W2ᵀ),
+        times the routing weight in fp32 and summed per token (index_add_). fp16 [M, H]."""
+        import torch
+
+        m, h = x.shape
+        top_k = topk_ids.shape[1]
+        e, n13 = w13.shape[0], w13.shape[1]
+        inter = n13 // 2
+        _check(x, w13, s13, fmt, h, group, z13, gscale13)
+        flat = topk_ids.reshape(-1).long()
+        counts = torch.bincount(flat, minlength=e)
+        cap = int(counts.max()) if flat.numel() else 0   # the host synchronization
+        out = torch.zeros((m + 1, h), dtype=torch.float32, device=x.device)
+        if cap == 0:
+            return out[:m].half()
+        order = torch.argsort(flat, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        ex = flat[order]
+        slot = ex * cap + torch.arange(flat.numel(), device=x.device) - starts[ex]
+        tok = torch.full((e * cap,), m, dtype=torch.long, device=x.device)   # row m: the zero row
+        tok[slot] = torch.div(order, top_k, rounding_mode="floor")
+        wt = torch.zeros((e * cap, 1), dtype=torch.float32, device=x.device)
+        wt[slot, 0] = topk_weights.reshape(-1).float()[order]
+        xz = torch.cat([x, x.new_zeros((1, h))])
+        chunk = max(1, MOE_DEQUANT_SCRATCH // (n13 * h * 2))
+
+        def part(t: Any, e0: int, e1: int) -> Any:
+            return None if t is None else t[e0:e1]
+
+        for e0 in range(0, e, chunk):
+            e1 = min(e, e0 + chunk)
+            rows = slice(e0 * cap, e1 * cap)
+            wd = self.dequantize(w13[e0:e1], s13[e0:e1], fmt, k=h, group=group, zeros=part(z13, e0, e1),
+                                 gscale=part(gscale13, e0, e1))
+            y = torch.bmm(xz[tok[rows]].view(e1 - e0, cap, h), wd.transpose(1, 2))
+            del wd
+            a = _act_mul(y[..., :inter], y[..., inter:], activation)
+            del y
+            wd = self.dequantize(w2[e0:e1], s2[e0:e1], fmt, k=inter, group=group, zeros=part(z2, e0, e1),
+                                 gscale=part(gscale2, e0, e1))
+            d = torch.bmm(a, wd.transpose(1, 2))
+            del wd, a
+            out.index_add_(0, tok[rows], d.view(-1, h).float() * wt[rows])
+        return out[:m].half()
+
     def fused_moe(self, x: Any, w13: Any, s13: Any, w2: Any, s2: Any, topk_weights: Any, topk_ids: Any, fmt: str,
                   *, group: int, z13: Any = None, z2: Any = None, gscale13: Any = None, gscale2: Any = None,
                   activation: str = "gelu_tanh", path: str | None = None, align: Any = None,
-                  decode: str | None = None, block: int | None = None, variant: str | None = None) -> Any:
+                  decode: str | None = None, block: int | None = None, variant: str | None = None,
+                  prefill: str | None = None) -> Any:
         """The MoE block: gate_up (w13: [E, 2I, H] packed), act(gate) * up, down (w2: [E, H, I]) times the
         routing weight, summed over top_k. x [M, H] fp16; topk_ids/topk_weights [M, top_k]. `align`:
         (sorted_ids, expert_ids, num_post) from vLLM's moe_align_block_size with `block` rows per expert block
         (default align_block(path, decode)). The GEMV decode fuses act(gate) * up into gate_up's epilogue;
-        variant: one of GEMV_VARIANTS for it."""
-        import torch
-
+        variant: one of GEMV_VARIANTS for it. On the prefill path from MOE_DEQUANT_MIN_ROWS routed rows
+        (moe_prefill_choice; `prefill=` or $OVERLAY_W4_PREFILL) moe_dequant runs instead of the WMMA tile."""
         m, h = x.shape
         top_k = topk_ids.shape[1]
         e, n13 = w13.shape[0], w13.shape[1]
@@ -489,6 +567,9 @@ class W4Kernels:
         variant = variant or (auto_variant if gemv else None)
         if gemv and activation not in GEMV_ACT:
             raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
+        if path == "prefill" and moe_prefill_choice(m * top_k, prefill) == "dequant":
+            return self.moe_dequant(x, w13, s13, w2, s2, topk_weights, topk_ids, fmt, group=group, z13=z13, z2=z2,
+                                    gscale13=gscale13, gscale2=gscale2, activation=activation)
         if gemv and variant in DIRECT_VARIANTS:
             return self.moe_direct(x, w13, s13, w2, s2, topk_weights, topk_ids, fmt, group=group, variant=variant,
                                    gscale13=gscale13, gscale2=gscale2, activation=activation)
@@ -508,19 +589,24 @@ class W4Kernels:
                              num_valid=nv, a_div=1, out_div=top_k, block=bm, variant=variant)
         y1 = self.gemm(x, w13, s13, fmt, k=h, group=group, zeros=z13, gscale=gscale13, sorted_ids=sorted_ids,
                        expert_ids=expert_ids, num_post=num_post, num_valid=nv, a_div=top_k, path=path, decode="wmma")
-        gate, up = y1[:, :inter], y1[:, inter:]
-        if activation == "gelu_tanh":
-            a = torch.nn.functional.gelu(gate, approximate="tanh") * up
-        elif activation == "gelu":   # erf GELU: vLLM's MoEActivation.GELU (gelu_and_mul), what Gemma-4's MoE runs
-            a = torch.nn.functional.gelu(gate) * up
-        elif activation == "silu":
-            a = torch.nn.functional.silu(gate) * up
-        else:
-            raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
+        a = _act_mul(y1[:, :inter], y1[:, inter:], activation)
         # down: routing weight and the top-k sum fused (fp32 atomics over the k rows of a token)
         return self.gemm(a, w2, s2, fmt, k=inter, group=group, zeros=z2, gscale=gscale2, sorted_ids=sorted_ids,
                          expert_ids=expert_ids, num_post=num_post, topk_w=topk_weights.float().contiguous(),
                          num_valid=nv, a_div=1, path=path, out_div=top_k, decode="wmma")
+
+
+def _act_mul(gate: Any, up: Any, activation: str) -> Any:
+    """act(gate) * up in gate's dtype (the WMMA and dequant paths' activation between gate_up and down)."""
+    import torch
+
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    if activation == "gelu":   # erf GELU: vLLM's MoEActivation.GELU (gelu_and_mul), what Gemma-4's MoE runs
+        return torch.nn.functional.gelu(gate) * up
+    if activation == "silu":
+        return torch.nn.functional.silu(gate) * up
+    raise BuildError(f"activation {activation!r}: expected {', '.join(ACTIVATIONS)}")
 
 
 def load(cache: Path | None = None, prefer: str = "auto", overlay_dir: Path | None = None) -> W4Kernels:

@@ -5,11 +5,10 @@ CompressedTensorsConfig (compressed_tensors.py, the same path in vLLM 0.19.1 and
   symmetric, group strategy) MoE gets `SM70CompressedTensorsWNA16MoEMethod` (its __qualname__; a subclass of
   vLLM's CompressedTensorsWNA16MoEMethod under that __name__, which vLLM's FusedMoE loader keys on: its weights,
   loader and repack, then the launcher's fused_moe after vLLM's moe_align_block_size (none before a router-direct
-  decode, which reads topk_ids as they are); the router's topk_softmax ran before apply). On compute capability
-  7.0 this also keeps vLLM from picking CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks Marlin on shape alone,
-  and Marlin has no sm_70 code): where the kernels cannot run there, the layer gets vLLM's own
-  CompressedTensorsWNA16MoEMethod (Triton fused_moe). An
-  NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed /
+  decode or a dequant prefill, which read topk_ids as they are); the router's topk_softmax ran before apply). On
+  compute capability 7.0 this also keeps vLLM from picking CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks
+  Marlin on shape alone, and Marlin has no sm_70 code): where the kernels cannot run there, the layer gets vLLM's
+  own CompressedTensorsWNA16MoEMethod (Triton fused_moe). An NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed /
   weight_scale kept as the checkpoint has them: the kernels read that layout).
 * `linear_scheme(config, weight_quant, input_quant)`: an NVFP4 Linear layer (W4A4 or W4A16 NVFP4) gets a subclass of
   CompressedTensorsW4A4Fp4 / CompressedTensorsW4A16Fp4 whose get_min_capability() is 70 on compute capability 7.0
@@ -233,8 +232,10 @@ def _moe_apply(method, base_apply, fmt: str, layer, x, topk_weights, topk_ids, s
     extra = {"gscale13": layer.sm70_w4_gscale13, "gscale2": layer.sm70_w4_gscale2} if fmt == "fp4" else {}
     out = k.fused_moe(xin, w13, layer.w13_weight_scale, w2, layer.w2_weight_scale, topk_weights, topk_ids, fmt,
                       group=method.group_size, activation=ACTIVATIONS[act], path=path, align=align, **extra)
-    # the router-direct decode is its own kind: its marker line shows that the step took topk_ids without the layout
-    kind = f"{'W4A16' if fmt == 'int4' else 'NVFP4'} MoE {path}{' (router-direct)' if align is None else ''}"
+    # the router-direct decode and the dequant prefill are their own kinds: their marker lines show that the step took
+    # topk_ids without the layout
+    how = "" if align is not None else " (router-direct)" if path == "decode" else " (dequant + fp16 GEMM)"
+    kind = f"{'W4A16' if fmt == 'int4' else 'NVFP4'} MoE {path}{how}"
     ran(kind, f"{m} tokens, top-{top_k} of {e} experts, group {method.group_size}, x {x.dtype}")
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
