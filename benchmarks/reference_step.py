@@ -281,8 +281,8 @@ def _moe(c: dict, add, phase: str, tokens: int) -> None:
         align = mod.moe_align(ti, mod.align_block(path, "gemv", "fp4"), EXPERTS)
     if path == "prefill":
         # the WMMA tile, whatever --w4-prefill says: the launcher's dequant MoE prefill cannot be captured in a graph,
-        # and its V100 time (fp16 weights written and read back, then cuBLAS) follows neither rule here; estimated
-        # slower than the tile on a V100 below ~15K tokens per step (docs/kernels.md, derived)
+        # and its V100 time (fp16 weights written and read back, then cuBLAS) follows neither rule here (its V100
+        # break-even against the tile is estimated in docs/kernels.md)
         kw["prefill"] = "wmma"
     calls = [lambda a=a, b=b: c["w4"].fused_moe(x, a.w, a.scales, b.w, b.scales, tw, ti, "fp4", group=16,
                                                 gscale13=a.gscale, gscale2=b.gscale, activation="gelu",
