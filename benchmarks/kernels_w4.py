@@ -43,7 +43,8 @@
    N x K x 2 written). `--only-prefill` runs the copy bandwidth and step 9 alone.
 10. MoE prefill kernels side by side (`moe_prefill`, 26B-A4B shapes, 256 ... 8192 tokens; int4 g32 / g128, fp4 g16):
    the WMMA tile after the alignment (CUDA-graph and eager) against moe_dequant (eager: it reads the routing's
-   counts on the host), beside one torch fp16 GEMM pair of the same FLOPs. `--only-moe-prefill` runs the copy
+   counts on the host), beside one torch fp16 GEMM pair of the same FLOPs, and moe_dequant's two parts timed apart
+   (every expert dequantized; the two batched GEMMs at the routing's padded count). `--only-moe-prefill` runs the copy
    bandwidth and step 10 alone. With step 7 the prefill rows also time moe_dequant and vLLM's Triton kernel eager.
 Writes results.json and results.md under --out.
 """
@@ -284,6 +285,19 @@ def bench_moe_prefill(k, mod, peak):
             t_we = timed_eager(lambda: run("wmma"))
             t_d = timed_eager(lambda: run("dequant"))
             nv = tokens * TOPK
+            # moe_dequant's two parts apart (graph-timed), for a V100 estimate that scales them by different rules:
+            # the dequantization of every expert (bytes: packed read, fp16 written) and the two batched GEMMs at
+            # the routing's padded count C (FLOPs)
+            cap = int(torch.bincount(ti.flatten().long(), minlength=E).max())
+            t_dq = timed(lambda: (k.dequantize(w13.w, w13.scales, fmt, k=H, group=group, gscale=w13.gscale),
+                                  k.dequantize(w2.w, w2.scales, fmt, k=INTER, group=group, gscale=w2.gscale)))
+            xb = torch.randn((E, cap, H), device="cuda").half()
+            ab = torch.randn((E, cap, INTER), device="cuda").half()
+            wb13 = torch.randn((E, 2 * INTER, H), device="cuda").half()
+            wb2 = torch.randn((E, H, INTER), device="cuda").half()
+            t_bmm = timed(lambda: (torch.bmm(xb, wb13.transpose(1, 2)), torch.bmm(ab, wb2.transpose(1, 2))))
+            del xb, ab, wb13, wb2
+            dq_bytes = E * (w13.bytes_per_expert() + w2.bytes_per_expert() + 3 * INTER * H * 2)
             flops = 2 * nv * 3 * INTER * H
             xa = torch.randn((nv, H), device="cuda").half()
             aa = torch.randn((nv, INTER), device="cuda").half()
@@ -291,12 +305,16 @@ def bench_moe_prefill(k, mod, peak):
             b2 = torch.randn((H, INTER), device="cuda").half()
             ta = timed(lambda: (xa @ b13.t(), aa @ b2.t()))
             row = dict(fmt=fmt, group=group, tokens=tokens, rows=nv, experts_used=int(ti.unique().numel()),
-                       busiest_expert_rows=int(torch.bincount(ti.flatten().long(), minlength=E).max()),
+                       busiest_expert_rows=cap,
                        wmma_us=t_w * 1e6, wmma_eager_us=t_we * 1e6, dequant_eager_us=t_d * 1e6,
                        wmma_over_dequant=t_w / t_d, wmma_eager_over_dequant=t_we / t_d,
                        wmma_tflops=flops / t_w / 1e12, dequant_tflops=flops / t_d / 1e12,
                        anchor_fp16_us=ta * 1e6, anchor_tflops=flops / ta / 1e12,
-                       default=mod.moe_prefill_choice(nv), err_dequant_vs_wmma=rel_err(b, a.float()))
+                       default=mod.moe_prefill_choice(nv), err_dequant_vs_wmma=rel_err(b, a.float()),
+                       dequant_only_us=t_dq * 1e6, dequant_only_bytes=dq_bytes,
+                       dequant_only_pct_peak=100 * dq_bytes / t_dq / peak, bmm_only_us=t_bmm * 1e6,
+                       bmm_padded_flops=2 * E * cap * 3 * INTER * H,
+                       bmm_tflops=2 * E * cap * 3 * INTER * H / t_bmm / 1e12)
             if tpeak:
                 row["anchor_pct_tensor_peak"] = 100 * flops / ta / tpeak
             rows.append(row)
