@@ -299,6 +299,7 @@ def bench_moe_prefill(k, mod, peak):
             del xb, ab, wb13, wb2
             dq_bytes = E * (w13.bytes_per_expert() + w2.bytes_per_expert() + 3 * INTER * H * 2)
             flops = 2 * nv * 3 * INTER * H
+            bmm_flops = 2 * E * cap * 3 * INTER * H   # the padding rows multiply too
             xa = torch.randn((nv, H), device="cuda").half()
             aa = torch.randn((nv, INTER), device="cuda").half()
             b13 = torch.randn((2 * INTER, H), device="cuda").half()
@@ -313,8 +314,7 @@ def bench_moe_prefill(k, mod, peak):
                        default=mod.moe_prefill_choice(nv), err_dequant_vs_wmma=rel_err(b, a.float()),
                        dequant_only_us=t_dq * 1e6, dequant_only_bytes=dq_bytes,
                        dequant_only_pct_peak=100 * dq_bytes / t_dq / peak, bmm_only_us=t_bmm * 1e6,
-                       bmm_padded_flops=2 * E * cap * 3 * INTER * H,
-                       bmm_tflops=2 * E * cap * 3 * INTER * H / t_bmm / 1e12)
+                       bmm_padded_flops=bmm_flops, bmm_tflops=bmm_flops / t_bmm / 1e12)
             if tpeak:
                 row["anchor_pct_tensor_peak"] = 100 * flops / ta / tpeak
             rows.append(row)
@@ -639,6 +639,8 @@ def bench_vllm_anchors(k, mod, peak, copy):
                 try:
                     outs[label] = vllm_moe().float()
                     row[f"vllm_{label}_us"] = timed(vllm_moe) * 1e6
+                    if label == "triton" and path == "prefill":   # beside moe_dequant, launched the same way
+                        row["vllm_triton_eager_us"] = timed_eager(vllm_moe) * 1e6
                 except Exception as exc:  # noqa: BLE001
                     row[f"vllm_{label}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 finally:
@@ -650,15 +652,9 @@ def bench_vllm_anchors(k, mod, peak, copy):
                 # graph), beside vLLM's Triton kernel timed the same way
                 outs["ours_dequant"] = ours("dequant").float()
                 row["ours_dequant_eager_us"] = timed_eager(lambda: ours("dequant")) * 1e6
-                fm.should_moe_wna16_use_cuda = lambda *a, **kw: False
-                try:
-                    row["vllm_triton_eager_us"] = timed_eager(vllm_moe) * 1e6
-                finally:
-                    fm.should_moe_wna16_use_cuda = orig
-                row["vllm_triton_eager_us_over_ours_dequant"] = (row["vllm_triton_eager_us"]
-                                                                 / row["ours_dequant_eager_us"])
-                if row.get("vllm_triton_us"):
-                    row["vllm_triton_us_over_ours_dequant"] = row["vllm_triton_us"] / row["ours_dequant_eager_us"]
+                for label in ("vllm_triton_eager", "vllm_triton"):
+                    if row.get(f"{label}_us"):
+                        row[f"{label}_us_over_ours_dequant"] = row[f"{label}_us"] / row["ours_dequant_eager_us"]
             ref = outs.get("triton")
             if ref is not None:
                 for label in ("ours", "ours_dequant", "moe_wna16"):

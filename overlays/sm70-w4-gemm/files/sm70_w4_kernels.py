@@ -33,9 +33,10 @@ writes the layer's weight as fp16, N x K x 2 bytes held only for the call, and t
 cores on sm_70 — multiplies; vLLM's AWQ linear does the same from 256 rows) and "wmma" (the 64 x 128 WMMA tile on
 the packed weights, no extra memory). `prefill=` on linear picks one, else $OVERLAY_W4_PREFILL, else "dequant";
 prefill_choice(rows, prefill) says which runs. A MoE prefill of at least MOE_DEQUANT_MIN_ROWS routed rows takes the
-same choice (moe_prefill_choice; without either, MOE_PREFILL_DEFAULT): "dequant" runs moe_dequant (the experts' fp16 weights a chunk at a time, torch's
-batched fp16 GEMM over each expert's rows padded to the busiest expert's count), "wmma" the WMMA tile after
-moe_align_block_size; inside a CUDA graph capture always the tile (moe_dequant reads the counts on the host).
+same choice (moe_prefill_choice; without either, MOE_PREFILL_DEFAULT): "dequant" runs moe_dequant (the experts'
+fp16 weights a chunk at a time, torch's batched fp16 GEMM over each expert's rows padded to the busiest expert's
+count), "wmma" the WMMA tile after moe_align_block_size; inside a CUDA graph capture always the tile (moe_dequant
+reads the counts on the host).
 """
 
 from __future__ import annotations
@@ -209,9 +210,10 @@ def needs_align(path: str, fmt: str, rows: int, decode: str | None = None, prefi
     return not (kernel == "gemv" and variant in DIRECT_VARIANTS)
 
 
-def prefill_kernel(prefill: str | None = None) -> str:
-    """The linear prefill kernel: `prefill`, else $OVERLAY_W4_PREFILL, else "dequant"; BuildError for another name."""
-    name = prefill or os.environ.get(PREFILL_ENV) or "dequant"
+def prefill_kernel(prefill: str | None = None, default: str = "dequant") -> str:
+    """The prefill kernel: `prefill`, else $OVERLAY_W4_PREFILL, else `default` (a linear's "dequant", a MoE's
+    MOE_PREFILL_DEFAULT); BuildError for another name."""
+    name = prefill or os.environ.get(PREFILL_ENV) or default
     if name not in PREFILL_KERNELS:
         raise BuildError(f"prefill kernel {name!r} (${PREFILL_ENV} or prefill=): expected one of "
                          f"{', '.join(PREFILL_KERNELS)}")
@@ -229,7 +231,7 @@ def moe_prefill_choice(rows: int, prefill: str | None = None) -> str:
     """What a prefill-path MoE launch of `rows` routed rows runs: "dequant" (moe_dequant) from MOE_DEQUANT_MIN_ROWS
     rows when `prefill`, else $OVERLAY_W4_PREFILL, else MOE_PREFILL_DEFAULT is "dequant" and no CUDA graph is being
     captured, else "wmma"."""
-    kernel = prefill_kernel(prefill or os.environ.get(PREFILL_ENV) or MOE_PREFILL_DEFAULT)
+    kernel = prefill_kernel(prefill, MOE_PREFILL_DEFAULT)
     if kernel != "dequant" or rows < MOE_DEQUANT_MIN_ROWS:
         return "wmma"
     import torch

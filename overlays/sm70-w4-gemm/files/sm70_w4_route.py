@@ -8,8 +8,9 @@ CompressedTensorsConfig (compressed_tensors.py, the same path in vLLM 0.19.1 and
   decode or a dequant prefill, which read topk_ids as they are); the router's topk_softmax ran before apply). On
   compute capability 7.0 this also keeps vLLM from picking CompressedTensorsWNA16MarlinMoEMethod (0.19.1 picks
   Marlin on shape alone, and Marlin has no sm_70 code): where the kernels cannot run there, the layer gets vLLM's
-  own CompressedTensorsWNA16MoEMethod (Triton fused_moe). An NVFP4 MoE gets `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed /
-  weight_scale kept as the checkpoint has them: the kernels read that layout).
+  own CompressedTensorsWNA16MoEMethod (Triton fused_moe). An NVFP4 MoE gets
+  `SM70CompressedTensorsW4A4Nvfp4MoEMethod` (no NVFP4 backend selection, weight_packed / weight_scale kept as the
+  checkpoint has them: the kernels read that layout).
 * `linear_scheme(config, weight_quant, input_quant)`: an NVFP4 Linear layer (W4A4 or W4A16 NVFP4) gets a subclass of
   CompressedTensorsW4A4Fp4 / CompressedTensorsW4A16Fp4 whose get_min_capability() is 70 on compute capability 7.0
   (stock: 75) and whose apply_weights calls the launcher's linear. A layer whose K the kernels cannot take (not a
