@@ -496,9 +496,9 @@ def test_w4a16_moe_decode_aligns_with_the_block_the_chosen_decode_kernel_takes(r
 @pytest.mark.parametrize("prefill, rows", [("dequant", None), ("wmma", 64)])
 def test_w4a16_moe_prefill_from_the_dequant_threshold_takes_no_alignment_and_is_its_own_kind(release, monkeypatch,
                                                                                            caplog, prefill, rows):
-    """A prefill of MOE_DEQUANT_MIN_ROWS routed rows: with $OVERLAY_W4_PREFILL dequant (the default) the launcher's
-    moe_dequant reads topk_ids as they come (no moe_align_block_size) and the marker names it; with wmma the 64-row
-    prefill tile's alignment runs first."""
+    """A prefill of MOE_DEQUANT_MIN_ROWS routed rows: with $OVERLAY_W4_PREFILL dequant (opt-in for the MoE) the
+    launcher's moe_dequant reads topk_ids as they come (no moe_align_block_size) and the marker names it; with wmma
+    (the MoE's default) the 64-row prefill tile's alignment runs first."""
     rel = release((7, 0))
     monkeypatch.setenv("OVERLAY_W4_PREFILL", prefill)
     layer = FusedMoE()
